@@ -1,0 +1,266 @@
+//! `ringctl`: the command line of Ring.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use ringd::controlplane::{self, SeedOptions, UpOptions};
+use ringd::output::{encode, status_table, Format};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "ringctl",
+    version,
+    about = "Operate Ring: clusters that host each other's control planes"
+)]
+struct Cli {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table, global = true)]
+    output: Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Host a shoot's control plane on this machine (a local seed).
+    #[command(subcommand)]
+    Controlplane(ControlPlaneCommand),
+    /// Measure Ring.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum ControlPlaneCommand {
+    /// Start the control plane in the background and wait until it is ready.
+    Up(UpArgs),
+    /// Stop the control plane (its data stays).
+    Down(ShootArgs),
+    /// Show the control plane(s) and their components.
+    Status(StatusArgs),
+    /// Run the control plane in the foreground until SIGTERM or Ctrl-C.
+    Run(RunArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Time from start to /readyz and peak RSS per component (median of N runs).
+    Controlplane(BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct SeedArgs {
+    /// The seed's state directory [default: $RING_STATE_DIR, else ~/.local/share/ring].
+    #[arg(long, env = "RING_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Directory searched first for etcd and the Kubernetes binaries.
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+impl SeedArgs {
+    fn options(&self) -> SeedOptions {
+        let state_dir = self.state_dir.clone().unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
+            PathBuf::from(home).join(".local/share/ring")
+        });
+        SeedOptions {
+            state_dir,
+            bin_dir: self.bin_dir.clone(),
+        }
+    }
+}
+
+#[derive(Args)]
+struct ShootArgs {
+    /// The shoot whose control plane this is.
+    #[arg(long)]
+    shoot: String,
+    #[command(flatten)]
+    seed: SeedArgs,
+}
+
+#[derive(Args)]
+struct UpArgs {
+    #[command(flatten)]
+    target: ShootArgs,
+    /// Loopback address for a new shoot's API (default: derived from the name).
+    #[arg(long)]
+    api_address: Option<Ipv4Addr>,
+    /// Seconds to wait for /readyz.
+    #[arg(long, default_value_t = 180)]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// Only this shoot (default: every shoot on the seed).
+    #[arg(long)]
+    shoot: Option<String>,
+    #[command(flatten)]
+    seed: SeedArgs,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    target: ShootArgs,
+    /// Loopback address for a new shoot's API (default: derived from the name).
+    #[arg(long)]
+    api_address: Option<Ipv4Addr>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Number of runs.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Seconds a ready control plane idles before its memory is read.
+    #[arg(long, default_value_t = 5)]
+    settle: u64,
+    /// Directory searched first for etcd and the Kubernetes binaries.
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        // kube-client logs every failed /readyz poll; Ring reports those itself.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(format!("{default},kube_client=off"))
+        });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn print<T: serde::Serialize>(
+    value: &T,
+    format: Format,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match encode(value, format)? {
+        Some(text) => print!("{text}"),
+        None => print!("{}", table()),
+    }
+    Ok(())
+}
+
+fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        t.cancel();
+    });
+    Ok(token)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let format = cli.output;
+    match cli.command {
+        Command::Controlplane(ControlPlaneCommand::Up(args)) => {
+            init_tracing("warn");
+            let opts = UpOptions {
+                seed: args.target.seed.options(),
+                shoot: args.target.shoot,
+                api_address: args.api_address,
+                timeout: Duration::from_secs(args.timeout),
+            };
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let outcome = controlplane::up(&opts, &exe).await?;
+            print(&outcome, format, || {
+                let note = if outcome.started {
+                    format!("control plane of shoot {} is ready\n\n", opts.shoot)
+                } else {
+                    format!(
+                        "control plane of shoot {} was already running\n\n",
+                        opts.shoot
+                    )
+                };
+                note + &status_table(std::slice::from_ref(&outcome.status))
+            })
+        }
+        Command::Controlplane(ControlPlaneCommand::Down(args)) => {
+            init_tracing("warn");
+            let status = controlplane::down(&args.seed.options(), &args.shoot).await?;
+            print(&status, format, || {
+                format!(
+                    "control plane of shoot {} stopped; its data is kept in place\n",
+                    status.shoot
+                )
+            })
+        }
+        Command::Controlplane(ControlPlaneCommand::Status(args)) => {
+            init_tracing("warn");
+            let statuses =
+                controlplane::status(&args.seed.options(), args.shoot.as_deref()).await?;
+            print(&statuses, format, || {
+                if statuses.is_empty() {
+                    "no control planes on this seed\n".into()
+                } else {
+                    status_table(&statuses)
+                }
+            })
+        }
+        Command::Controlplane(ControlPlaneCommand::Run(args)) => {
+            init_tracing("info");
+            let shutdown = shutdown_on_signals()?;
+            controlplane::run(
+                &args.target.seed.options(),
+                &args.target.shoot,
+                args.api_address,
+                shutdown,
+            )
+            .await?;
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Controlplane(args)) => {
+            init_tracing("warn");
+            let opts = ringd::bench::BenchOptions {
+                runs: args.runs,
+                seed: SeedOptions {
+                    state_dir: ringd::bench::temp_state_dir(),
+                    bin_dir: args.bin_dir,
+                },
+                settle: Duration::from_secs(args.settle),
+            };
+            let result = ringd::bench::controlplane(&opts).await;
+            let _ = std::fs::remove_dir_all(&opts.seed.state_dir);
+            let result = result?;
+            print(&result, format, || ringd::bench::render(&result))
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Our error messages already embed their causes; add only what is new.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let cause = cause.to_string();
+                if !msg.contains(&cause) {
+                    msg = format!("{msg}: {cause}");
+                }
+            }
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! Ring: clusters that host each other's control planes.
+//!
+//! This crate holds the library behind `ringctl` (and, later, the `ringd`
+//! daemon). Binaries only parse flags, set up logging and call into here, so
+//! tests run the same code in-process.
+
+pub mod bench;
+pub mod controlplane;
+pub mod output;
+
+/// Errors of the ring crate.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// Something the seed (hosting control planes) reported.
+    #[error(transparent)]
+    Seed(#[from] seed::SeedError),
+
+    /// A local file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Output could not be encoded.
+    #[error("cannot encode output: {0}")]
+    Encode(String),
+}
+
+impl RingError {
+    /// Whether trying again later may help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RingError::Seed(e) => e.is_retryable(),
+            RingError::Io { .. } => true,
+            RingError::Encode(_) => false,
+        }
+    }
+}
+
+/// Result alias of the ring crate.
+pub type Result<T, E = RingError> = std::result::Result<T, E>;

@@ -1,0 +1,130 @@
+//! Kubeconfig files for a shoot's clients, with the certificates embedded so a
+//! kubeconfig keeps working wherever it is copied and wherever the control plane moves.
+
+use std::path::Path;
+
+use base64::Engine;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::pki::{write_private, CertPair, Pki};
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Kubeconfig<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    clusters: Vec<Named<ClusterEntry>>,
+    users: Vec<Named<UserEntry>>,
+    contexts: Vec<Named<ContextEntry<'a>>>,
+    current_context: &'a str,
+}
+
+#[derive(Serialize)]
+struct Named<T> {
+    name: String,
+    #[serde(flatten)]
+    value: T,
+}
+
+#[derive(Serialize)]
+struct ClusterEntry {
+    cluster: Cluster,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Cluster {
+    server: String,
+    certificate_authority_data: String,
+}
+
+#[derive(Serialize)]
+struct UserEntry {
+    user: User,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct User {
+    client_certificate_data: String,
+    client_key_data: String,
+}
+
+#[derive(Serialize)]
+struct ContextEntry<'a> {
+    context: Context<'a>,
+}
+
+#[derive(Serialize)]
+struct Context<'a> {
+    cluster: &'a str,
+    user: &'a str,
+}
+
+/// Writes (mode 0600) a kubeconfig for `server` that authenticates with `client`.
+pub fn write(
+    path: &Path,
+    shoot: &str,
+    user: &str,
+    server: &str,
+    pki: &Pki,
+    client: &CertPair,
+) -> Result<()> {
+    let b64 = |p: &Path| -> Result<String> {
+        Ok(base64::engine::general_purpose::STANDARD.encode(pki.read_pem(p)?))
+    };
+    let user_name = format!("{shoot}-{user}");
+    let doc = Kubeconfig {
+        api_version: "v1",
+        kind: "Config",
+        clusters: vec![Named {
+            name: shoot.to_string(),
+            value: ClusterEntry {
+                cluster: Cluster {
+                    server: server.to_string(),
+                    certificate_authority_data: b64(&pki.ca().cert)?,
+                },
+            },
+        }],
+        users: vec![Named {
+            name: user_name.clone(),
+            value: UserEntry {
+                user: User {
+                    client_certificate_data: b64(&client.cert)?,
+                    client_key_data: b64(&client.key)?,
+                },
+            },
+        }],
+        contexts: vec![Named {
+            name: shoot.to_string(),
+            value: ContextEntry {
+                context: Context {
+                    cluster: shoot,
+                    user: &user_name,
+                },
+            },
+        }],
+        current_context: shoot,
+    };
+    let text = serde_yaml::to_string(&doc).map_err(|e| crate::SeedError::InvalidSpec {
+        field: "kubeconfig".into(),
+        reason: e.to_string(),
+    })?;
+    write_private(path, text.as_bytes())
+}
+
+/// A `kube` client authenticated by the kubeconfig at `path`.
+pub async fn client(shoot: &str, path: &Path) -> Result<kube::Client> {
+    let kube_err = |message: String| crate::SeedError::Kube {
+        shoot: shoot.to_string(),
+        message,
+    };
+    let kc = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| kube_err(format!("reading kubeconfig {}: {e}", path.display())))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| kube_err(format!("kubeconfig {}: {e}", path.display())))?;
+    kube::Client::try_from(config).map_err(|e| kube_err(e.to_string()))
+}

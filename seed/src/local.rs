@@ -1,0 +1,789 @@
+//! The local seed: hosts control planes as supervised processes on this machine.
+//!
+//! Layout of a shoot under the seed's state directory:
+//!
+//! ```text
+//! <state-dir>/shoots/<shoot>/
+//!   shoot.json          the spec (endpoint) the shoot was created with
+//!   pki/                CA, certificates and keys (0600)
+//!   etcd/               etcd's data directory
+//!   kubeconfig/         admin, kube-controller-manager and kube-scheduler kubeconfigs
+//!   logs/<component>.log
+//!   run/                scratch (serving certificates the components make themselves)
+//!   supervisor.lock     flock held by the supervising process; holds its pid
+//!   status.json         pids, restarts and last exits, rewritten on every change
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Mutex};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::binaries::Binaries;
+use crate::error::{Result, SeedError};
+use crate::kubeconfig;
+use crate::pki::{create_private_dir, write_private, Leaf, Pki, SERVICE_CIDR};
+use crate::process::{pid_alive, supervise, Component, ComponentSpec, States, SupervisorTuning};
+use crate::{ComponentStatus, ControlPlaneSpec, ControlPlaneStatus, Health, Phase, Seed};
+
+/// How long `start` waits for etcd to accept connections before giving up.
+const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `start` waits for kube-apiserver's `/readyz` before starting the others.
+const API_START_WAIT: Duration = Duration::from_secs(60);
+/// How long `stop` waits for another process's supervisor to exit after SIGTERM.
+const FOREIGN_STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Paths of one shoot's files on a local seed.
+#[derive(Debug, Clone)]
+pub struct ShootLayout {
+    /// `<state-dir>/shoots/<shoot>`
+    pub dir: PathBuf,
+}
+
+impl ShootLayout {
+    /// The recorded spec.
+    pub fn spec_file(&self) -> PathBuf {
+        self.dir.join("shoot.json")
+    }
+    /// The shoot's PKI.
+    pub fn pki(&self) -> Pki {
+        Pki::new(self.dir.join("pki"))
+    }
+    /// etcd's data directory.
+    pub fn etcd_data(&self) -> PathBuf {
+        self.dir.join("etcd")
+    }
+    /// The admin kubeconfig, for `kubectl --kubeconfig`.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig").join("admin.kubeconfig")
+    }
+    /// A component's own kubeconfig.
+    pub fn component_kubeconfig(&self, c: Component) -> PathBuf {
+        self.dir.join("kubeconfig").join(format!("{c}.kubeconfig"))
+    }
+    /// A component's log file.
+    pub fn log(&self, c: Component) -> PathBuf {
+        self.dir.join("logs").join(format!("{c}.log"))
+    }
+    /// The supervisor's own log (when it runs detached).
+    pub fn supervisor_log(&self) -> PathBuf {
+        self.dir.join("logs").join("supervisor.log")
+    }
+    /// Scratch space of a component.
+    pub fn run_dir(&self, c: Component) -> PathBuf {
+        self.dir.join("run").join(c.name())
+    }
+    /// The supervisor's lock file.
+    pub fn lock_file(&self) -> PathBuf {
+        self.dir.join("supervisor.lock")
+    }
+    /// The component status file.
+    pub fn status_file(&self) -> PathBuf {
+        self.dir.join("status.json")
+    }
+
+    /// The pid of the live process supervising this shoot, if any.
+    pub fn supervisor_pid(&self) -> Option<u32> {
+        let file = File::open(self.lock_file()).ok()?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(_unlocked_on_drop) => None,
+            Err((mut file, _)) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                Some(text.trim().parse().unwrap_or(0))
+            }
+        }
+    }
+
+    /// The spec the shoot was created with, if it exists.
+    pub fn read_spec(&self) -> Result<Option<ControlPlaneSpec>> {
+        let path = self.spec_file();
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| SeedError::InvalidSpec {
+                        field: path.display().to_string(),
+                        reason: format!("{e}; fix or delete the file"),
+                    })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(SeedError::Io { path, source: e }),
+        }
+    }
+
+    /// The last lines of a log file (for error messages).
+    pub fn tail(path: &Path, lines: usize) -> String {
+        let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned());
+        match text {
+            Ok(text) => {
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(e) => format!("({}: {e})", path.display()),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusFile {
+    supervisor_pid: u32,
+    components: States,
+}
+
+/// A control plane this process supervises.
+struct Running {
+    tokens: BTreeMap<Component, CancellationToken>,
+    tasks: BTreeMap<Component, JoinHandle<()>>,
+    writer: JoinHandle<()>,
+    _lock: Flock<File>,
+}
+
+impl Running {
+    /// Stops components in reverse start order, waiting for each.
+    async fn shutdown(mut self) {
+        for c in Component::ALL.iter().rev() {
+            if let Some(t) = self.tokens.get(c) {
+                t.cancel();
+            }
+            if let Some(task) = self.tasks.remove(c) {
+                let _ = task.await;
+            }
+        }
+        let _ = (&mut self.writer).await;
+    }
+}
+
+/// A seed that runs control planes as local processes under `state_dir`.
+pub struct LocalSeed {
+    root: PathBuf,
+    bins: Binaries,
+    tuning: SupervisorTuning,
+    running: Mutex<HashMap<String, Running>>,
+}
+
+impl LocalSeed {
+    /// A local seed keeping its shoots under `state_dir/shoots`.
+    pub fn new(state_dir: impl Into<PathBuf>, bins: Binaries) -> Self {
+        LocalSeed {
+            root: state_dir.into(),
+            bins,
+            tuning: SupervisorTuning::default(),
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Overrides restart backoff and stop grace periods.
+    pub fn with_tuning(mut self, tuning: SupervisorTuning) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The file layout of `shoot` on this seed.
+    pub fn layout(&self, shoot: &str) -> ShootLayout {
+        ShootLayout {
+            dir: self.root.join("shoots").join(shoot),
+        }
+    }
+
+    /// The spec to use for `shoot`: the recorded one, or the default for a new shoot.
+    /// `address` overrides the default for a new shoot and must match for an existing one.
+    pub fn spec_for(
+        &self,
+        shoot: &str,
+        address: Option<std::net::Ipv4Addr>,
+    ) -> Result<ControlPlaneSpec> {
+        crate::validate_shoot_name(shoot)?;
+        check_writable(&self.root)?;
+        let recorded = self.layout(shoot).read_spec()?;
+        let spec = match (recorded, address) {
+            (Some(spec), Some(addr)) if spec.endpoint.address != addr => {
+                return Err(SeedError::InvalidSpec {
+                    field: "--api-address".into(),
+                    reason: format!(
+                        "shoot {shoot} was created with address {}; its kubeconfigs and certificates name that address",
+                        spec.endpoint.address
+                    ),
+                })
+            }
+            (Some(spec), _) => spec,
+            (None, Some(addr)) => ControlPlaneSpec {
+                shoot: shoot.to_string(),
+                endpoint: crate::ShootEndpoint::on(addr),
+            },
+            (None, None) => ControlPlaneSpec::new(shoot),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Names of the shoots that have state on this seed.
+    pub fn shoots(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.root.join("shoots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join("shoot.json").exists())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Creates the shoot's directories, records its spec, makes its PKI and kubeconfigs.
+    pub fn prepare(&self, spec: &ControlPlaneSpec) -> Result<ShootLayout> {
+        spec.validate()?;
+        let layout = self.layout(&spec.shoot);
+        check_writable(&layout.dir)?;
+        for sub in ["etcd", "kubeconfig", "logs", "run"] {
+            create_private_dir(&layout.dir.join(sub))?;
+        }
+        match layout.read_spec()? {
+            Some(old) if old.endpoint != spec.endpoint => {
+                return Err(SeedError::InvalidSpec {
+                    field: "endpoint".into(),
+                    reason: format!(
+                        "shoot {} was created with endpoint {:?}, not {:?}",
+                        spec.shoot, old.endpoint, spec.endpoint
+                    ),
+                })
+            }
+            Some(_) => {}
+            None => {
+                let json = serde_json::to_vec_pretty(spec).map_err(|e| SeedError::InvalidSpec {
+                    field: "spec".into(),
+                    reason: e.to_string(),
+                })?;
+                write_private(&layout.spec_file(), &json)?;
+            }
+        }
+        let pki = layout.pki();
+        pki.ensure(&spec.shoot, &spec.endpoint)?;
+        let server = spec.endpoint.api_url();
+        kubeconfig::write(
+            &layout.admin_kubeconfig(),
+            &spec.shoot,
+            "admin",
+            &server,
+            &pki,
+            &pki.leaf(Leaf::Admin),
+        )?;
+        for (c, leaf) in [
+            (Component::KubeControllerManager, Leaf::ControllerManager),
+            (Component::KubeScheduler, Leaf::Scheduler),
+        ] {
+            kubeconfig::write(
+                &layout.component_kubeconfig(c),
+                &spec.shoot,
+                c.name(),
+                &server,
+                &pki,
+                &pki.leaf(leaf),
+            )?;
+        }
+        Ok(layout)
+    }
+
+    /// The command lines of the four components.
+    pub fn component_specs(&self, spec: &ControlPlaneSpec) -> Vec<ComponentSpec> {
+        component_specs(&self.layout(&spec.shoot), spec, &self.bins)
+    }
+}
+
+/// Creates `dir` (0700) if needed and proves it writable.
+fn check_writable(dir: &Path) -> Result<()> {
+    create_private_dir(dir)?;
+    let probe = dir.join(".write-probe");
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|source| SeedError::StateDir {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+fn acquire_lock(layout: &ShootLayout, shoot: &str) -> Result<Flock<File>> {
+    let path = layout.lock_file();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(SeedError::io(&path))?;
+    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err(_) => {
+            return Err(SeedError::AlreadyRunning {
+                shoot: shoot.to_string(),
+                pid: layout.supervisor_pid().unwrap_or(0),
+            })
+        }
+    };
+    let write = |f: &mut File| -> std::io::Result<()> {
+        f.set_len(0)?;
+        f.rewind()?;
+        write!(f, "{}", std::process::id())?;
+        f.sync_all()
+    };
+    write(&mut lock).map_err(SeedError::io(&path))?;
+    Ok(lock)
+}
+
+/// Fails with [`SeedError::PortInUse`] if any socket of the spec's endpoint is taken.
+pub fn check_ports(spec: &ControlPlaneSpec) -> Result<()> {
+    for (component, addr) in spec.endpoint.sockets() {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(match e.kind() {
+                std::io::ErrorKind::AddrInUse => SeedError::PortInUse {
+                    shoot: spec.shoot.clone(),
+                    component: component.to_string(),
+                    addr,
+                },
+                _ => SeedError::InvalidSpec {
+                    field: "endpoint".into(),
+                    reason: format!("cannot listen on {addr} for {component}: {e}"),
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn wait_tcp(addr: SocketAddr, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+fn p(path: PathBuf) -> String {
+    path.display().to_string()
+}
+
+/// The command lines of a shoot's components (pure; unit-tested).
+fn component_specs(
+    layout: &ShootLayout,
+    spec: &ControlPlaneSpec,
+    bins: &Binaries,
+) -> Vec<ComponentSpec> {
+    let e = &spec.endpoint;
+    let addr = e.address.to_string();
+    let pki = layout.pki();
+    let ca = pki.ca();
+    let leaf = |l| pki.leaf(l);
+    let (etcd_srv, etcd_peer, etcd_cli, api) = (
+        leaf(Leaf::EtcdServer),
+        leaf(Leaf::EtcdPeer),
+        leaf(Leaf::EtcdClient),
+        leaf(Leaf::ApiServer),
+    );
+    let etcd = vec![
+        format!("--name={}", spec.shoot),
+        format!("--data-dir={}", p(layout.etcd_data())),
+        format!("--listen-client-urls={}", e.etcd_url()),
+        format!("--advertise-client-urls={}", e.etcd_url()),
+        format!("--listen-peer-urls={}", e.etcd_peer_url()),
+        format!("--initial-advertise-peer-urls={}", e.etcd_peer_url()),
+        format!("--initial-cluster={}={}", spec.shoot, e.etcd_peer_url()),
+        format!("--initial-cluster-token=ring-{}", spec.shoot),
+        "--initial-cluster-state=new".into(),
+        format!("--cert-file={}", p(etcd_srv.cert)),
+        format!("--key-file={}", p(etcd_srv.key)),
+        "--client-cert-auth=true".into(),
+        format!("--trusted-ca-file={}", p(ca.cert.clone())),
+        format!("--peer-cert-file={}", p(etcd_peer.cert)),
+        format!("--peer-key-file={}", p(etcd_peer.key)),
+        "--peer-client-cert-auth=true".into(),
+        format!("--peer-trusted-ca-file={}", p(ca.cert.clone())),
+        "--logger=zap".into(),
+        "--log-outputs=stderr".into(),
+    ];
+    let apiserver = vec![
+        format!("--advertise-address={addr}"),
+        format!("--bind-address={addr}"),
+        format!("--secure-port={}", e.api_port),
+        "--insecure-port=0".into(),
+        format!("--etcd-servers={}", e.etcd_url()),
+        format!("--etcd-cafile={}", p(ca.cert.clone())),
+        format!("--etcd-certfile={}", p(etcd_cli.cert)),
+        format!("--etcd-keyfile={}", p(etcd_cli.key)),
+        format!("--client-ca-file={}", p(ca.cert.clone())),
+        format!("--tls-cert-file={}", p(api.cert)),
+        format!("--tls-private-key-file={}", p(api.key)),
+        "--authorization-mode=RBAC".into(),
+        format!(
+            "--service-account-key-file={}",
+            p(pki.service_account_pub())
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            p(pki.service_account_key())
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--allow-privileged=true".into(),
+        "--profiling=false".into(),
+        format!("--cert-dir={}", p(layout.run_dir(Component::KubeApiserver))),
+        "--v=1".into(),
+    ];
+    let common = |c: Component, port: u16| {
+        let kc = p(layout.component_kubeconfig(c));
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            format!("--bind-address={addr}"),
+            format!("--secure-port={port}"),
+            "--port=0".into(),
+            format!("--cert-dir={}", p(layout.run_dir(c))),
+            "--leader-elect=true".into(),
+            "--profiling=false".into(),
+        ]
+    };
+    let mut cm = common(Component::KubeControllerManager, e.controller_manager_port);
+    cm.extend([
+        format!(
+            "--service-account-private-key-file={}",
+            p(pki.service_account_key())
+        ),
+        format!("--root-ca-file={}", p(ca.cert.clone())),
+        format!("--cluster-signing-cert-file={}", p(ca.cert.clone())),
+        format!("--cluster-signing-key-file={}", p(ca.key.clone())),
+        "--use-service-account-credentials=true".into(),
+    ]);
+    let scheduler = common(Component::KubeScheduler, e.scheduler_port);
+    [
+        (Component::Etcd, &bins.etcd, etcd),
+        (Component::KubeApiserver, &bins.kube_apiserver, apiserver),
+        (
+            Component::KubeControllerManager,
+            &bins.kube_controller_manager,
+            cm,
+        ),
+        (Component::KubeScheduler, &bins.kube_scheduler, scheduler),
+    ]
+    .into_iter()
+    .map(|(component, program, args)| ComponentSpec {
+        component,
+        program: program.clone(),
+        args,
+        log: layout.log(component),
+    })
+    .collect()
+}
+
+async fn write_status(path: PathBuf, mut rx: watch::Receiver<States>) {
+    loop {
+        let file = StatusFile {
+            supervisor_pid: std::process::id(),
+            components: rx.borrow_and_update().clone(),
+        };
+        match serde_json::to_vec_pretty(&file) {
+            Ok(json) => {
+                if let Err(e) = write_private(&path, &json) {
+                    tracing::warn!(error = %e, "cannot write status file");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot encode status"),
+        }
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Seed for LocalSeed {
+    async fn start(&self, spec: &ControlPlaneSpec) -> Result<()> {
+        let mut running = self.running.lock().await;
+        if running.contains_key(&spec.shoot) {
+            return Err(SeedError::AlreadyRunning {
+                shoot: spec.shoot.clone(),
+                pid: std::process::id(),
+            });
+        }
+        spec.validate()?;
+        let layout = self.layout(&spec.shoot);
+        create_private_dir(&layout.dir)?;
+        let lock = acquire_lock(&layout, &spec.shoot)?;
+        self.prepare(spec)?;
+        check_ports(spec)?;
+
+        let (tx, rx) = watch::channel(States::new());
+        let writer = tokio::spawn(write_status(layout.status_file(), rx));
+        let mut r = Running {
+            tokens: BTreeMap::new(),
+            tasks: BTreeMap::new(),
+            writer,
+            _lock: lock,
+        };
+        let shoot = spec.shoot.clone();
+        for cs in self.component_specs(spec) {
+            let c = cs.component;
+            let token = CancellationToken::new();
+            let task = supervise(cs, token.clone(), tx.clone(), self.tuning);
+            let span = tracing::info_span!("component", shoot = %shoot, component = %c);
+            r.tasks
+                .insert(c, tokio::spawn(tracing::Instrument::instrument(task, span)));
+            r.tokens.insert(c, token);
+            if c == Component::KubeApiserver {
+                // kube-controller-manager and kube-scheduler exit while RBAC is not yet
+                // bootstrapped; start them once the API is ready so their restart
+                // counts mean real crashes.
+                let deadline = tokio::time::Instant::now() + API_START_WAIT;
+                while !matches!(self.health(&shoot).await, Ok(h) if h.ready) {
+                    if tokio::time::Instant::now() >= deadline {
+                        tracing::warn!(shoot = %shoot, "kube-apiserver not ready yet; starting the rest anyway");
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            if c == Component::Etcd {
+                let etcd_addr =
+                    SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
+                if !wait_tcp(etcd_addr, ETCD_START_TIMEOUT).await {
+                    drop(tx);
+                    r.shutdown().await;
+                    return Err(SeedError::NotReady {
+                        shoot,
+                        waited_secs: ETCD_START_TIMEOUT.as_secs(),
+                        last: format!(
+                            "etcd does not accept connections on {etcd_addr}; last lines of {}:\n{}",
+                            layout.log(Component::Etcd).display(),
+                            ShootLayout::tail(&layout.log(Component::Etcd), 15)
+                        ),
+                    });
+                }
+            }
+        }
+        running.insert(shoot, r);
+        Ok(())
+    }
+
+    async fn stop(&self, shoot: &str) -> Result<()> {
+        let mine = self.running.lock().await.remove(shoot);
+        if let Some(r) = mine {
+            r.shutdown().await;
+            return Ok(());
+        }
+        let layout = self.layout(shoot);
+        if !layout.spec_file().exists() {
+            return Err(SeedError::UnknownShoot {
+                shoot: shoot.to_string(),
+                path: layout.dir,
+            });
+        }
+        // Supervised by another process (e.g. a detached `ringctl controlplane run`).
+        let Some(pid) = layout.supervisor_pid().filter(|p| *p != 0) else {
+            return Ok(());
+        };
+        use nix::sys::signal::{kill, Signal};
+        let target = nix::unistd::Pid::from_raw(pid as i32);
+        let _ = kill(target, Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + FOREIGN_STOP_TIMEOUT;
+        while layout.supervisor_pid().is_some() {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(shoot, pid, "supervisor ignored SIGTERM; sending SIGKILL");
+                let _ = kill(target, Signal::SIGKILL);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, shoot: &str) -> Result<ControlPlaneStatus> {
+        let layout = self.layout(shoot);
+        let Some(spec) = layout.read_spec()? else {
+            return Err(SeedError::UnknownShoot {
+                shoot: shoot.to_string(),
+                path: layout.dir,
+            });
+        };
+        let supervisor = layout.supervisor_pid();
+        let recorded: Option<StatusFile> = std::fs::read(layout.status_file())
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let states = recorded.map(|s| s.components).unwrap_or_default();
+        let components: Vec<ComponentStatus> = Component::ALL
+            .iter()
+            .map(|c| {
+                let state = states.get(c).cloned().unwrap_or_default();
+                let running = supervisor.is_some() && state.pid.is_some_and(pid_alive);
+                ComponentStatus {
+                    component: *c,
+                    running,
+                    state,
+                }
+            })
+            .collect();
+        let (ready, readyz) = if supervisor.is_some() {
+            match self.health(shoot).await {
+                Ok(h) => (h.ready, h.detail),
+                Err(e) => (false, e.to_string()),
+            }
+        } else {
+            (false, "not running".to_string())
+        };
+        let all_running = components.iter().all(|c| c.running);
+        let phase = match (supervisor, ready, all_running) {
+            (None, _, _) => Phase::Stopped,
+            (Some(_), false, _) => Phase::Starting,
+            (Some(_), true, true) => Phase::Ready,
+            (Some(_), true, false) => Phase::Degraded,
+        };
+        Ok(ControlPlaneStatus {
+            shoot: shoot.to_string(),
+            phase,
+            api_url: spec.endpoint.api_url(),
+            kubeconfig: layout.admin_kubeconfig(),
+            supervisor_pid: supervisor,
+            readyz,
+            components,
+        })
+    }
+
+    async fn health(&self, shoot: &str) -> Result<Health> {
+        let layout = self.layout(shoot);
+        let path = layout.admin_kubeconfig();
+        if !path.exists() {
+            return Err(SeedError::UnknownShoot {
+                shoot: shoot.to_string(),
+                path: layout.dir,
+            });
+        }
+        let client = kubeconfig::client(shoot, &path).await?;
+        let req = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| SeedError::Kube {
+                shoot: shoot.to_string(),
+                message: e.to_string(),
+            })?;
+        let answer = tokio::time::timeout(Duration::from_secs(5), client.request_text(req)).await;
+        Ok(match answer {
+            Ok(Ok(text)) => Health {
+                ready: text.trim() == "ok",
+                detail: text.trim().to_string(),
+            },
+            Ok(Err(e)) => Health {
+                ready: false,
+                detail: e.to_string(),
+            },
+            Err(_) => Health {
+                ready: false,
+                detail: "/readyz did not answer within 5s".into(),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bins() -> Binaries {
+        Binaries {
+            etcd: "/bin/etcd".into(),
+            kube_apiserver: "/bin/kube-apiserver".into(),
+            kube_controller_manager: "/bin/kcm".into(),
+            kube_scheduler: "/bin/ks".into(),
+        }
+    }
+
+    #[test]
+    fn every_component_binds_only_the_shoot_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = LocalSeed::new(dir.path(), bins());
+        let spec = ControlPlaneSpec::new("alpha");
+        let addr = spec.endpoint.address.to_string();
+        let specs = seed.component_specs(&spec);
+        assert_eq!(
+            specs.iter().map(|s| s.component).collect::<Vec<_>>(),
+            Component::ALL
+        );
+        for s in &specs {
+            let binds: Vec<_> = s
+                .args
+                .iter()
+                .filter(|a| a.starts_with("--bind-address") || a.starts_with("--listen-"))
+                .collect();
+            assert!(
+                !binds.is_empty(),
+                "{:?} binds nothing explicitly",
+                s.component
+            );
+            for b in binds {
+                assert!(b.contains(&addr), "{b} does not use {addr}");
+            }
+            assert!(s.log.starts_with(dir.path()));
+        }
+        // the insecure ports are off
+        assert!(specs[1].args.contains(&"--insecure-port=0".to_string()));
+        assert!(specs[2].args.contains(&"--port=0".to_string()));
+        assert!(specs[3].args.contains(&"--port=0".to_string()));
+    }
+
+    #[test]
+    fn spec_for_keeps_recorded_address_and_rejects_a_conflicting_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = LocalSeed::new(dir.path(), bins());
+        let addr = std::net::Ipv4Addr::new(127, 50, 0, 9);
+        let spec = seed.spec_for("alpha", Some(addr)).unwrap();
+        seed.prepare(&spec).unwrap();
+        assert_eq!(seed.spec_for("alpha", None).unwrap().endpoint.address, addr);
+        let err = seed
+            .spec_for("alpha", Some(std::net::Ipv4Addr::new(127, 50, 0, 10)))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("was created with address 127.50.0.9"),
+            "{err}"
+        );
+        assert_eq!(seed.shoots(), vec!["alpha".to_string()]);
+    }
+
+    #[test]
+    fn prepare_in_unwritable_place_is_a_state_dir_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "x").unwrap();
+        let seed = LocalSeed::new(file.join("state"), bins());
+        let err = seed.prepare(&ControlPlaneSpec::new("alpha")).unwrap_err();
+        assert!(matches!(err, SeedError::StateDir { .. }), "{err}");
+        assert!(
+            err.to_string().contains("choose a writable --state-dir"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn taken_port_is_reported_with_component_and_address() {
+        let spec = ControlPlaneSpec {
+            shoot: "alpha".into(),
+            endpoint: crate::ShootEndpoint::on(std::net::Ipv4Addr::new(127, 51, 0, 1)),
+        };
+        let _squatter =
+            std::net::TcpListener::bind((spec.endpoint.address, spec.endpoint.api_port)).unwrap();
+        let err = check_ports(&spec).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("127.51.0.1:6443 (for kube-apiserver of shoot alpha) is already in use"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,542 @@
+//! A shoot's PKI, generated with rcgen (no openssl).
+//!
+//! One CA per shoot signs: etcd's server, peer and client certificates, the
+//! kube-apiserver serving certificate, and client certificates for the admin,
+//! kube-controller-manager and kube-scheduler. A separate key pair signs service
+//! account tokens. All keys are ECDSA P-256, all files are written atomically
+//! with mode 0600. Existing files are checked on every start (parseable, key
+//! matches certificate, issued by the shoot's CA); a leaf that is about to
+//! expire or lacks the shoot's current address is reissued.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
+};
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use crate::endpoint::ShootEndpoint;
+use crate::error::{Result, SeedError};
+
+/// The cluster-internal IP of the `kubernetes` Service (first of the service range).
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// The service ClusterIP range given to kube-apiserver.
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+
+const CA_DAYS: i64 = 3650;
+const LEAF_DAYS: i64 = 730;
+/// Leaves with less than this left are reissued at the next start.
+const RENEW_BEFORE_DAYS: i64 = 30;
+
+/// A certificate file and its private key file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertPair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The file layout of a shoot's PKI directory.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    dir: PathBuf,
+}
+
+/// The leaf certificates of a shoot's PKI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaf {
+    EtcdServer,
+    EtcdPeer,
+    /// Used by kube-apiserver and by Ring (backups) to talk to etcd.
+    EtcdClient,
+    ApiServer,
+    Admin,
+    ControllerManager,
+    Scheduler,
+}
+
+impl Leaf {
+    /// Every leaf, in the order they are issued.
+    pub const ALL: [Leaf; 7] = [
+        Leaf::EtcdServer,
+        Leaf::EtcdPeer,
+        Leaf::EtcdClient,
+        Leaf::ApiServer,
+        Leaf::Admin,
+        Leaf::ControllerManager,
+        Leaf::Scheduler,
+    ];
+
+    fn file_stem(self) -> &'static str {
+        match self {
+            Leaf::EtcdServer => "etcd-server",
+            Leaf::EtcdPeer => "etcd-peer",
+            Leaf::EtcdClient => "etcd-client",
+            Leaf::ApiServer => "kube-apiserver",
+            Leaf::Admin => "admin",
+            Leaf::ControllerManager => "kube-controller-manager",
+            Leaf::Scheduler => "kube-scheduler",
+        }
+    }
+
+    /// (common name, organizations, serves TLS, authenticates as client)
+    fn identity(self) -> (&'static str, &'static [&'static str], bool, bool) {
+        match self {
+            Leaf::EtcdServer => ("etcd-server", &[], true, true),
+            Leaf::EtcdPeer => ("etcd-peer", &[], true, true),
+            Leaf::EtcdClient => ("kube-apiserver-etcd-client", &[], false, true),
+            Leaf::ApiServer => ("kube-apiserver", &[], true, false),
+            Leaf::Admin => ("ring:admin", &["system:masters"], false, true),
+            Leaf::ControllerManager => ("system:kube-controller-manager", &[], false, true),
+            Leaf::Scheduler => ("system:kube-scheduler", &[], false, true),
+        }
+    }
+
+    /// Subject alternative names: the shoot's address for every server certificate,
+    /// plus the in-cluster names for kube-apiserver.
+    fn sans(self, endpoint: &ShootEndpoint) -> (Vec<IpAddr>, Vec<&'static str>) {
+        let local = vec![
+            IpAddr::V4(endpoint.address),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ];
+        match self {
+            Leaf::EtcdServer | Leaf::EtcdPeer => (local, vec!["localhost"]),
+            Leaf::ApiServer => {
+                let mut ips = local;
+                ips.push(IpAddr::V4(KUBERNETES_SERVICE_IP));
+                (
+                    ips,
+                    vec![
+                        "localhost",
+                        "kubernetes",
+                        "kubernetes.default",
+                        "kubernetes.default.svc",
+                        "kubernetes.default.svc.cluster.local",
+                    ],
+                )
+            }
+            _ => (vec![], vec![]),
+        }
+    }
+}
+
+impl Pki {
+    /// The PKI kept in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Pki { dir: dir.into() }
+    }
+
+    /// The directory holding every file.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The shoot's CA.
+    pub fn ca(&self) -> CertPair {
+        self.pair("ca")
+    }
+
+    /// A leaf certificate and its key.
+    pub fn leaf(&self, leaf: Leaf) -> CertPair {
+        self.pair(leaf.file_stem())
+    }
+
+    /// The private key that signs service account tokens.
+    pub fn service_account_key(&self) -> PathBuf {
+        self.dir.join("service-account.key")
+    }
+
+    /// The public key that verifies service account tokens.
+    pub fn service_account_pub(&self) -> PathBuf {
+        self.dir.join("service-account.pub")
+    }
+
+    fn pair(&self, stem: &str) -> CertPair {
+        CertPair {
+            cert: self.dir.join(format!("{stem}.crt")),
+            key: self.dir.join(format!("{stem}.key")),
+        }
+    }
+
+    /// Makes the PKI complete and valid for `shoot` at `endpoint`: creates what is
+    /// missing, reissues leaves that expire soon or lack the endpoint's address,
+    /// and fails with a precise error on anything corrupted.
+    pub fn ensure(&self, shoot: &str, endpoint: &ShootEndpoint) -> Result<()> {
+        create_private_dir(&self.dir)?;
+        let ca = self.ensure_ca(shoot)?;
+        for leaf in Leaf::ALL {
+            self.ensure_leaf(leaf, shoot, endpoint, &ca)?;
+        }
+        self.ensure_service_account()
+    }
+
+    fn ensure_ca(&self, shoot: &str) -> Result<LoadedCa> {
+        let ca = self.ca();
+        match (ca.cert.exists(), ca.key.exists()) {
+            (true, true) => {
+                let cert_der = read_cert_der(&ca.cert).map_err(|reason| SeedError::Ca {
+                    path: ca.cert.clone(),
+                    reason,
+                })?;
+                let key = read_key(&ca.key).map_err(|reason| SeedError::Ca {
+                    path: ca.key.clone(),
+                    reason,
+                })?;
+                let (spki, _) = cert_facts(&cert_der).map_err(|reason| SeedError::Ca {
+                    path: ca.cert.clone(),
+                    reason,
+                })?;
+                if spki != key.subject_public_key_info() {
+                    return Err(SeedError::Ca {
+                        path: ca.key.clone(),
+                        reason: format!("does not belong to the certificate {}", ca.cert.display()),
+                    });
+                }
+                Ok(LoadedCa { cert_der, key })
+            }
+            (false, false) => {
+                let key = new_key()?;
+                let mut params = CertificateParams::default();
+                params.distinguished_name = dn(&format!("ring-ca-{shoot}"), &["ring"]);
+                params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+                params.key_usages = vec![
+                    KeyUsagePurpose::KeyCertSign,
+                    KeyUsagePurpose::CrlSign,
+                    KeyUsagePurpose::DigitalSignature,
+                ];
+                set_validity(&mut params, CA_DAYS);
+                let cert = params.self_signed(&key).map_err(|e| pki_err(&ca.cert, e))?;
+                write_private(&ca.key, key.serialize_pem().as_bytes())?;
+                write_private(&ca.cert, cert.pem().as_bytes())?;
+                Ok(LoadedCa {
+                    cert_der: cert.der().to_vec(),
+                    key,
+                })
+            }
+            (cert_exists, _) => {
+                let (present, missing) = if cert_exists {
+                    (&ca.cert, &ca.key)
+                } else {
+                    (&ca.key, &ca.cert)
+                };
+                Err(SeedError::Ca {
+                    path: missing.clone(),
+                    reason: format!("is missing while {} exists", present.display()),
+                })
+            }
+        }
+    }
+
+    fn ensure_leaf(
+        &self,
+        leaf: Leaf,
+        shoot: &str,
+        endpoint: &ShootEndpoint,
+        ca: &LoadedCa,
+    ) -> Result<()> {
+        let pair = self.leaf(leaf);
+        let (want_ips, _) = leaf.sans(endpoint);
+        if pair.cert.exists() && pair.key.exists() {
+            let err = |path: &Path| {
+                let path = path.to_path_buf();
+                move |reason| SeedError::Pki { path, reason }
+            };
+            let cert_der = read_cert_der(&pair.cert).map_err(err(&pair.cert))?;
+            let key = read_key(&pair.key).map_err(err(&pair.key))?;
+            let (spki, facts) = cert_facts(&cert_der).map_err(err(&pair.cert))?;
+            if spki != key.subject_public_key_info() {
+                return Err(SeedError::Pki {
+                    path: pair.key.clone(),
+                    reason: format!("does not belong to the certificate {}", pair.cert.display()),
+                });
+            }
+            verify_issued_by(&cert_der, &ca.cert_der).map_err(err(&pair.cert))?;
+            let fresh = facts.not_after - now() > RENEW_BEFORE_DAYS * 86_400;
+            let covers = want_ips.iter().all(|ip| facts.ips.contains(ip));
+            if fresh && covers {
+                return Ok(());
+            }
+            tracing::info!(shoot, cert = %pair.cert.display(), fresh, covers, "reissuing certificate");
+        }
+        let key = new_key()?;
+        let (cn, orgs, server, client) = leaf.identity();
+        let (ips, dns) = leaf.sans(endpoint);
+        let mut params = CertificateParams::default();
+        params.distinguished_name = dn(cn, orgs);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        if server {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ServerAuth);
+        }
+        if client {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ClientAuth);
+        }
+        params.subject_alt_names = ips.into_iter().map(SanType::IpAddress).collect();
+        for name in dns {
+            let name = name.try_into().map_err(|e| pki_err(&pair.cert, e))?;
+            params.subject_alt_names.push(SanType::DnsName(name));
+        }
+        set_validity(&mut params, LEAF_DAYS);
+        let issuer = Issuer::from_ca_cert_der(&ca.cert_der.clone().into(), &ca.key)
+            .map_err(|e| pki_err(&self.ca().cert, e))?;
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(|e| pki_err(&pair.cert, e))?;
+        write_private(&pair.key, key.serialize_pem().as_bytes())?;
+        write_private(&pair.cert, cert.pem().as_bytes())?;
+        Ok(())
+    }
+
+    fn ensure_service_account(&self) -> Result<()> {
+        let (key_path, pub_path) = (self.service_account_key(), self.service_account_pub());
+        let key = if key_path.exists() {
+            read_key(&key_path).map_err(|reason| SeedError::Pki {
+                path: key_path.clone(),
+                reason,
+            })?
+        } else {
+            let key = new_key()?;
+            write_private(&key_path, key.serialize_pem().as_bytes())?;
+            key
+        };
+        let public = key.public_key_pem();
+        let current = std::fs::read_to_string(&pub_path).ok();
+        if current.as_deref() != Some(public.as_str()) {
+            write_private(&pub_path, public.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Reads a PEM file of this PKI (for kubeconfigs).
+    pub fn read_pem(&self, path: &Path) -> Result<String> {
+        std::fs::read_to_string(path).map_err(SeedError::io(path))
+    }
+}
+
+struct LoadedCa {
+    cert_der: Vec<u8>,
+    key: KeyPair,
+}
+
+struct CertFacts {
+    not_after: i64,
+    ips: Vec<IpAddr>,
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+fn new_key() -> Result<KeyPair> {
+    KeyPair::generate().map_err(|e| SeedError::Pki {
+        path: PathBuf::from("(new key)"),
+        reason: e.to_string(),
+    })
+}
+
+fn pki_err(path: &Path, e: impl std::fmt::Display) -> SeedError {
+    SeedError::Pki {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+fn dn(cn: &str, orgs: &[&str]) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    for o in orgs {
+        dn.push(DnType::OrganizationName, *o);
+    }
+    dn
+}
+
+fn set_validity(params: &mut CertificateParams, days: i64) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(days);
+}
+
+fn read_cert_der(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes)
+        .map_err(|e| format!("is not a PEM certificate ({e})"))?;
+    if pem.label != "CERTIFICATE" {
+        return Err(format!(
+            "holds a PEM {:?} block, expected CERTIFICATE",
+            pem.label
+        ));
+    }
+    Ok(pem.contents)
+}
+
+fn read_key(path: &Path) -> std::result::Result<KeyPair, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
+    KeyPair::from_pem(&text).map_err(|e| format!("is not a PEM private key ({e})"))
+}
+
+/// The certificate's SubjectPublicKeyInfo (DER) and the facts Ring checks.
+fn cert_facts(der: &[u8]) -> std::result::Result<(Vec<u8>, CertFacts), String> {
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| format!("is not a valid X.509 certificate ({e})"))?;
+    let mut ips = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let GeneralName::IPAddress(raw) = name {
+                match raw.len() {
+                    4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*raw).unwrap_or_default())),
+                    16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*raw).unwrap_or_default())),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok((
+        cert.public_key().raw.to_vec(),
+        CertFacts {
+            not_after: cert.validity().not_after.timestamp(),
+            ips,
+        },
+    ))
+}
+
+fn verify_issued_by(der: &[u8], ca_der: &[u8]) -> std::result::Result<(), String> {
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
+    let (_, ca) = X509Certificate::from_der(ca_der).map_err(|e| e.to_string())?;
+    cert.verify_signature(Some(ca.public_key()))
+        .map_err(|_| "was not issued by this shoot's CA (signature does not verify)".to_string())
+}
+
+/// Creates `dir` (and parents) with mode 0700.
+pub(crate) fn create_private_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| SeedError::StateDir {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// Writes `contents` to `path` atomically (temp file, fsync, rename) with mode 0600.
+pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(SeedError::io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn endpoint() -> ShootEndpoint {
+        ShootEndpoint::on(Ipv4Addr::new(127, 20, 0, 1))
+    }
+
+    #[test]
+    fn generates_complete_pki_with_private_files_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path().join("pki"));
+        pki.ensure("alpha", &endpoint()).unwrap();
+        let before = std::fs::read(pki.leaf(Leaf::ApiServer).cert).unwrap();
+        for entry in std::fs::read_dir(pki.dir()).unwrap() {
+            let meta = entry.unwrap().metadata().unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        }
+        assert_eq!(std::fs::read_dir(pki.dir()).unwrap().count(), 2 + 2 * 7 + 2);
+        pki.ensure("alpha", &endpoint()).unwrap();
+        assert_eq!(
+            before,
+            std::fs::read(pki.leaf(Leaf::ApiServer).cert).unwrap()
+        );
+    }
+
+    #[test]
+    fn apiserver_certificate_has_endpoint_and_service_sans() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path());
+        pki.ensure("alpha", &endpoint()).unwrap();
+        let der = read_cert_der(&pki.leaf(Leaf::ApiServer).cert).unwrap();
+        let (_, facts) = cert_facts(&der).unwrap();
+        assert!(facts.ips.contains(&IpAddr::V4(endpoint().address)));
+        assert!(facts.ips.contains(&IpAddr::V4(KUBERNETES_SERVICE_IP)));
+        let ca = read_cert_der(&pki.ca().cert).unwrap();
+        verify_issued_by(&der, &ca).unwrap();
+    }
+
+    #[test]
+    fn corrupted_certificate_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path());
+        pki.ensure("alpha", &endpoint()).unwrap();
+        let path = pki.leaf(Leaf::Admin).cert;
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 0x55; // damage the base64 body
+        std::fs::write(&path, &bytes).unwrap();
+        let err = pki.ensure("alpha", &endpoint()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("admin.crt"), "{msg}");
+        assert!(msg.contains("restore the file"), "{msg}");
+    }
+
+    #[test]
+    fn certificate_from_another_ca_is_rejected() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let (pa, pb) = (Pki::new(a.path()), Pki::new(b.path()));
+        pa.ensure("alpha", &endpoint()).unwrap();
+        pb.ensure("alpha", &endpoint()).unwrap();
+        for f in [pb.leaf(Leaf::Admin).cert, pb.leaf(Leaf::Admin).key] {
+            std::fs::copy(&f, a.path().join(f.file_name().unwrap())).unwrap();
+        }
+        let msg = pa.ensure("alpha", &endpoint()).unwrap_err().to_string();
+        assert!(msg.contains("not issued by this shoot's CA"), "{msg}");
+    }
+
+    #[test]
+    fn new_address_reissues_serving_certificates_under_the_same_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path());
+        pki.ensure("alpha", &endpoint()).unwrap();
+        let ca_before = std::fs::read(pki.ca().cert).unwrap();
+        let moved = ShootEndpoint::on(Ipv4Addr::new(127, 30, 0, 1));
+        pki.ensure("alpha", &moved).unwrap();
+        let der = read_cert_der(&pki.leaf(Leaf::ApiServer).cert).unwrap();
+        assert!(cert_facts(&der)
+            .unwrap()
+            .1
+            .ips
+            .contains(&IpAddr::V4(moved.address)));
+        assert_eq!(ca_before, std::fs::read(pki.ca().cert).unwrap());
+    }
+
+    #[test]
+    fn missing_ca_key_with_existing_cert_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path());
+        pki.ensure("alpha", &endpoint()).unwrap();
+        std::fs::remove_file(pki.ca().key).unwrap();
+        let msg = pki.ensure("alpha", &endpoint()).unwrap_err().to_string();
+        assert!(msg.contains("ca.key: is missing"), "{msg}");
+    }
+}

@@ -1,0 +1,393 @@
+//! Supervised child processes: one reconciler task per control-plane component.
+//!
+//! The desired state is "running" until the component's token is cancelled. The
+//! task observes its child, restarts it with exponential backoff when it exits,
+//! and on cancellation stops it gracefully (SIGTERM to its process group, then
+//! SIGKILL after a grace period). Children run in their own process group with a
+//! parent-death signal, so they never outlive the supervisor process.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The processes of a hosted control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Component {
+    Etcd,
+    KubeApiserver,
+    KubeControllerManager,
+    KubeScheduler,
+}
+
+impl Component {
+    /// All components in start order (stop order is the reverse).
+    pub const ALL: [Component; 4] = [
+        Component::Etcd,
+        Component::KubeApiserver,
+        Component::KubeControllerManager,
+        Component::KubeScheduler,
+    ];
+
+    /// The program's name, as on disk and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::KubeApiserver => "kube-apiserver",
+            Component::KubeControllerManager => "kube-controller-manager",
+            Component::KubeScheduler => "kube-scheduler",
+        }
+    }
+}
+
+impl std::fmt::Display for Component {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How to run one component.
+#[derive(Debug, Clone)]
+pub struct ComponentSpec {
+    pub component: Component,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Where stdout and stderr are appended.
+    pub log: PathBuf,
+}
+
+/// What the supervisor knows about a component right now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentState {
+    /// The running process, if any.
+    pub pid: Option<u32>,
+    /// How many times the process exited and was started again.
+    pub restarts: u32,
+    /// How the last run ended ("exit status 1", "signal 9 (SIGKILL)", "spawn failed: ...").
+    pub last_exit: Option<String>,
+    /// When the current process was started (seconds since the Unix epoch).
+    pub started_at: Option<u64>,
+}
+
+/// The states of all components of one control plane, shared with observers.
+pub type States = BTreeMap<Component, ComponentState>;
+
+/// Exponential backoff between restarts.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starts at `initial` and doubles up to `max`.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Backoff {
+            initial,
+            max,
+            next: initial,
+        }
+    }
+
+    /// The delay to wait now; the following one is twice as long (capped).
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// Back to the initial delay (after a long healthy run).
+    pub fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+/// Tuning of the component supervisor.
+#[derive(Debug, Clone, Copy)]
+pub struct SupervisorTuning {
+    /// First delay before a restart.
+    pub restart_initial: Duration,
+    /// Longest delay before a restart.
+    pub restart_max: Duration,
+    /// A run at least this long resets the backoff.
+    pub healthy_after: Duration,
+    /// How long a component may take to exit after SIGTERM before SIGKILL.
+    pub stop_grace: Duration,
+}
+
+impl Default for SupervisorTuning {
+    fn default() -> Self {
+        SupervisorTuning {
+            restart_initial: Duration::from_millis(500),
+            restart_max: Duration::from_secs(30),
+            healthy_after: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Runs `spec` until `cancel` fires, restarting it whenever it exits.
+pub async fn supervise(
+    spec: ComponentSpec,
+    cancel: CancellationToken,
+    states: watch::Sender<States>,
+    tuning: SupervisorTuning,
+) {
+    let component = spec.component;
+    let mut backoff = Backoff::new(tuning.restart_initial, tuning.restart_max);
+    let update = |f: &dyn Fn(&mut ComponentState)| {
+        states.send_modify(|m| f(m.entry(component).or_default()));
+    };
+    loop {
+        if cancel.is_cancelled() {
+            break;
+        }
+        let started = Instant::now();
+        let mut child = match spawn(&spec) {
+            Ok(child) => child,
+            Err(e) => {
+                tracing::error!(%component, error = %e, "cannot start");
+                update(&|s| s.last_exit = Some(format!("spawn failed: {e}")));
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(backoff.next_delay()) => continue,
+                }
+            }
+        };
+        let pid = child.id();
+        tracing::info!(%component, pid, "started");
+        update(&|s| {
+            s.pid = pid;
+            s.started_at = Some(unix_now());
+        });
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                terminate(component, &mut child, tuning.stop_grace).await;
+                update(&|s| s.pid = None);
+                break;
+            }
+            status = child.wait() => {
+                let how = match status {
+                    Ok(st) => describe_exit(st),
+                    Err(e) => format!("wait failed: {e}"),
+                };
+                if started.elapsed() >= tuning.healthy_after {
+                    backoff.reset();
+                }
+                let delay = backoff.next_delay();
+                tracing::warn!(%component, pid, exit = %how, restart_in = ?delay, "exited; restarting");
+                update(&|s| {
+                    s.pid = None;
+                    s.restarts += 1;
+                    s.last_exit = Some(how.clone());
+                });
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
+    use std::io::Write;
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&spec.log)?;
+    writeln!(
+        log,
+        "=== ring: starting {} at unix time {} ===",
+        spec.component,
+        unix_now()
+    )?;
+    let err_log = log.try_clone()?;
+    let supervisor = std::process::id();
+    let mut cmd = tokio::process::Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log)
+        .kill_on_drop(true)
+        .process_group(0);
+    // SAFETY: only async-signal-safe libc calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The supervisor may have died between fork and prctl.
+            if libc::getppid() as u32 != supervisor {
+                return Err(std::io::Error::other("supervisor exited during spawn"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+async fn terminate(component: Component, child: &mut tokio::process::Child, grace: Duration) {
+    use nix::sys::signal::{killpg, Signal};
+    use nix::unistd::Pid;
+    let Some(pid) = child.id() else { return };
+    let group = Pid::from_raw(pid as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(_) => tracing::info!(%component, pid, "stopped"),
+        Err(_) => {
+            tracing::warn!(%component, pid, ?grace, "did not stop after SIGTERM; sending SIGKILL");
+            let _ = killpg(group, Signal::SIGKILL);
+            let _ = child.wait().await;
+        }
+    }
+    // Anything the component forked into its group goes too.
+    let _ = killpg(group, Signal::SIGKILL);
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => {
+            let name = nix::sys::signal::Signal::try_from(sig)
+                .map(|s| s.as_str().to_string())
+                .unwrap_or_else(|_| "unknown".into());
+            format!("signal {sig} ({name})")
+        }
+        _ => "unknown exit".into(),
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Whether `pid` is a live (non-zombie) process.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the ")" closing the command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let got: Vec<_> = (0..4).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(got, [100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 100);
+    }
+
+    fn sh(script: &str, log: PathBuf) -> ComponentSpec {
+        ComponentSpec {
+            component: Component::KubeScheduler,
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            log,
+        }
+    }
+
+    fn fast() -> SupervisorTuning {
+        SupervisorTuning {
+            restart_initial: Duration::from_millis(20),
+            restart_max: Duration::from_millis(50),
+            healthy_after: Duration::from_secs(60),
+            stop_grace: Duration::from_millis(500),
+        }
+    }
+
+    async fn wait_for(
+        rx: &mut watch::Receiver<States>,
+        what: &str,
+        f: impl Fn(&ComponentState) -> bool,
+    ) {
+        let res = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if rx.borrow().get(&Component::KubeScheduler).is_some_and(&f) {
+                    return;
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await;
+        assert!(
+            res.is_ok(),
+            "timed out waiting for {what}: {:?}",
+            rx.borrow()
+        );
+    }
+
+    #[tokio::test]
+    async fn crashing_child_is_restarted_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = watch::channel(States::new());
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(supervise(
+            sh("exit 3", dir.path().join("log")),
+            cancel.clone(),
+            tx,
+            fast(),
+        ));
+        wait_for(&mut rx, "3 restarts", |s| s.restarts >= 3).await;
+        assert_eq!(
+            rx.borrow()[&Component::KubeScheduler].last_exit.as_deref(),
+            Some("exit status 3")
+        );
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+        assert!(
+            log.matches("=== ring: starting kube-scheduler").count() >= 3,
+            "{log}"
+        );
+    }
+
+    #[tokio::test]
+    async fn cancel_stops_child_and_escalates_to_sigkill() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = watch::channel(States::new());
+        let cancel = CancellationToken::new();
+        // Ignores SIGTERM, so only SIGKILL after the grace period ends it.
+        let spec = sh(
+            "trap '' TERM; while true; do sleep 0.1; done",
+            dir.path().join("log"),
+        );
+        let task = tokio::spawn(supervise(spec, cancel.clone(), tx, fast()));
+        wait_for(&mut rx, "a pid", |s| s.pid.is_some()).await;
+        let pid = rx.borrow()[&Component::KubeScheduler].pid.unwrap();
+        assert!(pid_alive(pid));
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!pid_alive(pid), "pid {pid} survived stop");
+        assert_eq!(rx.borrow()[&Component::KubeScheduler].pid, None);
+    }
+}

@@ -1,0 +1,239 @@
+//! The shared harness of Ring's end-to-end tests.
+//!
+//! Everything here starts real processes (etcd, kube-apiserver, ...) on loopback
+//! in temp dirs, waits with a timeout and a reason, and kills whatever it started
+//! when dropped. A missing binary fails the test with a message to run
+//! `scripts/setup`; nothing is skipped silently.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use seed::{Binaries, BinarySearch, LocalSeed};
+
+/// The control-plane binaries, or a panic telling how to install them.
+pub fn binaries() -> Binaries {
+    match BinarySearch::standard(None).control_plane() {
+        Ok(b) => b,
+        Err(e) => panic!("{e}\nThe end-to-end tests need real binaries: run scripts/setup first."),
+    }
+}
+
+/// The `ringctl` binary next to this test binary (cargo builds it for `cargo test --workspace`).
+pub fn ringctl() -> PathBuf {
+    let exe = std::env::current_exe().expect("current test executable");
+    // target/<profile>/deps/<test>  ->  target/<profile>/ringctl
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("ringctl"))
+        .expect("target directory");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` (or `cargo build -p ring --bin ringctl` first)",
+        path.display()
+    );
+    path
+}
+
+/// A temp state dir for a seed; on drop, every process whose command line
+/// mentions the dir (supervisors and components) is killed, then the dir removed.
+pub struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    /// A fresh sandbox.
+    pub fn new() -> Self {
+        Sandbox {
+            dir: tempfile::Builder::new()
+                .prefix("ring-test-")
+                .tempdir()
+                .expect("temp dir"),
+        }
+    }
+
+    /// The state dir.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A local seed on this sandbox.
+    pub fn seed(&self) -> LocalSeed {
+        LocalSeed::new(self.path(), binaries())
+    }
+
+    /// Pids of live processes whose command line mentions this sandbox.
+    pub fn processes(&self) -> Vec<u32> {
+        processes_mentioning(self.path())
+    }
+
+    /// Waits (bounded) until no process mentions this sandbox; returns the leftovers.
+    pub fn wait_no_processes(&self, timeout: Duration) -> Vec<u32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = self.processes();
+            if left.is_empty() || Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for pid in self.processes() {
+            // SAFETY: plain syscall.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+        let _ = self.wait_no_processes(Duration::from_secs(10));
+    }
+}
+
+/// Live processes (not zombies) whose command line contains `needle`.
+pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
+    let needle = needle.as_os_str().as_encoded_bytes();
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || !seed::process::pid_alive(pid) {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            if cmdline.windows(needle.len()).any(|w| w == needle) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Polls `check` until it returns `Some`, panicking with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs a command to completion, killing it after `timeout`.
+pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collect output");
+                panic!(
+                    "{cmd:?} did not finish within {timeout:?}; stderr: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+/// `ringctl ARGS` with extra environment, bounded to 4 minutes.
+pub fn ringctl_cmd<I, S>(args: I, env: &[(&str, &OsStr)]) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(ringctl());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run_bounded(&mut cmd, Duration::from_secs(240))
+}
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS`, bounded to 60 s; returns stdout, panics on failure.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
+    let mut cmd = Command::new(kubectl_path());
+    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+    let out = run_bounded(&mut cmd, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// kubectl from PATH, else the one `scripts/setup` built into the cache.
+pub fn kubectl_path() -> PathBuf {
+    BinarySearch::standard(None)
+        .find("kubectl")
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A `kube` client for a kubeconfig written by Ring.
+pub async fn kube_client(kubeconfig: &Path) -> kube::Client {
+    seed::kubeconfig::client("test", kubeconfig)
+        .await
+        .unwrap_or_else(|e| panic!("kube client for {}: {e}", kubeconfig.display()))
+}
+
+/// The stdout of a successful `ringctl` run, or a panic showing its stderr.
+pub fn expect_success(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "ringctl failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The stderr of a failed `ringctl` run (exit code 1, no panic), or a panic.
+pub fn expect_clean_failure(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected exit code 1; stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "ringctl panicked: {stderr}");
+    stderr
+}

@@ -1,0 +1,374 @@
+//! Hosted control planes on a local seed: real etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler processes on loopback.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{ObjectMeta, PostParams};
+use kube::Api;
+use ring_tests::*;
+use seed::{wait_ready, Component, ControlPlaneSpec, Phase, Seed};
+
+const READY: Duration = Duration::from_secs(120);
+
+async fn create_config_map(kubeconfig: &std::path::Path, ns: &str, name: &str, value: &str) {
+    let client = kube_client(kubeconfig).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create namespace");
+    let cms: Api<ConfigMap> = Api::namespaced(client, ns);
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("value".to_string(), value.to_string())])),
+        ..Default::default()
+    };
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .expect("create configmap");
+}
+
+fn read_config_map(kubeconfig: &std::path::Path, ns: &str, name: &str) -> String {
+    kubectl(
+        kubeconfig,
+        &[
+            "get",
+            "configmap",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.data.value}",
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_survives_stop_and_start() {
+    let sandbox = Sandbox::new();
+    let seed = sandbox.seed();
+    let spec = ControlPlaneSpec::new("cp-keep");
+    seed.start(&spec).await.expect("start");
+    wait_ready(&seed, "cp-keep", READY).await.expect("ready");
+
+    let kubeconfig = seed.layout("cp-keep").admin_kubeconfig();
+    create_config_map(&kubeconfig, "team-a", "settings", "blue").await;
+    assert_eq!(read_config_map(&kubeconfig, "team-a", "settings"), "blue");
+    let status = seed.inspect("cp-keep").await.unwrap();
+    assert_eq!(status.phase, Phase::Ready, "{status:?}");
+
+    seed.stop("cp-keep").await.expect("stop");
+    let left = sandbox.wait_no_processes(Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left after stop: {left:?}");
+    assert_eq!(seed.inspect("cp-keep").await.unwrap().phase, Phase::Stopped);
+
+    seed.start(&spec).await.expect("start again");
+    wait_ready(&seed, "cp-keep", READY)
+        .await
+        .expect("ready again");
+    assert_eq!(read_config_map(&kubeconfig, "team-a", "settings"), "blue");
+    seed.stop("cp-keep").await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_control_planes_side_by_side_keep_their_own_data() {
+    let sandbox = Sandbox::new();
+    let seed = sandbox.seed();
+    let (a, b) = (
+        ControlPlaneSpec::new("cp-side-a"),
+        ControlPlaneSpec::new("cp-side-b"),
+    );
+    assert_ne!(a.endpoint.address, b.endpoint.address);
+    seed.start(&a).await.expect("start a");
+    seed.start(&b).await.expect("start b");
+    wait_ready(&seed, "cp-side-a", READY)
+        .await
+        .expect("a ready");
+    wait_ready(&seed, "cp-side-b", READY)
+        .await
+        .expect("b ready");
+
+    let (kc_a, kc_b) = (
+        seed.layout("cp-side-a").admin_kubeconfig(),
+        seed.layout("cp-side-b").admin_kubeconfig(),
+    );
+    create_config_map(&kc_a, "only-in-a", "marker", "a").await;
+    create_config_map(&kc_b, "only-in-b", "marker", "b").await;
+    assert_eq!(read_config_map(&kc_a, "only-in-a", "marker"), "a");
+    assert_eq!(read_config_map(&kc_b, "only-in-b", "marker"), "b");
+    let ns_a = kubectl(&kc_a, &["get", "namespaces", "-o", "name"]);
+    let ns_b = kubectl(&kc_b, &["get", "namespaces", "-o", "name"]);
+    assert!(
+        ns_a.contains("namespace/only-in-a") && !ns_a.contains("only-in-b"),
+        "{ns_a}"
+    );
+    assert!(
+        ns_b.contains("namespace/only-in-b") && !ns_b.contains("only-in-a"),
+        "{ns_b}"
+    );
+    // A second start of a running shoot is refused, not duplicated.
+    let again = seed.start(&a).await.unwrap_err();
+    assert!(again.to_string().contains("already supervised"), "{again}");
+
+    seed.stop("cp-side-a").await.unwrap();
+    seed.stop("cp-side-b").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_apiserver_is_restarted_by_the_supervisor() {
+    let sandbox = Sandbox::new();
+    let seed = sandbox.seed();
+    seed.start(&ControlPlaneSpec::new("cp-crash"))
+        .await
+        .expect("start");
+    wait_ready(&seed, "cp-crash", READY).await.expect("ready");
+    let api = |s: &seed::ControlPlaneStatus| {
+        s.components
+            .iter()
+            .find(|c| c.component == Component::KubeApiserver)
+            .cloned()
+            .unwrap()
+    };
+    let before = api(&seed.inspect("cp-crash").await.unwrap());
+    let old_pid = before.state.pid.expect("apiserver pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let after = wait_for(
+        "kube-apiserver to be restarted and ready",
+        READY,
+        || async {
+            let status = seed.inspect("cp-crash").await.ok()?;
+            let c = api(&status);
+            (c.running && c.state.pid != Some(old_pid) && status.phase == Phase::Ready).then_some(c)
+        },
+    )
+    .await;
+    assert_eq!(after.state.restarts, before.state.restarts + 1);
+    assert_eq!(after.state.last_exit.as_deref(), Some("signal 9 (SIGKILL)"));
+    kubectl(
+        &seed.layout("cp-crash").admin_kubeconfig(),
+        &["get", "namespaces"],
+    );
+    seed.stop("cp-crash").await.unwrap();
+}
+
+/// The CLI end to end: `up` leaves a detached supervisor, `kubectl` works with the
+/// printed kubeconfig, and kill -9 of that supervisor takes every component with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_up_status_down_and_supervisor_kill_leaves_no_orphans() {
+    let sandbox = Sandbox::new();
+    let up = ringctl_cmd(
+        cli(
+            &["controlplane", "up", "--shoot", "cp-cli", "-o", "json"],
+            sandbox.path(),
+        ),
+        &[],
+    );
+    let up: serde_json::Value = serde_json::from_str(&expect_success(&up)).expect("json");
+    assert_eq!(up["started"], true);
+    assert_eq!(up["status"]["phase"], "Ready", "{up}");
+    let kubeconfig = std::path::PathBuf::from(up["status"]["kubeconfig"].as_str().unwrap());
+    let namespaces = kubectl(&kubeconfig, &["get", "namespaces", "-o", "name"]);
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert!(
+            namespaces.contains(&format!("namespace/{ns}")),
+            "{namespaces}"
+        );
+    }
+
+    // up again is idempotent
+    let again = ringctl_cmd(
+        cli(&["controlplane", "up", "--shoot", "cp-cli"], sandbox.path()),
+        &[],
+    );
+    assert!(expect_success(&again).contains("already running"));
+
+    // table status names the kubeconfig and a kubectl line
+    let table = expect_success(&ringctl_cmd(
+        cli(&["controlplane", "status"], sandbox.path()),
+        &[],
+    ));
+    assert!(
+        table.contains("cp-cli")
+            && table.contains("Ready")
+            && table.contains("kubectl --kubeconfig"),
+        "{table}"
+    );
+
+    // down, then up again: data dir reused
+    let down = ringctl_cmd(
+        cli(
+            &["controlplane", "down", "--shoot", "cp-cli"],
+            sandbox.path(),
+        ),
+        &[],
+    );
+    expect_success(&down);
+    let left = sandbox.wait_no_processes(Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left after down: {left:?}");
+    let up = ringctl_cmd(
+        cli(
+            &["controlplane", "up", "--shoot", "cp-cli", "-o", "json"],
+            sandbox.path(),
+        ),
+        &[],
+    );
+    let up: serde_json::Value = serde_json::from_str(&expect_success(&up)).unwrap();
+    let supervisor = up["status"]["supervisorPid"]
+        .as_u64()
+        .expect("supervisor pid") as i32;
+    let components = sandbox.processes();
+    assert!(
+        components.len() >= 5,
+        "supervisor + 4 components expected, saw {components:?}"
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let left = sandbox.wait_no_processes(Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "orphans after kill -9 of the supervisor: {left:?}"
+    );
+}
+
+fn cli(args: &[&str], dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    let mut v: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    v.push("--state-dir".into());
+    v.push(dir.into());
+    v
+}
+
+#[test]
+fn missing_binary_is_named_with_the_fix() {
+    let sandbox = Sandbox::new();
+    let empty = tempfile::tempdir().unwrap();
+    let out = ringctl_cmd(
+        cli(
+            &["controlplane", "up", "--shoot", "cp-nobin"],
+            sandbox.path(),
+        ),
+        &[
+            ("RING_CACHE", empty.path().as_os_str()),
+            ("PATH", "/usr/bin:/bin".as_ref()),
+            ("RING_BIN_DIR", "".as_ref()),
+        ],
+    );
+    let err = expect_clean_failure(&out);
+    assert!(
+        err.contains("kube-apiserver not found") && err.contains("run scripts/setup"),
+        "{err}"
+    );
+    assert!(sandbox.processes().is_empty());
+}
+
+#[test]
+fn unwritable_state_dir_is_a_clear_error() {
+    let sandbox = Sandbox::new();
+    let file = sandbox.path().join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let out = ringctl_cmd(
+        cli(
+            &["controlplane", "up", "--shoot", "cp-rofs"],
+            &file.join("state"),
+        ),
+        &[],
+    );
+    let err = expect_clean_failure(&out);
+    assert!(
+        err.contains("is not writable") && err.contains("choose a writable --state-dir"),
+        "{err}"
+    );
+}
+
+#[test]
+fn port_already_taken_is_a_clear_error() {
+    let sandbox = Sandbox::new();
+    let _squatter = std::net::TcpListener::bind("127.61.0.7:6443").expect("bind squatter");
+    let out = ringctl_cmd(
+        cli(
+            &[
+                "controlplane",
+                "up",
+                "--shoot",
+                "cp-port",
+                "--api-address",
+                "127.61.0.7",
+            ],
+            sandbox.path(),
+        ),
+        &[],
+    );
+    let err = expect_clean_failure(&out);
+    assert!(
+        err.contains("127.61.0.7:6443 (for kube-apiserver of shoot cp-port) is already in use"),
+        "{err}"
+    );
+    assert!(
+        sandbox.processes().is_empty(),
+        "nothing may be left running"
+    );
+}
+
+#[test]
+fn corrupted_certificate_is_a_clear_error() {
+    let sandbox = Sandbox::new();
+    // `up` prepares the PKI before anything runs; corrupt it, then try again.
+    let seed = sandbox.seed();
+    seed.prepare(&ControlPlaneSpec::new("cp-badcert")).unwrap();
+    let cert = seed
+        .layout("cp-badcert")
+        .pki()
+        .leaf(seed::pki::Leaf::ApiServer)
+        .cert;
+    let mut pem = std::fs::read(&cert).unwrap();
+    let mid = pem.len() / 2;
+    pem[mid] = if pem[mid] == b'A' { b'B' } else { b'A' };
+    std::fs::write(&cert, pem).unwrap();
+    let out = ringctl_cmd(
+        cli(
+            &["controlplane", "up", "--shoot", "cp-badcert"],
+            sandbox.path(),
+        ),
+        &[],
+    );
+    let err = expect_clean_failure(&out);
+    assert!(err.contains("kube-apiserver.crt"), "{err}");
+    assert!(sandbox.processes().is_empty());
+}
+
+#[test]
+fn bad_shoot_name_is_rejected() {
+    let sandbox = Sandbox::new();
+    let out = ringctl_cmd(
+        cli(
+            &["controlplane", "up", "--shoot", "Bad_Name"],
+            sandbox.path(),
+        ),
+        &[],
+    );
+    let err = expect_clean_failure(&out);
+    assert!(
+        err.contains("invalid shoot name") && err.contains("lowercase"),
+        "{err}"
+    );
+}
