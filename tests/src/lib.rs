@@ -21,7 +21,7 @@ pub fn binaries() -> Binaries {
     }
 }
 
-/// The `ringctl` binary next to this test binary (cargo builds it for `cargo test --workspace`).
+/// The `ringctl` binary next to this test binary (`scripts/test` builds it before the tests).
 pub fn ringctl() -> PathBuf {
     let exe = std::env::current_exe().expect("current test executable");
     // target/<profile>/deps/<test>  ->  target/<profile>/ringctl
@@ -32,7 +32,7 @@ pub fn ringctl() -> PathBuf {
         .expect("target directory");
     assert!(
         path.exists(),
-        "{} is missing: run the tests with `cargo test --workspace` (or `cargo build -p ring --bin ringctl` first)",
+        "{} is missing: build it first: `cargo build --workspace --bins` (scripts/test does)",
         path.display()
     );
     path
