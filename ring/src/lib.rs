@@ -6,7 +6,11 @@
 
 pub mod bench;
 pub mod controlplane;
+pub mod decide;
+pub mod node;
 pub mod output;
+pub mod state;
+pub mod storage;
 
 /// Errors of the ring crate.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +27,14 @@ pub enum RingError {
         source: std::io::Error,
     },
 
+    /// raft-rs refused an operation.
+    #[error("raft: {0}")]
+    Raft(String),
+
+    /// The durable Raft store failed or holds corrupted data.
+    #[error("raft store: {0}")]
+    Storage(String),
+
     /// Output could not be encoded.
     #[error("cannot encode output: {0}")]
     Encode(String),
@@ -34,7 +46,7 @@ impl RingError {
         match self {
             RingError::Seed(e) => e.is_retryable(),
             RingError::Io { .. } => true,
-            RingError::Encode(_) => false,
+            RingError::Encode(_) | RingError::Storage(_) | RingError::Raft(_) => false,
         }
     }
 }

@@ -1,0 +1,623 @@
+//! The Raft node: raft-rs's `RawNode` plus the ring state machine, driven in
+//! raft-rs's documented Ready order. `RaftCore` does no network I/O: it takes
+//! ticks, messages and proposals, and hands back the messages to send, so unit
+//! tests drive several cores over a simulated network. `NodeTask` owns one core
+//! in a single task and connects it to the runtime.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::{RawNode, StateRole};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::state::{RingCommand, RingState};
+use crate::storage::{DiskStorage, PersistBatch};
+use crate::RingError;
+
+/// How a proposal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyResult {
+    /// Committed and applied at this log index.
+    Applied { index: u64 },
+    /// Committed, but the state machine refused it.
+    Rejected { index: u64, reason: String },
+}
+
+/// What travels in a normal entry (and in a conf change's context).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Proposal {
+    /// Unique per proposing node (its Raft id in the top 16 bits); 0 = nobody waits.
+    id: u64,
+    command: RingCommand,
+}
+
+/// Tuning of a Raft node.
+#[derive(Debug, Clone, Copy)]
+pub struct RaftTuning {
+    pub tick: Duration,
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    /// Compact the log into a snapshot every this many applied entries.
+    pub compact_every: u64,
+    /// Election timeout range in ticks (default: election_ticks..2*election_ticks,
+    /// randomized by raft-rs). Simulations pin it per node to be repeatable.
+    pub election_range: Option<(usize, usize)>,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        RaftTuning {
+            tick: Duration::from_millis(100),
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            compact_every: 500,
+            election_range: None,
+        }
+    }
+}
+
+/// A snapshot of the node for observers (status, decisions, transport routing).
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pub id: u64,
+    pub leader_id: u64,
+    pub term: u64,
+    pub role: StateRole,
+    pub commit: u64,
+    pub applied: u64,
+    pub voters: Vec<u64>,
+    pub state: Arc<RingState>,
+    /// When this node last heard from a leader (or is the leader).
+    pub last_leader_contact: Option<Instant>,
+    /// Entries in the log after the last snapshot.
+    pub log_entries: usize,
+    pub snapshot_index: u64,
+}
+
+/// raft-rs's RawNode, the durable store and the ring state machine.
+pub struct RaftCore {
+    raw: RawNode<DiskStorage>,
+    store: DiskStorage,
+    state: RingState,
+    applied: u64,
+    waiters: HashMap<u64, oneshot::Sender<ApplyResult>>,
+    next_proposal: u64,
+    compact_every: u64,
+    last_compacted: u64,
+    last_leader_contact: Option<Instant>,
+}
+
+fn raft_err(e: impl std::fmt::Display) -> RingError {
+    RingError::Raft(e.to_string())
+}
+
+impl RaftCore {
+    /// Opens the node `id` over `store`, restoring the state machine from the
+    /// store's snapshot; committed entries after it are re-applied through Ready.
+    pub fn new(
+        id: u64,
+        store: DiskStorage,
+        tuning: &RaftTuning,
+        logger: &slog::Logger,
+    ) -> Result<Self, RingError> {
+        let snap = store.latest_snapshot();
+        let applied = snap.get_metadata().index;
+        let state = if snap.data.is_empty() {
+            RingState::default()
+        } else {
+            serde_json::from_slice(&snap.data)
+                .map_err(|e| RingError::Storage(format!("corrupted state-machine snapshot: {e}")))?
+        };
+        let config = raft::Config {
+            id,
+            election_tick: tuning.election_ticks,
+            heartbeat_tick: tuning.heartbeat_ticks,
+            applied,
+            check_quorum: true,
+            pre_vote: true,
+            max_inflight_msgs: 256,
+            max_size_per_msg: 1024 * 1024,
+            min_election_tick: tuning.election_range.map_or(0, |r| r.0),
+            max_election_tick: tuning.election_range.map_or(0, |r| r.1),
+            ..Default::default()
+        };
+        config.validate().map_err(raft_err)?;
+        let raw = RawNode::new(&config, store.clone(), logger).map_err(raft_err)?;
+        Ok(RaftCore {
+            raw,
+            store,
+            state,
+            applied,
+            waiters: HashMap::new(),
+            next_proposal: 1,
+            compact_every: tuning.compact_every.max(1),
+            last_compacted: applied,
+            last_leader_contact: None,
+        })
+    }
+
+    /// This node's Raft id.
+    pub fn id(&self) -> u64 {
+        self.raw.raft.id
+    }
+
+    /// The applied ring state.
+    pub fn state(&self) -> &RingState {
+        &self.state
+    }
+
+    /// Whether this node is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Advances the logical clock by one tick.
+    pub fn tick(&mut self) {
+        self.raw.tick();
+        if self.is_leader() {
+            self.last_leader_contact = Some(Instant::now());
+        }
+    }
+
+    /// Starts an election now (tests and single-member bootstrap).
+    pub fn campaign(&mut self) -> Result<(), RingError> {
+        self.raw.campaign().map_err(raft_err)
+    }
+
+    /// Feeds a message from a peer.
+    pub fn step(&mut self, msg: Message) -> Result<(), RingError> {
+        if msg.from == self.raw.raft.leader_id
+            && matches!(
+                msg.get_msg_type(),
+                MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+            )
+        {
+            self.last_leader_contact = Some(Instant::now());
+        }
+        self.raw.step(msg).map_err(raft_err)
+    }
+
+    /// Proposes `command`; `reply` gets the outcome once applied on this node.
+    /// Dropped proposals (leader change) never answer: callers time out and retry.
+    pub fn propose(
+        &mut self,
+        command: RingCommand,
+        reply: Option<oneshot::Sender<ApplyResult>>,
+    ) -> Result<(), RingError> {
+        let id = self.proposal_id(reply);
+        let data = serde_json::to_vec(&Proposal { id, command }).map_err(raft_err)?;
+        self.raw.propose(vec![], data).map_err(|e| {
+            self.waiters.remove(&id);
+            raft_err(e)
+        })
+    }
+
+    /// Proposes adding (`AddMember`) or removing (`RemoveMember`) a member: a
+    /// Raft configuration change carrying the ring command as context.
+    pub fn propose_membership(
+        &mut self,
+        command: RingCommand,
+        reply: Option<oneshot::Sender<ApplyResult>>,
+    ) -> Result<(), RingError> {
+        let mut cc = ConfChange::default();
+        match &command {
+            RingCommand::AddMember { id, .. } => {
+                cc.set_change_type(ConfChangeType::AddNode);
+                cc.node_id = *id;
+            }
+            RingCommand::RemoveMember { name } => {
+                let member = self
+                    .state
+                    .member(name)
+                    .ok_or_else(|| RingError::Raft(format!("no member {name}")))?;
+                cc.set_change_type(ConfChangeType::RemoveNode);
+                cc.node_id = member.id;
+            }
+            other => {
+                return Err(RingError::Raft(format!(
+                    "{other:?} is not a membership change"
+                )))
+            }
+        }
+        let id = self.proposal_id(reply);
+        let context = serde_json::to_vec(&Proposal { id, command }).map_err(raft_err)?;
+        self.raw.propose_conf_change(context, cc).map_err(|e| {
+            self.waiters.remove(&id);
+            raft_err(e)
+        })
+    }
+
+    fn proposal_id(&mut self, reply: Option<oneshot::Sender<ApplyResult>>) -> u64 {
+        let Some(reply) = reply else { return 0 };
+        let id = (self.id() << 48) | (self.next_proposal & ((1 << 48) - 1));
+        self.next_proposal += 1;
+        self.waiters.insert(id, reply);
+        id
+    }
+
+    /// Tells raft-rs a peer could not be reached.
+    pub fn report_unreachable(&mut self, id: u64) {
+        self.raw.report_unreachable(id);
+    }
+
+    /// Tells raft-rs how sending a snapshot to `id` ended.
+    pub fn report_snapshot(&mut self, id: u64, ok: bool) {
+        let status = if ok {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        self.raw.report_snapshot(id, status);
+    }
+
+    /// Handles one Ready if there is one, in raft-rs's documented order, with
+    /// entries and hard state persisted (fsync) before anything is applied.
+    /// Returns the messages to send.
+    pub fn handle_ready(&mut self) -> Result<Vec<Message>, RingError> {
+        if !self.raw.has_ready() {
+            return Ok(Vec::new());
+        }
+        let mut rd = self.raw.ready();
+        let mut out = rd.take_messages();
+        if !rd.snapshot().is_empty() {
+            let snap = rd.snapshot().clone();
+            self.store.persist(&PersistBatch {
+                snapshot: Some(&snap),
+                ..Default::default()
+            })?;
+            self.restore(&snap)?;
+        }
+        self.store.persist(&PersistBatch {
+            entries: rd.entries(),
+            hard_state: rd.hs(),
+            ..Default::default()
+        })?;
+        out.extend(rd.take_persisted_messages());
+        let committed = rd.take_committed_entries();
+        self.apply(committed)?;
+        let mut light = self.raw.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.store.set_commit(commit)?;
+        }
+        out.extend(light.take_messages());
+        let committed = light.take_committed_entries();
+        self.apply(committed)?;
+        self.raw.advance_apply();
+        self.maybe_compact()?;
+        Ok(out)
+    }
+
+    fn restore(&mut self, snap: &Snapshot) -> Result<(), RingError> {
+        self.state = serde_json::from_slice(&snap.data)
+            .map_err(|e| RingError::Storage(format!("received a corrupted snapshot: {e}")))?;
+        self.applied = snap.get_metadata().index;
+        self.last_compacted = self.applied;
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), RingError> {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            self.applied = e.index;
+            match e.get_entry_type() {
+                EntryType::EntryNormal => {
+                    if e.data.is_empty() {
+                        continue; // a new leader's empty entry
+                    }
+                    self.apply_proposal(e.index, &e.data);
+                }
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data).map_err(|err| {
+                        RingError::Storage(format!("undecodable conf change at {}: {err}", e.index))
+                    })?;
+                    let cs = self.raw.apply_conf_change(&cc).map_err(raft_err)?;
+                    self.store.persist(&PersistBatch {
+                        conf_state: Some(&cs),
+                        ..Default::default()
+                    })?;
+                    self.apply_proposal(e.index, &e.context);
+                }
+                EntryType::EntryConfChangeV2 => {
+                    tracing::warn!(
+                        index = e.index,
+                        "ignoring a V2 conf change (Ring proposes V1 only)"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_proposal(&mut self, index: u64, data: &[u8]) {
+        let proposal: Proposal = match serde_json::from_slice(data) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(index, error = %e, "skipping an undecodable entry");
+                return;
+            }
+        };
+        let result = match self.state.apply(&proposal.command) {
+            Ok(()) => ApplyResult::Applied { index },
+            Err(reason) => {
+                tracing::debug!(index, %reason, command = ?proposal.command, "command rejected");
+                ApplyResult::Rejected { index, reason }
+            }
+        };
+        if let Some(w) = self.waiters.remove(&proposal.id) {
+            let _ = w.send(result);
+        }
+    }
+
+    fn maybe_compact(&mut self) -> Result<(), RingError> {
+        if self.applied < self.last_compacted + self.compact_every {
+            return Ok(());
+        }
+        let data = serde_json::to_vec(&self.state).map_err(raft_err)?;
+        let cs = self.store.conf_state();
+        self.store.compact(self.applied, data, &cs)?;
+        self.last_compacted = self.applied;
+        Ok(())
+    }
+
+    /// The node as observers see it.
+    pub fn view(&self) -> NodeView {
+        let r = &self.raw.raft;
+        let mut voters = self.store.conf_state().voters;
+        voters.sort_unstable();
+        NodeView {
+            id: r.id,
+            leader_id: r.leader_id,
+            term: r.term,
+            role: r.state,
+            commit: r.raft_log.committed,
+            applied: self.applied,
+            voters,
+            state: Arc::new(self.state.clone()),
+            last_leader_contact: self.last_leader_contact,
+            log_entries: self.store.entry_count(),
+            snapshot_index: self.store.latest_snapshot().get_metadata().index,
+        }
+    }
+}
+
+/// Requests to the node task.
+pub enum NodeRequest {
+    /// A message from a peer.
+    Step(Message),
+    /// A ring command to commit.
+    Propose(RingCommand, oneshot::Sender<ApplyResult>),
+    /// A membership change to commit.
+    Membership(RingCommand, oneshot::Sender<ApplyResult>),
+    /// A peer could not be reached.
+    Unreachable(u64),
+    /// A snapshot transfer to a peer ended.
+    SnapshotSent { to: u64, ok: bool },
+}
+
+/// Cloneable access to the node task.
+#[derive(Clone)]
+pub struct NodeHandle {
+    tx: mpsc::Sender<NodeRequest>,
+    view: watch::Receiver<NodeView>,
+}
+
+/// Errors of a proposal made through a [`NodeHandle`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProposeError {
+    #[error("the node is shutting down")]
+    Stopped,
+    #[error("not committed within {0:?} (no quorum, or the leader changed); retry")]
+    Timeout(Duration),
+    #[error("rejected by the ring state: {0}")]
+    Rejected(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ProposeError {
+    /// Whether trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProposeError::Timeout(_))
+    }
+}
+
+impl NodeHandle {
+    /// The node's latest view.
+    pub fn view(&self) -> NodeView {
+        self.view.borrow().clone()
+    }
+
+    /// Subscribes to view changes.
+    pub fn watch(&self) -> watch::Receiver<NodeView> {
+        self.view.clone()
+    }
+
+    /// Delivers a peer's message (dropped if the node's inbox is full).
+    pub fn step(&self, msg: Message) {
+        let _ = self.tx.try_send(NodeRequest::Step(msg));
+    }
+
+    /// Reports an unreachable peer.
+    pub fn unreachable(&self, id: u64) {
+        let _ = self.tx.try_send(NodeRequest::Unreachable(id));
+    }
+
+    /// Reports the end of a snapshot transfer.
+    pub fn snapshot_sent(&self, to: u64, ok: bool) {
+        let _ = self.tx.try_send(NodeRequest::SnapshotSent { to, ok });
+    }
+
+    /// Commits `command` through the quorum and waits until it is applied here.
+    pub async fn propose(
+        &self,
+        command: RingCommand,
+        timeout: Duration,
+    ) -> Result<u64, ProposeError> {
+        self.request(timeout, |tx| NodeRequest::Propose(command, tx))
+            .await
+    }
+
+    /// Commits a membership change (AddMember / RemoveMember).
+    pub async fn change_membership(
+        &self,
+        command: RingCommand,
+        timeout: Duration,
+    ) -> Result<u64, ProposeError> {
+        self.request(timeout, |tx| NodeRequest::Membership(command, tx))
+            .await
+    }
+
+    async fn request(
+        &self,
+        timeout: Duration,
+        make: impl FnOnce(oneshot::Sender<ApplyResult>) -> NodeRequest,
+    ) -> Result<u64, ProposeError> {
+        let (tx, rx) = oneshot::channel();
+        let send = tokio::time::timeout(timeout, self.tx.send(make(tx))).await;
+        match send {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ProposeError::Stopped),
+            Err(_) => return Err(ProposeError::Timeout(timeout)),
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(ApplyResult::Applied { index })) => Ok(index),
+            Ok(Ok(ApplyResult::Rejected { reason, .. })) => Err(ProposeError::Rejected(reason)),
+            Ok(Err(_)) => Err(ProposeError::Timeout(timeout)),
+            Err(_) => Err(ProposeError::Timeout(timeout)),
+        }
+    }
+}
+
+/// The single task that owns a [`RaftCore`].
+pub struct NodeTask {
+    core: RaftCore,
+    rx: mpsc::Receiver<NodeRequest>,
+    view: watch::Sender<NodeView>,
+    outbox: mpsc::Sender<Vec<Message>>,
+    tick: Duration,
+}
+
+impl NodeTask {
+    /// Wraps `core`; messages to send go to `outbox`.
+    pub fn new(
+        core: RaftCore,
+        tick: Duration,
+        outbox: mpsc::Sender<Vec<Message>>,
+    ) -> (Self, NodeHandle) {
+        let (tx, rx) = mpsc::channel(4096);
+        let (view_tx, view_rx) = watch::channel(core.view());
+        (
+            NodeTask {
+                core,
+                rx,
+                view: view_tx,
+                outbox,
+                tick,
+            },
+            NodeHandle { tx, view: view_rx },
+        )
+    }
+
+    /// Runs until `shutdown`; a storage failure stops the node (it must not go on
+    /// acknowledging what it could not persist).
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RingError> {
+        let mut ticker = tokio::time::interval(self.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                req = self.rx.recv() => match req {
+                    Some(req) => self.handle(req),
+                    None => return Ok(()),
+                },
+                _ = ticker.tick() => self.core.tick(),
+            }
+            // Drain what else is queued before the (fsyncing) Ready, to batch.
+            for _ in 0..256 {
+                match self.rx.try_recv() {
+                    Ok(req) => self.handle(req),
+                    Err(_) => break,
+                }
+            }
+            let out = self.core.handle_ready()?;
+            if !out.is_empty() {
+                let _ = self.outbox.try_send(out);
+            }
+            self.view.send_replace(self.core.view());
+        }
+    }
+
+    fn handle(&mut self, req: NodeRequest) {
+        let res = match req {
+            NodeRequest::Step(m) => self.core.step(m),
+            NodeRequest::Propose(c, tx) => self.core.propose(c, Some(tx)),
+            NodeRequest::Membership(c, tx) => self.core.propose_membership(c, Some(tx)),
+            NodeRequest::Unreachable(id) => {
+                self.core.report_unreachable(id);
+                Ok(())
+            }
+            NodeRequest::SnapshotSent { to, ok } => {
+                self.core.report_snapshot(to, ok);
+                Ok(())
+            }
+        };
+        if let Err(e) = res {
+            tracing::debug!(error = %e, "raft request failed");
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "node_sim.rs"]
+mod sim;
+
+/// A slog logger that forwards raft-rs's logs to `tracing`.
+pub fn raft_logger() -> slog::Logger {
+    slog::Logger::root(TracingDrain, slog::o!())
+}
+
+struct TracingDrain;
+
+impl slog::Drain for TracingDrain {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(
+        &self,
+        record: &slog::Record<'_>,
+        values: &slog::OwnedKVList,
+    ) -> Result<(), slog::Never> {
+        struct Kv(String);
+        impl slog::Serializer for Kv {
+            fn emit_arguments(
+                &mut self,
+                key: slog::Key,
+                val: &std::fmt::Arguments<'_>,
+            ) -> slog::Result {
+                use std::fmt::Write;
+                let _ = write!(self.0, " {key}={val}");
+                Ok(())
+            }
+        }
+        let mut kv = Kv(String::new());
+        let _ = slog::KV::serialize(&record.kv(), record, &mut kv);
+        let _ = slog::KV::serialize(values, record, &mut kv);
+        let msg = format!("{}{}", record.msg(), kv.0);
+        match record.level() {
+            slog::Level::Critical | slog::Level::Error => tracing::error!(target: "raft", "{msg}"),
+            slog::Level::Warning => tracing::warn!(target: "raft", "{msg}"),
+            slog::Level::Info => tracing::info!(target: "raft", "{msg}"),
+            slog::Level::Debug => tracing::debug!(target: "raft", "{msg}"),
+            slog::Level::Trace => tracing::trace!(target: "raft", "{msg}"),
+        }
+        Ok(())
+    }
+}
