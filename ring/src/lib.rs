@@ -1,16 +1,23 @@
 //! Ring: clusters that host each other's control planes.
 //!
-//! This crate holds the library behind `ringctl` (and, later, the `ringd`
-//! daemon). Binaries only parse flags, set up logging and call into here, so
-//! tests run the same code in-process.
+//! This crate holds the library behind the `ringd` daemon and the `ringctl`
+//! CLI. Binaries only parse flags, set up logging and call into here, so tests
+//! run the same code in-process.
 
 pub mod bench;
+pub mod client;
+pub mod config;
 pub mod controlplane;
+pub mod daemon;
 pub mod decide;
+pub mod identity;
+pub mod metrics;
 pub mod node;
 pub mod output;
 pub mod state;
+pub mod status;
 pub mod storage;
+pub mod transport;
 
 /// Errors of the ring crate.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +33,18 @@ pub enum RingError {
         #[source]
         source: std::io::Error,
     },
+
+    /// A configuration value is wrong.
+    #[error("config {field}: {reason}")]
+    Config { field: String, reason: String },
+
+    /// A peer or the network failed.
+    #[error("{0}")]
+    Transport(String),
+
+    /// A proposal did not commit.
+    #[error(transparent)]
+    Propose(#[from] crate::node::ProposeError),
 
     /// raft-rs refused an operation.
     #[error("raft: {0}")]
@@ -45,7 +64,9 @@ impl RingError {
     pub fn is_retryable(&self) -> bool {
         match self {
             RingError::Seed(e) => e.is_retryable(),
-            RingError::Io { .. } => true,
+            RingError::Io { .. } | RingError::Transport(_) => true,
+            RingError::Propose(e) => e.is_retryable(),
+            RingError::Config { .. } => false,
             RingError::Encode(_) | RingError::Storage(_) | RingError::Raft(_) => false,
         }
     }

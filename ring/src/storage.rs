@@ -241,8 +241,10 @@ impl DiskStorage {
             }
             core.entries[(index - core.first_index()) as usize].term
         };
-        let mut snap = Snapshot::default();
-        snap.data = data.into();
+        let mut snap = Snapshot {
+            data: data.into(),
+            ..Default::default()
+        };
         let meta = snap.mut_metadata();
         meta.index = index;
         meta.term = term;
@@ -471,8 +473,10 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let mut snap = Snapshot::default();
-        snap.data = b"x".to_vec().into();
+        let mut snap = Snapshot {
+            data: b"x".to_vec().into(),
+            ..Default::default()
+        };
         snap.mut_metadata().index = 20;
         snap.mut_metadata().term = 4;
         snap.mut_metadata().mut_conf_state().voters = vec![1, 2];

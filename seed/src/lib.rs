@@ -116,6 +116,10 @@ pub trait Seed: Send + Sync {
     /// Stops the shoot's control plane (gracefully, then forcibly), keeping its data.
     async fn stop(&self, shoot: &str) -> Result<()>;
 
+    /// Stops serving at once (SIGKILL, no grace), keeping the data: used when the
+    /// seed's lease on the shoot is about to end and it must not serve any longer.
+    async fn fence(&self, shoot: &str) -> Result<()>;
+
     /// Reports the control plane's phase, components and endpoints.
     async fn inspect(&self, shoot: &str) -> Result<ControlPlaneStatus>;
 

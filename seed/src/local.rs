@@ -145,6 +145,7 @@ struct Running {
     tokens: BTreeMap<Component, CancellationToken>,
     tasks: BTreeMap<Component, JoinHandle<()>>,
     writer: JoinHandle<()>,
+    states: watch::Receiver<States>,
     _lock: Flock<File>,
 }
 
@@ -524,11 +525,12 @@ impl Seed for LocalSeed {
         check_ports(spec)?;
 
         let (tx, rx) = watch::channel(States::new());
-        let writer = tokio::spawn(write_status(layout.status_file(), rx));
+        let writer = tokio::spawn(write_status(layout.status_file(), rx.clone()));
         let mut r = Running {
             tokens: BTreeMap::new(),
             tasks: BTreeMap::new(),
             writer,
+            states: rx,
             _lock: lock,
         };
         let shoot = spec.shoot.clone();
@@ -604,6 +606,35 @@ impl Seed for LocalSeed {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
+    }
+
+    async fn fence(&self, shoot: &str) -> Result<()> {
+        let mine = self.running.lock().await.remove(shoot);
+        let Some(r) = mine else {
+            return self.stop(shoot).await;
+        };
+        // SIGKILL first (the API stops answering at once), then reap and stop supervising.
+        let pids: Vec<u32> = {
+            let states = r.states.borrow();
+            [
+                Component::KubeApiserver,
+                Component::KubeControllerManager,
+                Component::KubeScheduler,
+                Component::Etcd,
+            ]
+            .iter()
+            .filter_map(|c| states.get(c).and_then(|s| s.pid))
+            .collect()
+        };
+        for pid in pids {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        tracing::warn!(shoot, "control plane fenced (killed)");
+        r.shutdown().await;
         Ok(())
     }
 

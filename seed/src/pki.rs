@@ -198,23 +198,18 @@ impl Pki {
                 Ok(LoadedCa { cert_der, key })
             }
             (false, false) => {
-                let key = new_key()?;
-                let mut params = CertificateParams::default();
-                params.distinguished_name = dn(&format!("ring-ca-{shoot}"), &["ring"]);
-                params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-                params.key_usages = vec![
-                    KeyUsagePurpose::KeyCertSign,
-                    KeyUsagePurpose::CrlSign,
-                    KeyUsagePurpose::DigitalSignature,
-                ];
-                set_validity(&mut params, CA_DAYS);
-                let cert = params.self_signed(&key).map_err(|e| pki_err(&ca.cert, e))?;
-                write_private(&ca.key, key.serialize_pem().as_bytes())?;
-                write_private(&ca.cert, cert.pem().as_bytes())?;
-                Ok(LoadedCa {
-                    cert_der: cert.der().to_vec(),
-                    key,
-                })
+                let (cert_pem, key_pem) = new_ca(&format!("ring-ca-{shoot}"))?;
+                write_private(&ca.key, key_pem.as_bytes())?;
+                write_private(&ca.cert, cert_pem.as_bytes())?;
+                let cert_der = read_cert_der(&ca.cert).map_err(|reason| SeedError::Ca {
+                    path: ca.cert.clone(),
+                    reason,
+                })?;
+                let key = read_key(&ca.key).map_err(|reason| SeedError::Ca {
+                    path: ca.key.clone(),
+                    reason,
+                })?;
+                Ok(LoadedCa { cert_der, key })
             }
             (cert_exists, _) => {
                 let (present, missing) = if cert_exists {
@@ -261,38 +256,20 @@ impl Pki {
             }
             tracing::info!(shoot, cert = %pair.cert.display(), fresh, covers, "reissuing certificate");
         }
-        let key = new_key()?;
         let (cn, orgs, server, client) = leaf.identity();
         let (ips, dns) = leaf.sans(endpoint);
-        let mut params = CertificateParams::default();
-        params.distinguished_name = dn(cn, orgs);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        if server {
-            params
-                .extended_key_usages
-                .push(ExtendedKeyUsagePurpose::ServerAuth);
-        }
-        if client {
-            params
-                .extended_key_usages
-                .push(ExtendedKeyUsagePurpose::ClientAuth);
-        }
-        params.subject_alt_names = ips.into_iter().map(SanType::IpAddress).collect();
-        for name in dns {
-            let name = name.try_into().map_err(|e| pki_err(&pair.cert, e))?;
-            params.subject_alt_names.push(SanType::DnsName(name));
-        }
-        set_validity(&mut params, LEAF_DAYS);
-        let issuer = Issuer::from_ca_cert_der(&ca.cert_der.clone().into(), &ca.key)
-            .map_err(|e| pki_err(&self.ca().cert, e))?;
-        let cert = params
-            .signed_by(&key, &issuer)
-            .map_err(|e| pki_err(&pair.cert, e))?;
-        write_private(&pair.key, key.serialize_pem().as_bytes())?;
-        write_private(&pair.cert, cert.pem().as_bytes())?;
+        let spec = LeafSpec {
+            common_name: cn,
+            organizations: orgs,
+            ips,
+            dns_names: dns.into_iter().map(String::from).collect(),
+            server,
+            client,
+        };
+        let (cert, key) =
+            issue_leaf(&ca.cert_der, &ca.key, &spec).map_err(|e| pki_err(&pair.cert, e))?;
+        write_private(&pair.key, key.as_bytes())?;
+        write_private(&pair.cert, cert.as_bytes())?;
         Ok(())
     }
 
@@ -320,6 +297,97 @@ impl Pki {
     pub fn read_pem(&self, path: &Path) -> Result<String> {
         std::fs::read_to_string(path).map_err(SeedError::io(path))
     }
+}
+
+/// What a leaf certificate says about its holder.
+#[derive(Debug, Clone)]
+pub struct LeafSpec<'a> {
+    pub common_name: &'a str,
+    pub organizations: &'a [&'a str],
+    pub ips: Vec<IpAddr>,
+    pub dns_names: Vec<String>,
+    /// May serve TLS.
+    pub server: bool,
+    /// May authenticate as a TLS client.
+    pub client: bool,
+}
+
+/// A new self-signed CA (ECDSA P-256, ten years): `(certificate PEM, key PEM)`.
+pub fn new_ca(common_name: &str) -> Result<(String, String)> {
+    let key = new_key()?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn(common_name, &["ring"]);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    set_validity(&mut params, CA_DAYS);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| pki_err(Path::new("(new CA)"), e))?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Issues a leaf certificate signed by the CA given as PEM: `(certificate PEM, key PEM)`.
+pub fn issue(ca_cert_pem: &str, ca_key_pem: &str, spec: &LeafSpec<'_>) -> Result<(String, String)> {
+    let ca_path = Path::new("(CA)");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(ca_cert_pem.as_bytes())
+        .map_err(|e| pki_err(ca_path, format!("CA certificate is not PEM: {e}")))?;
+    let key =
+        KeyPair::from_pem(ca_key_pem).map_err(|e| pki_err(ca_path, format!("CA key: {e}")))?;
+    issue_leaf(&pem.contents, &key, spec).map_err(|e| pki_err(ca_path, e))
+}
+
+fn issue_leaf(
+    ca_der: &[u8],
+    ca_key: &KeyPair,
+    spec: &LeafSpec<'_>,
+) -> std::result::Result<(String, String), String> {
+    let key = KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn(spec.common_name, spec.organizations);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    if spec.server {
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ServerAuth);
+    }
+    if spec.client {
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ClientAuth);
+    }
+    params.subject_alt_names = spec.ips.iter().copied().map(SanType::IpAddress).collect();
+    for name in &spec.dns_names {
+        let name = name
+            .as_str()
+            .try_into()
+            .map_err(|e| format!("DNS name {name:?}: {e}"))?;
+        params.subject_alt_names.push(SanType::DnsName(name));
+    }
+    set_validity(&mut params, LEAF_DAYS);
+    let issuer =
+        Issuer::from_ca_cert_der(&ca_der.to_vec().into(), ca_key).map_err(|e| e.to_string())?;
+    let cert = params.signed_by(&key, &issuer).map_err(|e| e.to_string())?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// The common name of a DER certificate's subject, if it has one.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(cn)
 }
 
 struct LoadedCa {
@@ -416,7 +484,7 @@ fn verify_issued_by(der: &[u8], ca_der: &[u8]) -> std::result::Result<(), String
 }
 
 /// Creates `dir` (and parents) with mode 0700.
-pub(crate) fn create_private_dir(dir: &Path) -> Result<()> {
+pub fn create_private_dir(dir: &Path) -> Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -428,7 +496,7 @@ pub(crate) fn create_private_dir(dir: &Path) -> Result<()> {
 }
 
 /// Writes `contents` to `path` atomically (temp file, fsync, rename) with mode 0600.
-pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new()

@@ -33,6 +33,71 @@ enum Command {
     /// Measure Ring.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The ring's members, leader, placements, leases and operations, as one ringd sees them.
+    Status(RingArgs),
+    /// Create the ring's CA and certificates (members and the ringctl administrator).
+    #[command(subcommand)]
+    Pki(PkiCommand),
+    /// Add a member (Raft configuration change).
+    Join(JoinArgs),
+    /// Remove a member (Raft configuration change; refused below 3 members).
+    Leave(LeaveArgs),
+}
+
+#[derive(Args, Clone)]
+struct RingArgs {
+    /// host:port of any ringd.
+    #[arg(long, env = "RING_ADDRESS")]
+    address: String,
+    /// The ring's PKI directory (ca.crt, ringctl.crt, ringctl.key).
+    #[arg(long, env = "RING_PKI")]
+    pki: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum PkiCommand {
+    /// Create the CA (unless present), member certificates and the admin certificate.
+    Init(PkiInitArgs),
+}
+
+#[derive(Args)]
+struct PkiInitArgs {
+    /// Where the PKI lives.
+    #[arg(long)]
+    dir: PathBuf,
+    /// A member as NAME=IP (repeatable).
+    #[arg(long = "member", value_parser = parse_member)]
+    members: Vec<(String, std::net::IpAddr)>,
+}
+
+fn parse_member(s: &str) -> Result<(String, std::net::IpAddr), String> {
+    let (name, ip) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=IP"))?;
+    seed::validate_shoot_name(name).map_err(|e| e.to_string())?;
+    Ok((
+        name.to_string(),
+        ip.parse().map_err(|e| format!("{ip:?}: {e}"))?,
+    ))
+}
+
+#[derive(Args)]
+struct JoinArgs {
+    /// The new member's name.
+    name: String,
+    /// host:port of the new member's ringd.
+    #[arg(long = "member-address")]
+    member_address: String,
+    #[command(flatten)]
+    ring: RingArgs,
+}
+
+#[derive(Args)]
+struct LeaveArgs {
+    /// The member to remove.
+    name: String,
+    #[command(flatten)]
+    ring: RingArgs,
 }
 
 #[derive(Subcommand)]
@@ -225,6 +290,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 shutdown,
             )
             .await?;
+            Ok(())
+        }
+        Command::Status(args) => {
+            init_tracing("warn");
+            let mut client = ringd::client::AdminClient::connect(&args.address, &args.pki)?;
+            let status = client.status().await?;
+            print(&status, format, || ringd::status::render(&status))
+        }
+        Command::Pki(PkiCommand::Init(args)) => {
+            init_tracing("warn");
+            let pki = ringd::identity::RingPki::new(&args.dir);
+            pki.ensure_ca()?;
+            let mut issued = vec![pki.ensure_admin()?];
+            for (name, ip) in &args.members {
+                issued.push(pki.ensure_member(name, *ip)?);
+            }
+            for f in issued {
+                println!("{}", f.cert.display());
+            }
+            Ok(())
+        }
+        Command::Join(args) => {
+            init_tracing("warn");
+            let mut client =
+                ringd::client::AdminClient::connect(&args.ring.address, &args.ring.pki)?;
+            println!(
+                "{}",
+                client.add_member(&args.name, &args.member_address).await?
+            );
+            Ok(())
+        }
+        Command::Leave(args) => {
+            init_tracing("warn");
+            let mut client =
+                ringd::client::AdminClient::connect(&args.ring.address, &args.ring.pki)?;
+            println!("{}", client.remove_member(&args.name).await?);
             Ok(())
         }
         Command::Bench(BenchCommand::Controlplane(args)) => {

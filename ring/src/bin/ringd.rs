@@ -1,0 +1,65 @@
+//! `ringd`: one member of a Ring. Reads its config, then runs until SIGTERM/Ctrl-C.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "ringd",
+    version,
+    about = "A member of a Ring: Raft quorum, failure detection, leases, hosted control planes"
+)]
+struct Cli {
+    /// The member's config file (kind: RingMember).
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,raft=warn,kube_client=off,h2=warn,tower=warn")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match ringd::config::RingdConfig::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let span = tracing::info_span!("ringd", member = %config.name);
+    let _enter = span.enter();
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            shutdown.cancel();
+        });
+    }
+    match ringd::daemon::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

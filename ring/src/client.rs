@@ -1,0 +1,111 @@
+//! Talking to a ringd as an administrator (ringctl).
+
+use std::path::Path;
+use std::time::Duration;
+
+use ring_proto::v1::ring_admin_client::RingAdminClient;
+use ring_proto::v1::{AddMemberRequest, ProbeRequest, RemoveMemberRequest, StatusRequest};
+use tonic::transport::Channel;
+
+use crate::identity::{IdentityPem, RingPki, ADMIN_NAME, ANY_MEMBER};
+use crate::status::RingStatus;
+use crate::transport::channel;
+use crate::RingError;
+
+/// An administrator's connection to one ringd.
+pub struct AdminClient {
+    inner: RingAdminClient<Channel>,
+    address: String,
+}
+
+fn rpc_err(address: &str, e: tonic::Status) -> RingError {
+    RingError::Transport(format!(
+        "ringd at {address}: {} ({:?})",
+        e.message(),
+        e.code()
+    ))
+}
+
+impl AdminClient {
+    /// Connects to `address` with the admin certificate in the ring PKI dir `pki`.
+    pub fn connect(address: &str, pki: &Path) -> Result<Self, RingError> {
+        let identity = IdentityPem::read(&RingPki::new(pki).files(ADMIN_NAME))?;
+        Ok(AdminClient {
+            inner: RingAdminClient::new(channel(&identity, address, ANY_MEMBER)?),
+            address: address.to_string(),
+        })
+    }
+
+    /// The member's view of the ring.
+    pub async fn status(&mut self) -> Result<RingStatus, RingError> {
+        let reply = self
+            .inner
+            .status(StatusRequest {})
+            .await
+            .map_err(|e| rpc_err(&self.address, e))?;
+        serde_json::from_str(&reply.into_inner().status_json).map_err(|e| {
+            RingError::Transport(format!(
+                "ringd at {}: undecodable status: {e}",
+                self.address
+            ))
+        })
+    }
+
+    /// Commits a marker entry; returns its index and term.
+    pub async fn probe(&mut self, payload: Vec<u8>) -> Result<(u64, u64), RingError> {
+        let r = self
+            .inner
+            .probe(ProbeRequest { payload })
+            .await
+            .map_err(|e| rpc_err(&self.address, e))?
+            .into_inner();
+        Ok((r.index, r.term))
+    }
+
+    /// Adds a member.
+    pub async fn add_member(&mut self, name: &str, address: &str) -> Result<String, RingError> {
+        let r = self
+            .inner
+            .add_member(AddMemberRequest {
+                name: name.into(),
+                address: address.into(),
+            })
+            .await
+            .map_err(|e| rpc_err(&self.address, e))?;
+        Ok(r.into_inner().detail)
+    }
+
+    /// Removes a member.
+    pub async fn remove_member(&mut self, name: &str) -> Result<String, RingError> {
+        let r = self
+            .inner
+            .remove_member(RemoveMemberRequest { name: name.into() })
+            .await
+            .map_err(|e| rpc_err(&self.address, e))?;
+        Ok(r.into_inner().detail)
+    }
+}
+
+/// Polls `address` until `check` accepts its status, or fails after `timeout` with the last answer.
+pub async fn wait_status(
+    address: &str,
+    pki: &Path,
+    timeout: Duration,
+    mut check: impl FnMut(&RingStatus) -> bool,
+) -> Result<RingStatus, RingError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut client = AdminClient::connect(address, pki)?;
+    loop {
+        let last = match client.status().await {
+            Ok(s) if check(&s) => return Ok(s),
+            Ok(s) => format!("{s:?}"),
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RingError::Transport(format!(
+                "timed out after {timeout:?}; last answer: {last}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

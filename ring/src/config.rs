@@ -1,0 +1,327 @@
+//! The configuration of one `ringd` member (YAML, Kubernetes style).
+//!
+//! ```yaml
+//! apiVersion: ring.gardener.cloud/v1alpha1
+//! kind: RingMember
+//! name: m1
+//! id: 1
+//! listen: 127.0.0.1:7001
+//! dataDir: /var/lib/ring/m1
+//! tls: { ca: pki/ca.crt, cert: pki/m1.crt, key: pki/m1.key }
+//! members:                       # the initial ring, in ring order
+//!   - { name: m1, id: 1, address: 127.0.0.1:7001 }
+//!   - { name: m2, id: 2, address: 127.0.0.1:7002 }
+//!   - { name: m3, id: 3, address: 127.0.0.1:7003 }
+//! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000 }
+//! seed: { stateDir: /var/lib/ring/m1/seed }   # optional: host control planes locally
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::RingError;
+
+/// The `apiVersion` Ring's config files carry.
+pub const API_VERSION: &str = "ring.gardener.cloud/v1alpha1";
+
+/// One member of the initial ring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemberConfig {
+    pub name: String,
+    /// Raft id: non-zero, unique, never reused.
+    pub id: u64,
+    /// `host:port` of the member's ringd.
+    pub address: String,
+}
+
+/// Certificate files (PEM) of the member, issued by the ring's CA.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Timing (milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Timing {
+    /// Raft's logical clock.
+    pub tick_ms: u64,
+    /// Followers start an election after this much silence from the leader (randomized up to 2x).
+    pub election_timeout_ms: u64,
+    /// How often members report health to the leader.
+    pub heartbeat_ms: u64,
+    /// Silence after which the leader declares a member down.
+    pub failure_window_ms: u64,
+    /// How long a lease on a shoot's control plane lasts; renewed every third of it.
+    pub lease_ms: u64,
+    /// Safety margin for clock skew around lease ends.
+    pub lease_margin_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            tick_ms: 100,
+            election_timeout_ms: 1000,
+            heartbeat_ms: 500,
+            failure_window_ms: 3000,
+            lease_ms: 6000,
+            lease_margin_ms: 500,
+        }
+    }
+}
+
+/// Hosting control planes on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SeedConfig {
+    /// Where hosted control planes keep their data.
+    pub state_dir: PathBuf,
+    /// Directory searched first for etcd and the Kubernetes binaries.
+    #[serde(default)]
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// Configuration of one ringd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RingdConfig {
+    pub api_version: String,
+    pub kind: String,
+    /// This member's name (its certificate's common name).
+    pub name: String,
+    /// This member's Raft id.
+    pub id: u64,
+    /// `host:port` to serve gRPC on.
+    pub listen: String,
+    /// `host:port` to serve Prometheus metrics on (`/metrics`).
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Raft log and state.
+    pub data_dir: PathBuf,
+    pub tls: TlsFiles,
+    /// The initial ring in ring order (each hosts its successor's control plane).
+    /// With `join`, the members of the existing ring (who may talk to this one).
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+    /// Start as a new member that an existing ring adds (`ringctl join`).
+    #[serde(default)]
+    pub join: bool,
+    #[serde(default)]
+    pub timing: Timing,
+    #[serde(default)]
+    pub seed: Option<SeedConfig>,
+}
+
+fn bad(field: &str, reason: impl Into<String>) -> RingError {
+    RingError::Config {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), RingError> {
+    seed::validate_shoot_name(name).map_err(|e| bad(field, e.to_string()))
+}
+
+fn check_addr(field: &str, addr: &str) -> Result<SocketAddr, RingError> {
+    addr.parse().map_err(|e| {
+        bad(
+            field,
+            format!("{addr:?} is not host:port with an IP address ({e})"),
+        )
+    })
+}
+
+impl RingdConfig {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, RingError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RingError::Io {
+            what: format!("reading config {}", path.display()),
+            source,
+        })?;
+        let config: RingdConfig = serde_yaml::from_str(&text).map_err(|e| RingError::Config {
+            field: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field; the error names the field and the fix.
+    pub fn validate(&self) -> Result<(), RingError> {
+        if self.api_version != API_VERSION {
+            return Err(bad(
+                "apiVersion",
+                format!("must be {API_VERSION}, not {:?}", self.api_version),
+            ));
+        }
+        if self.kind != "RingMember" {
+            return Err(bad(
+                "kind",
+                format!("must be RingMember, not {:?}", self.kind),
+            ));
+        }
+        check_name("name", &self.name)?;
+        if self.id == 0 {
+            return Err(bad("id", "must be a positive number"));
+        }
+        check_addr("listen", &self.listen)?;
+        if let Some(m) = &self.metrics_listen {
+            check_addr("metricsListen", m)?;
+        }
+        if self.members.is_empty() {
+            return Err(bad(
+                "members",
+                "lists the initial ring (or, with join: true, the ring to join); it is empty",
+            ));
+        }
+        {
+            for (i, m) in self.members.iter().enumerate() {
+                let f = format!("members[{i}]");
+                check_name(&format!("{f}.name"), &m.name)?;
+                if m.id == 0 {
+                    return Err(bad(&format!("{f}.id"), "must be a positive number"));
+                }
+                check_addr(&format!("{f}.address"), &m.address)?;
+                if let Some(j) = self.members[..i]
+                    .iter()
+                    .position(|o| o.name == m.name || o.id == m.id)
+                {
+                    return Err(bad(&f, format!("repeats the name or id of members[{j}]")));
+                }
+            }
+            match self.members.iter().find(|m| m.name == self.name) {
+                None if self.join => {}
+                None => {
+                    return Err(bad(
+                        "members",
+                        format!("does not list this member ({})", self.name),
+                    ))
+                }
+                Some(me) if me.id != self.id => {
+                    return Err(bad(
+                        "id",
+                        format!(
+                            "is {} but members lists {} with id {}",
+                            self.id, self.name, me.id
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let t = &self.timing;
+        if t.tick_ms == 0 || t.election_timeout_ms < 5 * t.tick_ms {
+            return Err(bad(
+                "timing.electionTimeoutMs",
+                "must be at least 5 ticks (tickMs > 0)",
+            ));
+        }
+        if t.heartbeat_ms == 0 || t.failure_window_ms < 2 * t.heartbeat_ms {
+            return Err(bad(
+                "timing.failureWindowMs",
+                "must be at least twice heartbeatMs",
+            ));
+        }
+        if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 3 * t.tick_ms {
+            return Err(bad("timing.leaseMs", "must be at least three heartbeats"));
+        }
+        if t.lease_margin_ms >= t.lease_ms / 3 {
+            return Err(bad(
+                "timing.leaseMarginMs",
+                "must be less than a third of leaseMs",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Raft ids of the initial voters (empty when joining).
+    pub fn initial_voters(&self) -> Vec<u64> {
+        if self.join {
+            return Vec::new();
+        }
+        self.members.iter().map(|m| m.id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: ring.gardener.cloud/v1alpha1
+kind: RingMember
+name: m1
+id: 1
+listen: 127.0.0.1:7001
+dataDir: /tmp/x
+tls: { ca: ca.crt, cert: m1.crt, key: m1.key }
+members:
+  - { name: m1, id: 1, address: "127.0.0.1:7001" }
+  - { name: m2, id: 2, address: "127.0.0.1:7002" }
+  - { name: m3, id: 3, address: "127.0.0.1:7003" }
+"#;
+
+    fn parse(text: &str) -> Result<RingdConfig, String> {
+        let c: RingdConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn good_config_gets_default_timing() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.timing, Timing::default());
+        assert_eq!(c.initial_voters(), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn empty_members_is_refused_but_a_joiner_need_not_list_itself() {
+        let mut c = parse(GOOD).unwrap();
+        c.members.clear();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("config members"));
+        let mut j = parse(GOOD).unwrap();
+        j.join = true;
+        j.name = "m4".into();
+        j.id = 4;
+        j.validate().unwrap();
+        assert!(j.initial_voters().is_empty());
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let cases = [
+            (GOOD.replace("kind: RingMember", "kind: Ring"), "kind"),
+            (
+                GOOD.replace("listen: 127.0.0.1:7001", "listen: localhost"),
+                "listen",
+            ),
+            (GOOD.replace("id: 3,", "id: 2,"), "members[2]"),
+            (GOOD.replace("name: m1\n", "name: M1\n"), "name"),
+            (GOOD.replace("name: m1\nid: 1", "name: m1\nid: 4"), "id"),
+            (
+                GOOD.replace("dataDir: /tmp/x", "dataDir: /tmp/x\ncolour: blue"),
+                "unknown field `colour`",
+            ),
+            (
+                format!("{GOOD}timing: {{ leaseMs: 100 }}\n"),
+                "timing.leaseMs",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = parse(&text).unwrap_err();
+            assert!(err.contains(field), "expected {field:?} in {err:?}");
+        }
+    }
+}

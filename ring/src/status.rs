@@ -1,0 +1,170 @@
+//! What `ringctl status` shows: one member's view of the ring.
+
+use serde::{Deserialize, Serialize};
+
+use crate::output::table;
+use crate::state::{MemberState, Operation};
+
+/// A member as seen by the answering ringd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    pub name: String,
+    pub id: u64,
+    pub address: String,
+    pub state: MemberState,
+    pub voter: bool,
+    pub leader: bool,
+    /// Milliseconds since the leader last heard from it (leader's view only).
+    pub last_report_ms_ago: Option<u64>,
+}
+
+/// A shoot's control plane placement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementStatus {
+    pub shoot: String,
+    pub host: String,
+    pub epoch: u64,
+    /// Milliseconds until the lease ends (negative: ended), if any lease was granted.
+    pub lease_expires_in_ms: Option<i64>,
+    /// Milliseconds since the newest durable backup, if one was reported.
+    pub last_backup_age_ms: Option<u64>,
+    /// Health reported by the host (leader's view only).
+    pub ready: Option<bool>,
+}
+
+/// A control plane the answering member hosts (or fenced).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedStatus {
+    pub shoot: String,
+    pub epoch: u64,
+    /// Its processes run on this member.
+    pub serving: bool,
+    /// `/readyz` answered ok at the last check.
+    pub ready: bool,
+    /// Milliseconds the member's own lease stays valid (negative: lapsed).
+    pub lease_valid_for_ms: Option<i64>,
+    /// Why it is not serving, when it is not.
+    pub detail: String,
+}
+
+/// The answering member's view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RingStatus {
+    pub member: String,
+    pub id: u64,
+    pub role: String,
+    pub leader: Option<String>,
+    pub term: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    /// Whether this member heard from a leader within the election timeout.
+    pub quorum_contact: bool,
+    pub members: Vec<MemberStatus>,
+    pub placements: Vec<PlacementStatus>,
+    pub hosted: Vec<HostedStatus>,
+    pub operations: Vec<Operation>,
+}
+
+fn ms(v: Option<i64>) -> String {
+    v.map_or("-".into(), |ms| format!("{:.1}s", ms as f64 / 1000.0))
+}
+
+/// The status as tables.
+pub fn render(s: &RingStatus) -> String {
+    let mut out = format!(
+        "member {} (id {}, {}), leader {}, term {}, commit {}, applied {}, quorum contact {}\n\n",
+        s.member,
+        s.id,
+        s.role,
+        s.leader.as_deref().unwrap_or("none"),
+        s.term,
+        s.commit_index,
+        s.applied_index,
+        if s.quorum_contact { "yes" } else { "NO" }
+    );
+    let mut t = table(&[
+        "MEMBER",
+        "ID",
+        "ADDRESS",
+        "STATE",
+        "VOTER",
+        "LEADER",
+        "LAST REPORT",
+    ]);
+    for m in &s.members {
+        t.add_row(vec![
+            m.name.clone(),
+            m.id.to_string(),
+            m.address.clone(),
+            format!("{:?}", m.state),
+            if m.voter { "yes" } else { "no" }.into(),
+            if m.leader { "*" } else { "" }.into(),
+            m.last_report_ms_ago
+                .map_or("-".into(), |v| format!("{:.1}s ago", v as f64 / 1000.0)),
+        ]);
+    }
+    out.push_str(&format!("{t}\n\n"));
+    let mut t = table(&[
+        "SHOOT",
+        "HOST",
+        "EPOCH",
+        "LEASE ENDS IN",
+        "READY",
+        "LAST BACKUP",
+    ]);
+    for p in &s.placements {
+        t.add_row(vec![
+            p.shoot.clone(),
+            p.host.clone(),
+            p.epoch.to_string(),
+            ms(p.lease_expires_in_ms),
+            p.ready
+                .map_or("-".into(), |r| if r { "yes".into() } else { "no".into() }),
+            p.last_backup_age_ms
+                .map_or("-".into(), |v| format!("{:.1}s ago", v as f64 / 1000.0)),
+        ]);
+    }
+    out.push_str(&format!("{t}\n"));
+    if !s.hosted.is_empty() {
+        let mut t = table(&[
+            "HOSTED HERE",
+            "EPOCH",
+            "SERVING",
+            "READY",
+            "OWN LEASE",
+            "DETAIL",
+        ]);
+        for h in &s.hosted {
+            t.add_row(vec![
+                h.shoot.clone(),
+                h.epoch.to_string(),
+                if h.serving { "yes" } else { "no" }.into(),
+                if h.ready { "yes" } else { "no" }.into(),
+                ms(h.lease_valid_for_ms),
+                h.detail.clone(),
+            ]);
+        }
+        out.push_str(&format!("\n{t}\n"));
+    }
+    if s.operations.is_empty() {
+        out.push_str("\nno operations\n");
+    } else {
+        let mut t = table(&["OP", "KIND", "SHOOT", "TARGET", "STEP", "DETAIL"]);
+        for o in &s.operations {
+            t.add_row(vec![
+                o.id.to_string(),
+                "failover".into(),
+                o.shoot().to_string(),
+                o.target().to_string(),
+                format!("{:?}", o.step),
+                o.detail.clone(),
+            ]);
+        }
+        out.push_str(&format!("\n{t}\n"));
+    }
+    out
+}
