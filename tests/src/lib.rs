@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use seed::{Binaries, BinarySearch, LocalSeed};
 
+pub mod ring;
+
 /// The control-plane binaries, or a panic telling how to install them.
 pub fn binaries() -> Binaries {
     match BinarySearch::standard(None).control_plane() {

@@ -1,0 +1,260 @@
+//! A ring of real `ringd` processes on loopback, for end-to-end tests.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ringd::client::AdminClient;
+use ringd::config::{MemberConfig, RingdConfig, SeedConfig, Timing, TlsFiles, API_VERSION};
+use ringd::identity::RingPki;
+use ringd::status::RingStatus;
+
+use crate::Sandbox;
+
+/// The `ringd` binary next to this test binary (built by `scripts/test`).
+pub fn ringd_bin() -> PathBuf {
+    let ctl = crate::ringctl();
+    let path = ctl.with_file_name("ringd");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first with `cargo build --workspace --bins` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One member's process and files.
+pub struct MemberProc {
+    pub name: String,
+    pub id: u64,
+    pub address: String,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl MemberProc {
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+/// `n` ringd members on loopback with their own PKI; killed on drop.
+pub struct RingFixture {
+    pub sandbox: Sandbox,
+    pub pki: PathBuf,
+    pub members: Vec<MemberProc>,
+    pub timing: Timing,
+}
+
+impl RingFixture {
+    /// Writes the PKI and the configs of `n` members named m1..mn; members listed
+    /// in `with_seed` host control planes (a local seed in the sandbox).
+    pub fn new(n: usize, with_seed: &[&str]) -> Self {
+        let sandbox = Sandbox::new();
+        let pki = sandbox.path().join("pki");
+        let ring_pki = RingPki::new(&pki);
+        ring_pki.ensure_admin().expect("admin certificate");
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let members: Vec<MemberConfig> = (0..n)
+            .map(|i| MemberConfig {
+                name: format!("m{}", i + 1),
+                id: i as u64 + 1,
+                address: format!("127.0.0.1:{}", ports[i]),
+            })
+            .collect();
+        let timing = Timing::default();
+        let mut procs = Vec::new();
+        for m in &members {
+            let files = ring_pki
+                .ensure_member(&m.name, "127.0.0.1".parse().unwrap())
+                .expect("member certificate");
+            let dir = sandbox.path().join(&m.name);
+            std::fs::create_dir_all(&dir).unwrap();
+            let config = RingdConfig {
+                api_version: API_VERSION.into(),
+                kind: "RingMember".into(),
+                name: m.name.clone(),
+                id: m.id,
+                listen: m.address.clone(),
+                metrics_listen: None,
+                data_dir: dir.join("data"),
+                tls: TlsFiles {
+                    ca: files.ca,
+                    cert: files.cert,
+                    key: files.key,
+                },
+                members: members.clone(),
+                join: false,
+                timing,
+                seed: with_seed.contains(&m.name.as_str()).then(|| SeedConfig {
+                    state_dir: dir.join("seed"),
+                    bin_dir: None,
+                }),
+            };
+            config.validate().expect("valid config");
+            let path = dir.join("ringd.yaml");
+            std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+            procs.push(MemberProc {
+                name: m.name.clone(),
+                id: m.id,
+                address: m.address.clone(),
+                config: path,
+                log: dir.join("ringd.log"),
+                child: None,
+            });
+        }
+        RingFixture {
+            sandbox,
+            pki,
+            members: procs,
+            timing,
+        }
+    }
+
+    /// Starts member `i` (0-based).
+    pub fn start(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        assert!(m.child.is_none(), "{} already runs", m.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log)
+            .unwrap();
+        let child = Command::new(ringd_bin())
+            .arg("--config")
+            .arg(&m.config)
+            .env(
+                "RUST_LOG",
+                "info,raft=warn,h2=warn,tower=warn,kube_client=off",
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start ringd");
+        m.child = Some(child);
+    }
+
+    /// Starts every member.
+    pub fn start_all(&mut self) {
+        for i in 0..self.members.len() {
+            self.start(i);
+        }
+    }
+
+    /// Sends `signal` to member `i`'s process group.
+    pub fn signal(&self, i: usize, signal: i32) {
+        if let Some(pid) = self.members[i].pid() {
+            // SAFETY: plain syscall on our own child's group.
+            unsafe {
+                libc::kill(-(pid as i32), signal);
+            }
+        }
+    }
+
+    /// kill -9 of member `i` (its ringd and any control plane it supervises in-process).
+    pub fn kill(&mut self, i: usize) {
+        self.signal(i, libc::SIGKILL);
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (bounded) for member `i` to exit.
+    pub fn stop(&mut self, i: usize) {
+        self.signal(i, libc::SIGTERM);
+        if let Some(mut c) = self.members[i].child.take() {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() {
+                if std::time::Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!("{} ignored SIGTERM for 30s", self.members[i].name);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// An admin client to member `i`.
+    pub fn client(&self, i: usize) -> AdminClient {
+        AdminClient::connect(&self.members[i].address, &self.pki).expect("admin client")
+    }
+
+    /// Member `i`'s status.
+    pub async fn status(&self, i: usize) -> Result<RingStatus, ringd::RingError> {
+        self.client(i).status().await
+    }
+
+    /// Polls member `i` until `check` holds; panics with `what` and the member's log tail after `timeout`.
+    pub async fn wait_status(
+        &self,
+        i: usize,
+        what: &str,
+        timeout: Duration,
+        check: impl FnMut(&RingStatus) -> bool,
+    ) -> RingStatus {
+        match ringd::client::wait_status(&self.members[i].address, &self.pki, timeout, check).await
+        {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "member {} never showed {what}: {e}\nlast lines of its log:\n{}",
+                self.members[i].name,
+                seed::ShootLayout::tail(&self.members[i].log, 20)
+            ),
+        }
+    }
+
+    /// Waits until member `i` knows a leader; returns the leader's index.
+    pub async fn leader_seen_by(&self, i: usize, timeout: Duration) -> usize {
+        let s = self
+            .wait_status(i, "a leader and a bootstrapped ring", timeout, |s| {
+                s.leader.is_some() && !s.members.is_empty()
+            })
+            .await;
+        let name = s.leader.unwrap();
+        self.members
+            .iter()
+            .position(|m| m.name == name)
+            .expect("leader is a member")
+    }
+
+    /// Member index by name.
+    pub fn index(&self, name: &str) -> usize {
+        self.members
+            .iter()
+            .position(|m| m.name == name)
+            .expect("member")
+    }
+
+    /// The sandbox dir of member `i`'s seed.
+    pub fn seed_dir(&self, i: usize) -> PathBuf {
+        self.sandbox.path().join(&self.members[i].name).join("seed")
+    }
+
+    /// The log of member `i`.
+    pub fn log(&self, i: usize) -> &Path {
+        &self.members[i].log
+    }
+}
+
+impl Drop for RingFixture {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.signal(i, libc::SIGCONT);
+            self.kill(i);
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Real `ringd` processes on loopback: elections, leader kills, restarts,
+//! partitions (SIGSTOP), mutual TLS, and lease fencing of a hosted control plane.
+
+use std::time::{Duration, Instant};
+
+use ring_tests::ring::RingFixture;
+use ringd::identity::{IdentityPem, RingPki};
+use ringd::state::{MemberState, OperationStep};
+
+const START: Duration = Duration::from_secs(30);
+
+/// Commits a probe through member `i`, retrying until `timeout`; returns when it committed.
+async fn commit_via(ring: &RingFixture, i: usize, timeout: Duration) -> Instant {
+    let mut client = ring.client(i);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let attempt = client.probe(b"probe".to_vec()).await;
+        if attempt.is_ok() {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no probe committed through {} within {timeout:?}: {attempt:?}",
+            ring.members[i].name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn leader_kill_elects_and_commits(n: usize) {
+    let mut ring = RingFixture::new(n, &[]);
+    ring.start_all();
+    let leader = ring.leader_seen_by(0, START).await;
+    let survivor = (leader + 1) % n;
+    commit_via(&ring, survivor, START).await;
+
+    let election = Duration::from_millis(ring.timing.election_timeout_ms);
+    let before = ring.status(survivor).await.unwrap();
+    let dead = ring.members[leader].name.clone();
+    let killed_at = Instant::now();
+    ring.kill(leader);
+    // A new leader has committed once a survivor sees it with a higher term and
+    // a commit index past the old one (the new leader's first entry).
+    let mut client = ring.client(survivor);
+    let took = loop {
+        if let Ok(s) = client.status().await {
+            if s.leader.as_ref().is_some_and(|l| *l != dead)
+                && s.term > before.term
+                && s.commit_index > before.commit_index
+            {
+                break killed_at.elapsed();
+            }
+        }
+        assert!(
+            killed_at.elapsed() < election * 10,
+            "no new leader committed within {:?}",
+            election * 10
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    commit_via(&ring, survivor, START).await;
+    let status = ring.status(survivor).await.unwrap();
+    assert!(
+        took <= election * 3,
+        "a new leader committed {took:?} after the kill; the bound is 3 x election timeout ({:?})",
+        election * 3
+    );
+    // the leader marks the dead member down and opens a failover for what it hosted
+    let hosted_by_dead: Vec<String> = status
+        .placements
+        .iter()
+        .filter(|p| p.host == ring.members[leader].name)
+        .map(|p| p.shoot.clone())
+        .collect();
+    let s = ring
+        .wait_status(
+            survivor,
+            "the dead leader marked down with failover operations",
+            START,
+            |s| {
+                s.members
+                    .iter()
+                    .any(|m| m.name == dead && m.state == MemberState::Down)
+                    && s.operations
+                        .iter()
+                        .filter(|o| o.step == OperationStep::Pending)
+                        .count()
+                        >= 1
+            },
+        )
+        .await;
+    for op in &s.operations {
+        assert_ne!(op.target(), dead);
+    }
+    assert!(
+        hosted_by_dead.is_empty()
+            || s.operations
+                .iter()
+                .any(|o| hosted_by_dead.contains(&o.shoot().to_string()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_elect_and_survive_a_leader_kill() {
+    leader_kill_elects_and_commits(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_members_elect_and_survive_a_leader_kill() {
+    leader_kill_elects_and_commits(5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_restart_keeps_the_ring_state() {
+    let mut ring = RingFixture::new(3, &[]);
+    ring.start_all();
+    let leader = ring.leader_seen_by(0, START).await;
+    // a recorded change: kill one member so an operation and a down member are committed
+    let victim = (leader + 1) % 3;
+    ring.kill(victim);
+    let other = 3 - leader - victim;
+    let before = ring
+        .wait_status(other, "a failover operation", START, |s| {
+            !s.operations.is_empty()
+        })
+        .await;
+    for i in 0..3 {
+        if i != victim {
+            ring.stop(i);
+        }
+    }
+    ring.start_all();
+    let after = ring
+        .wait_status(other, "the same state after a full restart", START, |s| {
+            s.leader.is_some() && s.applied_index >= before.applied_index
+        })
+        .await;
+    assert_eq!(
+        after
+            .placements
+            .iter()
+            .map(|p| (&p.shoot, &p.host, p.epoch))
+            .collect::<Vec<_>>(),
+        before
+            .placements
+            .iter()
+            .map(|p| (&p.shoot, &p.host, p.epoch))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        after.operations.first().map(|o| o.id),
+        before.operations.first().map(|o| o.id)
+    );
+    assert!(
+        after.term > before.term,
+        "a new election happened after the restart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_cannot_commit_until_the_partition_heals() {
+    let mut ring = RingFixture::new(3, &[]);
+    ring.start_all();
+    ring.leader_seen_by(0, START).await;
+    commit_via(&ring, 0, START).await;
+    // cut member 0 off: freeze the other two (SIGSTOP); it is a minority of one
+    ring.signal(1, libc::SIGSTOP);
+    ring.signal(2, libc::SIGSTOP);
+    let s = ring
+        .wait_status(0, "loss of quorum contact", START, |s| !s.quorum_contact)
+        .await;
+    let mut client = ring.client(0);
+    let attempt = client.probe(b"must not commit".to_vec()).await;
+    assert!(attempt.is_err(), "a minority committed: {attempt:?}");
+    let after = ring.status(0).await.unwrap();
+    assert_eq!(
+        after.commit_index, s.commit_index,
+        "the minority's commit index moved"
+    );
+    ring.signal(1, libc::SIGCONT);
+    ring.signal(2, libc::SIGCONT);
+    commit_via(&ring, 0, START).await;
+    let healed = ring.status(0).await.unwrap();
+    assert!(healed.quorum_contact && healed.commit_index > s.commit_index);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_ca_and_unexpected_identities_are_refused() {
+    let mut ring = RingFixture::new(3, &[]);
+    ring.start_all();
+    ring.leader_seen_by(0, START).await;
+
+    // an admin certificate from another CA: the TLS handshake fails
+    let foreign = ring.sandbox.path().join("foreign-pki");
+    RingPki::new(&foreign).ensure_admin().unwrap();
+    let mut stranger =
+        ringd::client::AdminClient::connect(&ring.members[0].address, &foreign).unwrap();
+    let err = stranger.status().await.unwrap_err().to_string();
+    assert!(err.contains("ringd at"), "{err}");
+
+    // a certificate from the ring's CA, but for an identity that is neither a member nor ringctl
+    let files = RingPki::new(&ring.pki)
+        .ensure_member("intruder", "127.0.0.1".parse().unwrap())
+        .unwrap();
+    let id = IdentityPem::read(&files).unwrap();
+    let ch = ringd::transport::channel(&id, &ring.members[0].address, "ringd").unwrap();
+    let mut client = ring_proto::v1::ring_admin_client::RingAdminClient::new(ch);
+    let refused = client
+        .status(ring_proto::v1::StatusRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // and as a Raft peer
+    let ch = ringd::transport::channel(&id, &ring.members[0].address, "ringd").unwrap();
+    let mut raft = ring_proto::v1::raft_transport_client::RaftTransportClient::new(ch);
+    let refused = raft
+        .send(ring_proto::v1::RaftBatch {
+            from: 9,
+            messages: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let log = std::fs::read_to_string(ring.log(0)).unwrap();
+    assert!(
+        log.contains("refused an unexpected identity") && log.contains("intruder"),
+        "{log}"
+    );
+
+    // a member may not send Raft messages in another member's name
+    let m2 = IdentityPem::read(&RingPki::new(&ring.pki).files("m2")).unwrap();
+    let ch = ringd::transport::channel(&m2, &ring.members[0].address, "m1").unwrap();
+    let mut raft = ring_proto::v1::raft_transport_client::RaftTransportClient::new(ch);
+    let mut msg = raft::prelude::Message::default();
+    msg.from = 3;
+    msg.to = 1;
+    use protobuf::Message as _;
+    let forged = raft
+        .send(ring_proto::v1::RaftBatch {
+            from: 3,
+            messages: vec![msg.write_to_bytes().unwrap()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), tonic::Code::PermissionDenied);
+    // the ring still works
+    commit_via(&ring, 0, START).await;
+}
+
+/// m1 hosts m2's real control plane. Cut m1 off from the quorum: it must stop
+/// serving before its lease ends, and say so in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_host_fences_its_control_plane_before_the_lease_ends() {
+    let mut ring = RingFixture::new(3, &["m1"]);
+    ring.start_all();
+    let serving = ring
+        .wait_status(
+            0,
+            "m2's control plane served by m1",
+            Duration::from_secs(120),
+            |s| {
+                s.hosted
+                    .iter()
+                    .any(|h| h.shoot == "m2" && h.serving && h.ready)
+            },
+        )
+        .await;
+    assert_eq!(
+        serving
+            .placements
+            .iter()
+            .find(|p| p.shoot == "m2")
+            .unwrap()
+            .host,
+        "m1"
+    );
+    let seed_dir = ring.seed_dir(0);
+    assert!(
+        !ring_tests::processes_mentioning(&seed_dir).is_empty(),
+        "the control plane's processes run"
+    );
+    let kubeconfig = seed_dir.join("shoots/m2/kubeconfig/admin.kubeconfig");
+    ring_tests::kubectl(&kubeconfig, &["get", "namespaces"]);
+
+    ring.signal(1, libc::SIGSTOP);
+    ring.signal(2, libc::SIGSTOP);
+    let cut_at = Instant::now();
+    let lease = Duration::from_millis(ring.timing.lease_ms);
+    // observe the fencing: not serving, processes gone, own lease still running
+    let fenced = ring
+        .wait_status(0, "m2's control plane fenced", lease * 2, |s| {
+            let h = s.hosted.iter().find(|h| h.shoot == "m2");
+            h.is_some_and(|h| !h.serving) && ring_tests::processes_mentioning(&seed_dir).is_empty()
+        })
+        .await;
+    let h = fenced.hosted.iter().find(|h| h.shoot == "m2").unwrap();
+    let left = h.lease_valid_for_ms.expect("m1 had a lease");
+    assert!(left > 0, "fenced only {}ms after the lease ended", -left);
+    assert!(cut_at.elapsed() < lease, "fencing took longer than a lease");
+    assert!(h.detail.contains("fenced"), "{}", h.detail);
+    ring.signal(1, libc::SIGCONT);
+    ring.signal(2, libc::SIGCONT);
+}
