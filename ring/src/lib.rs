@@ -11,6 +11,7 @@ pub mod controlplane;
 pub mod daemon;
 pub mod decide;
 pub mod identity;
+pub mod localring;
 pub mod metrics;
 pub mod node;
 pub mod output;

@@ -83,7 +83,8 @@ pub struct NodeView {
 pub struct RaftCore {
     raw: RawNode<DiskStorage>,
     store: DiskStorage,
-    state: RingState,
+    /// Shared with observers; copied only when a command changes it.
+    state: Arc<RingState>,
     applied: u64,
     waiters: HashMap<u64, oneshot::Sender<ApplyResult>>,
     next_proposal: u64,
@@ -131,7 +132,7 @@ impl RaftCore {
         Ok(RaftCore {
             raw,
             store,
-            state,
+            state: Arc::new(state),
             applied,
             waiters: HashMap::new(),
             next_proposal: 1,
@@ -293,8 +294,10 @@ impl RaftCore {
     }
 
     fn restore(&mut self, snap: &Snapshot) -> Result<(), RingError> {
-        self.state = serde_json::from_slice(&snap.data)
-            .map_err(|e| RingError::Storage(format!("received a corrupted snapshot: {e}")))?;
+        self.state = Arc::new(
+            serde_json::from_slice(&snap.data)
+                .map_err(|e| RingError::Storage(format!("received a corrupted snapshot: {e}")))?,
+        );
         self.applied = snap.get_metadata().index;
         self.last_compacted = self.applied;
         Ok(())
@@ -343,7 +346,8 @@ impl RaftCore {
                 return;
             }
         };
-        let result = match self.state.apply(&proposal.command) {
+        // Apply to a scratch copy only when someone else holds the current state.
+        let result = match Arc::make_mut(&mut self.state).apply(&proposal.command) {
             Ok(()) => ApplyResult::Applied { index },
             Err(reason) => {
                 tracing::debug!(index, %reason, command = ?proposal.command, "command rejected");
@@ -359,7 +363,7 @@ impl RaftCore {
         if self.applied < self.last_compacted + self.compact_every {
             return Ok(());
         }
-        let data = serde_json::to_vec(&self.state).map_err(raft_err)?;
+        let data = serde_json::to_vec(&*self.state).map_err(raft_err)?;
         let cs = self.store.conf_state();
         self.store.compact(self.applied, data, &cs)?;
         self.last_compacted = self.applied;
@@ -379,10 +383,10 @@ impl RaftCore {
             commit: r.raft_log.committed,
             applied: self.applied,
             voters,
-            state: Arc::new(self.state.clone()),
+            state: self.state.clone(),
             last_leader_contact: self.last_leader_contact,
             log_entries: self.store.entry_count(),
-            snapshot_index: self.store.latest_snapshot().get_metadata().index,
+            snapshot_index: self.store.snapshot_index(),
         }
     }
 }

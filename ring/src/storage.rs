@@ -214,17 +214,27 @@ impl DiskStorage {
         Ok(())
     }
 
-    /// Records the commit index (from a LightReady).
+    /// Records the commit index (from a LightReady). Written before anything is
+    /// applied, but without its own fsync: the next durable transaction carries it,
+    /// and a commit index that lags after a crash is only re-learnt from the leader
+    /// (the state machine is rebuilt from the snapshot and log either way).
     pub fn set_commit(&self, commit: u64) -> Result<(), RingError> {
         let mut hs = self.read().hard_state.clone();
         if hs.commit >= commit {
             return Ok(());
         }
         hs.commit = commit;
-        self.persist(&PersistBatch {
-            hard_state: Some(&hs),
-            ..Default::default()
-        })
+        let mut txn = self.db.begin_write().map_err(|e| storage_err("begin")(e.to_string()))?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| storage_err("durability")(e.to_string()))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| storage_err("meta")(e.to_string()))?;
+            meta.insert(HARD_STATE, encode(&hs)?.as_slice())
+                .map_err(|e| storage_err("write")(e.to_string()))?;
+        }
+        txn.commit().map_err(|e| storage_err("commit")(e.to_string()))?;
+        self.write().hard_state = hs;
+        Ok(())
     }
 
     /// Replaces the log up to `index` (applied) by a snapshot holding `data`.
@@ -271,6 +281,11 @@ impl DiskStorage {
         core.entries.drain(..drop_n);
         core.snapshot = snap;
         Ok(())
+    }
+
+    /// The index of the latest snapshot.
+    pub fn snapshot_index(&self) -> u64 {
+        self.read().snapshot.get_metadata().index
     }
 
     /// The latest snapshot (metadata and state-machine data).

@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ringd::client::AdminClient;
-use ringd::config::{MemberConfig, RingdConfig, SeedConfig, Timing, TlsFiles, API_VERSION};
-use ringd::identity::RingPki;
+use ringd::config::Timing;
+use ringd::localring::LocalRing;
 use ringd::status::RingStatus;
 
 use crate::Sandbox;
@@ -22,14 +22,6 @@ pub fn ringd_bin() -> PathBuf {
         path.display()
     );
     path
-}
-
-/// A free TCP port on 127.0.0.1 (bound and released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// One member's process and files.
@@ -55,6 +47,7 @@ pub struct RingFixture {
     pub pki: PathBuf,
     pub members: Vec<MemberProc>,
     pub timing: Timing,
+    layout: LocalRing,
 }
 
 impl RingFixture {
@@ -62,89 +55,33 @@ impl RingFixture {
     /// in `with_seed` host control planes (a local seed in the sandbox).
     pub fn new(n: usize, with_seed: &[&str]) -> Self {
         let sandbox = Sandbox::new();
-        let pki = sandbox.path().join("pki");
-        let ring_pki = RingPki::new(&pki);
-        ring_pki.ensure_admin().expect("admin certificate");
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let members: Vec<MemberConfig> = (0..n)
-            .map(|i| MemberConfig {
-                name: format!("m{}", i + 1),
-                id: i as u64 + 1,
-                address: format!("127.0.0.1:{}", ports[i]),
-            })
-            .collect();
-        let timing = Timing::default();
-        let mut procs = Vec::new();
-        for m in &members {
-            let files = ring_pki
-                .ensure_member(&m.name, "127.0.0.1".parse().unwrap())
-                .expect("member certificate");
-            let dir = sandbox.path().join(&m.name);
-            std::fs::create_dir_all(&dir).unwrap();
-            let config = RingdConfig {
-                api_version: API_VERSION.into(),
-                kind: "RingMember".into(),
-                name: m.name.clone(),
-                id: m.id,
-                listen: m.address.clone(),
-                metrics_listen: None,
-                data_dir: dir.join("data"),
-                tls: TlsFiles {
-                    ca: files.ca,
-                    cert: files.cert,
-                    key: files.key,
-                },
-                members: members.clone(),
-                join: false,
-                timing,
-                seed: with_seed.contains(&m.name.as_str()).then(|| SeedConfig {
-                    state_dir: dir.join("seed"),
-                    bin_dir: None,
-                }),
-            };
-            config.validate().expect("valid config");
-            let path = dir.join("ringd.yaml");
-            std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-            procs.push(MemberProc {
+        let layout = LocalRing::write(sandbox.path(), n, with_seed, Timing::default()).expect("local ring files");
+        let members = layout
+            .members
+            .iter()
+            .map(|m| MemberProc {
                 name: m.name.clone(),
                 id: m.id,
                 address: m.address.clone(),
-                config: path,
-                log: dir.join("ringd.log"),
+                config: m.config.clone(),
+                log: m.log.clone(),
                 child: None,
-            });
-        }
+            })
+            .collect();
         RingFixture {
             sandbox,
-            pki,
-            members: procs,
-            timing,
+            pki: layout.pki.clone(),
+            members,
+            timing: layout.timing,
+            layout,
         }
     }
 
     /// Starts member `i` (0-based).
     pub fn start(&mut self, i: usize) {
-        let m = &mut self.members[i];
-        assert!(m.child.is_none(), "{} already runs", m.name);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&m.log)
-            .unwrap();
-        let child = Command::new(ringd_bin())
-            .arg("--config")
-            .arg(&m.config)
-            .env(
-                "RUST_LOG",
-                "info,raft=warn,h2=warn,tower=warn,kube_client=off",
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("start ringd");
-        m.child = Some(child);
+        assert!(self.members[i].child.is_none(), "{} already runs", self.members[i].name);
+        let child = self.layout.spawn(&ringd_bin(), i).expect("start ringd");
+        self.members[i].child = Some(child);
     }
 
     /// Starts every member.

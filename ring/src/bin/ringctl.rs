@@ -116,6 +116,24 @@ enum ControlPlaneCommand {
 enum BenchCommand {
     /// Time from start to /readyz and peak RSS per component (median of N runs).
     Controlplane(BenchArgs),
+    /// Raft commit latency (vs etcd), leader-kill recovery, ringd memory and idle CPU.
+    Raft(RaftBenchArgs),
+}
+
+#[derive(Args)]
+struct RaftBenchArgs {
+    /// Ring sizes.
+    #[arg(long, value_delimiter = ',', default_value = "3,5")]
+    sizes: Vec<usize>,
+    /// Sequential proposals per size.
+    #[arg(long, default_value_t = 500)]
+    proposals: usize,
+    /// Leader kills per size.
+    #[arg(long, default_value_t = 5)]
+    kills: usize,
+    /// Seconds over which idle CPU is measured.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
 }
 
 #[derive(Args, Clone)]
@@ -327,6 +345,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ringd::client::AdminClient::connect(&args.ring.address, &args.ring.pki)?;
             println!("{}", client.remove_member(&args.name).await?);
             Ok(())
+        }
+        Command::Bench(BenchCommand::Raft(args)) => {
+            init_tracing("warn");
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let opts = ringd::bench::RaftBenchOptions {
+                sizes: args.sizes,
+                proposals: args.proposals,
+                kills: args.kills,
+                idle_secs: args.idle_secs,
+                ringd: exe.with_file_name("ringd"),
+                dir: ringd::bench::temp_state_dir(),
+            };
+            let result = ringd::bench::raft(&opts).await;
+            let _ = std::fs::remove_dir_all(&opts.dir);
+            let result = result?;
+            print(&result, format, || ringd::bench::render_raft(&result))
         }
         Command::Bench(BenchCommand::Controlplane(args)) => {
             init_tracing("warn");

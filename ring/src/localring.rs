@@ -1,0 +1,130 @@
+//! A ring of ringd processes on this machine: PKI, one config per member, and
+//! spawning. Shared by `ringctl bench raft` and the end-to-end tests.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::config::{MemberConfig, RingdConfig, SeedConfig, Timing, TlsFiles, API_VERSION};
+use crate::identity::RingPki;
+use crate::RingError;
+
+/// One member's files.
+#[derive(Debug, Clone)]
+pub struct LocalMember {
+    pub name: String,
+    pub id: u64,
+    pub address: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+/// The files of a local ring under one directory.
+#[derive(Debug, Clone)]
+pub struct LocalRing {
+    pub dir: PathBuf,
+    pub pki: PathBuf,
+    pub members: Vec<LocalMember>,
+    pub timing: Timing,
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> Result<u16, RingError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|source| RingError::Io {
+            what: "finding a free port on 127.0.0.1".into(),
+            source,
+        })
+}
+
+impl LocalRing {
+    /// Writes the PKI (CA, member and admin certificates) and the configs of
+    /// members m1..mn on free loopback ports; members named in `with_seed` host
+    /// control planes on a local seed in their directory.
+    pub fn write(dir: &Path, n: usize, with_seed: &[&str], timing: Timing) -> Result<Self, RingError> {
+        let pki_dir = dir.join("pki");
+        let pki = RingPki::new(&pki_dir);
+        pki.ensure_admin()?;
+        let members: Vec<MemberConfig> = (0..n)
+            .map(|i| {
+                Ok(MemberConfig {
+                    name: format!("m{}", i + 1),
+                    id: i as u64 + 1,
+                    address: format!("127.0.0.1:{}", free_port()?),
+                })
+            })
+            .collect::<Result<_, RingError>>()?;
+        let mut out = Vec::new();
+        for m in &members {
+            let files = pki.ensure_member(&m.name, std::net::Ipv4Addr::LOCALHOST.into())?;
+            let mdir = dir.join(&m.name);
+            seed::pki::create_private_dir(&mdir)?;
+            let config = RingdConfig {
+                api_version: API_VERSION.into(),
+                kind: "RingMember".into(),
+                name: m.name.clone(),
+                id: m.id,
+                listen: m.address.clone(),
+                metrics_listen: None,
+                data_dir: mdir.join("data"),
+                tls: TlsFiles {
+                    ca: files.ca,
+                    cert: files.cert,
+                    key: files.key,
+                },
+                members: members.clone(),
+                join: false,
+                timing,
+                seed: with_seed.contains(&m.name.as_str()).then(|| SeedConfig {
+                    state_dir: mdir.join("seed"),
+                    bin_dir: None,
+                }),
+            };
+            config.validate()?;
+            let path = mdir.join("ringd.yaml");
+            let yaml = serde_yaml::to_string(&config).map_err(|e| RingError::Encode(e.to_string()))?;
+            std::fs::write(&path, yaml).map_err(|source| RingError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+            out.push(LocalMember {
+                name: m.name.clone(),
+                id: m.id,
+                address: m.address.clone(),
+                log: mdir.join("ringd.log"),
+                dir: mdir,
+                config: path,
+            });
+        }
+        Ok(LocalRing {
+            dir: dir.to_path_buf(),
+            pki: pki_dir,
+            members: out,
+            timing,
+        })
+    }
+
+    /// Starts `ringd --config` for member `i` in its own process group, logging to its log file.
+    pub fn spawn(&self, ringd: &Path, i: usize) -> Result<Child, RingError> {
+        let m = &self.members[i];
+        let io = |source| RingError::Io {
+            what: format!("starting {} for {}", ringd.display(), m.name),
+            source,
+        };
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).map_err(io)?;
+        let err = log.try_clone().map_err(io)?;
+        Command::new(ringd)
+            .arg("--config")
+            .arg(&m.config)
+            .env("RUST_LOG", "info,raft=warn,h2=warn,tower=warn,kube_client=off")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(io)
+    }
+}
