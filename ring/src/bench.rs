@@ -235,7 +235,13 @@ fn percentile(xs: &[f64], p: f64) -> f64 {
 
 fn proc_stat(pid: u32) -> Option<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib: f64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let rss_kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     // utime and stime are fields 14 and 15 (1-based) of stat, i.e. 11 and 12 after the comm.
@@ -259,11 +265,20 @@ async fn measure_ring(opts: &RaftBenchOptions, n: usize) -> Result<(Vec<f64>, Ve
     use crate::client::AdminClient;
     let dir = opts.dir.join(format!("ring-{n}"));
     let ring = crate::localring::LocalRing::write(&dir, n, &[], crate::config::Timing::default())?;
-    let mut procs = Procs((0..n).map(|i| ring.spawn(&opts.ringd, i).map(Some)).collect::<Result<_>>()?);
+    let mut procs = Procs(
+        (0..n)
+            .map(|i| ring.spawn(&opts.ringd, i).map(Some))
+            .collect::<Result<_>>()?,
+    );
     let status_of = |i: usize| AdminClient::connect(&ring.members[i].address, &ring.pki);
-    let wait = |i: usize| crate::client::wait_status(&ring.members[i].address, &ring.pki, Duration::from_secs(30), |s| {
-        s.leader.is_some() && !s.members.is_empty()
-    });
+    let wait = |i: usize| {
+        crate::client::wait_status(
+            &ring.members[i].address,
+            &ring.pki,
+            Duration::from_secs(30),
+            |s| s.leader.is_some() && !s.members.is_empty(),
+        )
+    };
     wait(0).await?;
     let mut client = status_of(0)?;
     // warm up, then sequential proposals
@@ -293,7 +308,9 @@ async fn measure_ring(opts: &RaftBenchOptions, n: usize) -> Result<(Vec<f64>, Ve
     for _ in 0..opts.kills {
         let s = status_of(0)?.status().await?;
         let leader_name = s.leader.clone().unwrap_or_default();
-        let Some(leader) = ring.members.iter().position(|m| m.name == leader_name) else { break };
+        let Some(leader) = ring.members.iter().position(|m| m.name == leader_name) else {
+            break;
+        };
         let survivor = (leader + 1) % n;
         let before = status_of(survivor)?.status().await?;
         let t = Instant::now();
@@ -304,20 +321,28 @@ async fn measure_ring(opts: &RaftBenchOptions, n: usize) -> Result<(Vec<f64>, Ve
         let mut sc = status_of(survivor)?;
         loop {
             if let Ok(s) = sc.status().await {
-                if s.leader.as_ref().is_some_and(|l| *l != leader_name) && s.term > before.term && s.commit_index > before.commit_index {
+                if s.leader.as_ref().is_some_and(|l| *l != leader_name)
+                    && s.term > before.term
+                    && s.commit_index > before.commit_index
+                {
                     kills.push(t.elapsed().as_secs_f64() * 1000.0);
                     break;
                 }
             }
             if t.elapsed() > Duration::from_secs(30) {
-                return Err(crate::RingError::Transport("no new leader within 30s".into()));
+                return Err(crate::RingError::Transport(
+                    "no new leader within 30s".into(),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         procs.0[leader] = Some(ring.spawn(&opts.ringd, leader)?);
-        crate::client::wait_status(&ring.members[leader].address, &ring.pki, Duration::from_secs(30), |s| {
-            s.leader.is_some() && s.quorum_contact
-        })
+        crate::client::wait_status(
+            &ring.members[leader].address,
+            &ring.pki,
+            Duration::from_secs(30),
+            |s| s.leader.is_some() && s.quorum_contact,
+        )
         .await?;
         // let the ring settle (the returned member catches up and reports) before the next kill
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -332,7 +357,12 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
     let etcd = seed::BinarySearch::standard(None).find("etcd")?;
     let dir = opts.dir.join(format!("etcd-{n}"));
     let ports: Vec<(u16, u16)> = (0..n)
-        .map(|_| Ok((crate::localring::free_port()?, crate::localring::free_port()?)))
+        .map(|_| {
+            Ok((
+                crate::localring::free_port()?,
+                crate::localring::free_port()?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let cluster = ports
         .iter()
@@ -358,7 +388,10 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|source| crate::RingError::Io { what: format!("starting {}", etcd.display()), source })?;
+            .map_err(|source| crate::RingError::Io {
+                what: format!("starting {}", etcd.display()),
+                source,
+            })?;
         procs.0.push(Some(child));
     }
     let endpoint = format!("http://127.0.0.1:{}", ports[0].0);
@@ -370,7 +403,9 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
             }
         }
         if Instant::now() >= deadline {
-            return Err(crate::RingError::Transport("the reference etcd cluster did not start within 30s".into()));
+            return Err(crate::RingError::Transport(
+                "the reference etcd cluster did not start within 30s".into(),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
@@ -433,7 +468,15 @@ pub fn render_raft(figures: &[RaftFigures]) -> String {
         ]);
         t.add_row(vec![
             format!("{n} members: leader kill -> new leader committed (ms, median)"),
-            format!("{:.0} ({})", f.median_leader_kill_to_commit_ms, f.leader_kill_to_commit_ms.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ")),
+            format!(
+                "{:.0} ({})",
+                f.median_leader_kill_to_commit_ms,
+                f.leader_kill_to_commit_ms
+                    .iter()
+                    .map(|x| format!("{x:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
             "-".into(),
             "-".into(),
             "<= 3000 (3x election timeout)".into(),

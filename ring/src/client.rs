@@ -36,6 +36,22 @@ impl AdminClient {
         })
     }
 
+    /// Connects to the current leader, asking the member at `address` who it is.
+    pub async fn connect_leader(address: &str, pki: &Path) -> Result<Self, RingError> {
+        let status = Self::connect(address, pki)?.status().await?;
+        let leader = status.leader.ok_or_else(|| {
+            RingError::Transport(format!("ringd at {address} knows no leader (no quorum?)"))
+        })?;
+        let member = status
+            .members
+            .iter()
+            .find(|m| m.name == leader)
+            .ok_or_else(|| {
+                RingError::Transport(format!("leader {leader} is not in the member list"))
+            })?;
+        Self::connect(&member.address, pki)
+    }
+
     /// The member's view of the ring.
     pub async fn status(&mut self) -> Result<RingStatus, RingError> {
         let reply = self

@@ -556,7 +556,15 @@ async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
         lease_margin_ms: t.lease_margin_ms,
     };
     let mut leader_since: Option<(u64, u64)> = None; // (term, since)
+    let mut last_round = Instant::now();
     while pause(&stop, every).await {
+        // If this process itself stalled (SIGSTOP, swap, a long pause), the silence
+        // it measured is its own: count silence from now, not from before.
+        if last_round.elapsed() > every * 4 {
+            tracing::warn!(stalled = ?last_round.elapsed(), "this member stalled; restarting failure detection");
+            leader_since = None;
+        }
+        last_round = Instant::now();
         let v = shared.node.view();
         if v.role != StateRole::Leader || v.state.members.is_empty() {
             leader_since = None;

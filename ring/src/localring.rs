@@ -44,10 +44,14 @@ impl LocalRing {
     /// Writes the PKI (CA, member and admin certificates) and the configs of
     /// members m1..mn on free loopback ports; members named in `with_seed` host
     /// control planes on a local seed in their directory.
-    pub fn write(dir: &Path, n: usize, with_seed: &[&str], timing: Timing) -> Result<Self, RingError> {
+    pub fn write(
+        dir: &Path,
+        n: usize,
+        with_seed: &[&str],
+        timing: Timing,
+    ) -> Result<Self, RingError> {
         let pki_dir = dir.join("pki");
-        let pki = RingPki::new(&pki_dir);
-        pki.ensure_admin()?;
+        RingPki::new(&pki_dir).ensure_admin()?;
         let members: Vec<MemberConfig> = (0..n)
             .map(|i| {
                 Ok(MemberConfig {
@@ -57,54 +61,93 @@ impl LocalRing {
                 })
             })
             .collect::<Result<_, RingError>>()?;
-        let mut out = Vec::new();
+        let mut ring = LocalRing {
+            dir: dir.to_path_buf(),
+            pki: pki_dir,
+            members: Vec::new(),
+            timing,
+        };
         for m in &members {
-            let files = pki.ensure_member(&m.name, std::net::Ipv4Addr::LOCALHOST.into())?;
-            let mdir = dir.join(&m.name);
-            seed::pki::create_private_dir(&mdir)?;
-            let config = RingdConfig {
-                api_version: API_VERSION.into(),
-                kind: "RingMember".into(),
-                name: m.name.clone(),
-                id: m.id,
-                listen: m.address.clone(),
-                metrics_listen: None,
-                data_dir: mdir.join("data"),
-                tls: TlsFiles {
-                    ca: files.ca,
-                    cert: files.cert,
-                    key: files.key,
-                },
-                members: members.clone(),
-                join: false,
-                timing,
-                seed: with_seed.contains(&m.name.as_str()).then(|| SeedConfig {
-                    state_dir: mdir.join("seed"),
-                    bin_dir: None,
-                }),
-            };
-            config.validate()?;
-            let path = mdir.join("ringd.yaml");
-            let yaml = serde_yaml::to_string(&config).map_err(|e| RingError::Encode(e.to_string()))?;
-            std::fs::write(&path, yaml).map_err(|source| RingError::Io {
-                what: format!("writing {}", path.display()),
-                source,
-            })?;
-            out.push(LocalMember {
+            ring.write_member(
+                m.clone(),
+                members.clone(),
+                false,
+                with_seed.contains(&m.name.as_str()),
+            )?;
+        }
+        Ok(ring)
+    }
+
+    /// Writes the config of a new member that joins the ring (`join: true`) and
+    /// returns its index; it starts once an existing member adds it.
+    pub fn write_joiner(&mut self, name: &str, with_seed: bool) -> Result<usize, RingError> {
+        let id = self.members.iter().map(|m| m.id).max().unwrap_or(0) + 1;
+        let me = MemberConfig {
+            name: name.to_string(),
+            id,
+            address: format!("127.0.0.1:{}", free_port()?),
+        };
+        let known: Vec<MemberConfig> = self
+            .members
+            .iter()
+            .map(|m| MemberConfig {
                 name: m.name.clone(),
                 id: m.id,
                 address: m.address.clone(),
-                log: mdir.join("ringd.log"),
-                dir: mdir,
-                config: path,
-            });
-        }
-        Ok(LocalRing {
-            dir: dir.to_path_buf(),
-            pki: pki_dir,
-            members: out,
-            timing,
-        })
+            })
+            .collect();
+        self.write_member(me, known, true, with_seed)?;
+        Ok(self.members.len() - 1)
+    }
+
+    fn write_member(
+        &mut self,
+        m: MemberConfig,
+        members: Vec<MemberConfig>,
+        join: bool,
+        with_seed: bool,
+    ) -> Result<(), RingError> {
+        let pki = RingPki::new(&self.pki);
+        let files = pki.ensure_member(&m.name, std::net::Ipv4Addr::LOCALHOST.into())?;
+        let mdir = self.dir.join(&m.name);
+        seed::pki::create_private_dir(&mdir)?;
+        let config = RingdConfig {
+            api_version: API_VERSION.into(),
+            kind: "RingMember".into(),
+            name: m.name.clone(),
+            id: m.id,
+            listen: m.address.clone(),
+            metrics_listen: None,
+            data_dir: mdir.join("data"),
+            tls: TlsFiles {
+                ca: files.ca,
+                cert: files.cert,
+                key: files.key,
+            },
+            members,
+            join,
+            timing: self.timing,
+            seed: with_seed.then(|| SeedConfig {
+                state_dir: mdir.join("seed"),
+                bin_dir: None,
+            }),
+        };
+        config.validate()?;
+        let path = mdir.join("ringd.yaml");
+        let yaml = serde_yaml::to_string(&config).map_err(|e| RingError::Encode(e.to_string()))?;
+        std::fs::write(&path, yaml).map_err(|source| RingError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
+        self.members.push(LocalMember {
+            name: m.name,
+            id: m.id,
+            address: m.address,
+            log: mdir.join("ringd.log"),
+            dir: mdir,
+            config: path,
+        });
+        Ok(())
     }
 
     /// Starts `ringd --config` for member `i` in its own process group, logging to its log file.
@@ -114,12 +157,19 @@ impl LocalRing {
             what: format!("starting {} for {}", ringd.display(), m.name),
             source,
         };
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).map_err(io)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log)
+            .map_err(io)?;
         let err = log.try_clone().map_err(io)?;
         Command::new(ringd)
             .arg("--config")
             .arg(&m.config)
-            .env("RUST_LOG", "info,raft=warn,h2=warn,tower=warn,kube_client=off")
+            .env(
+                "RUST_LOG",
+                "info,raft=warn,h2=warn,tower=warn,kube_client=off",
+            )
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

@@ -91,6 +91,7 @@ pub struct RaftCore {
     compact_every: u64,
     last_compacted: u64,
     last_leader_contact: Option<Instant>,
+    compact_pending: bool,
 }
 
 fn raft_err(e: impl std::fmt::Display) -> RingError {
@@ -139,6 +140,7 @@ impl RaftCore {
             compact_every: tuning.compact_every.max(1),
             last_compacted: applied,
             last_leader_contact: None,
+            compact_pending: false,
         })
     }
 
@@ -258,13 +260,18 @@ impl RaftCore {
 
     /// Handles one Ready if there is one, in raft-rs's documented order, with
     /// entries and hard state persisted (fsync) before anything is applied.
-    /// Returns the messages to send.
-    pub fn handle_ready(&mut self) -> Result<Vec<Message>, RingError> {
+    /// `send` gets the messages as soon as they may go out: the leader's appends
+    /// before its own fsync (raft-rs allows it), everything else after.
+    pub fn handle_ready(&mut self, mut send: impl FnMut(Vec<Message>)) -> Result<(), RingError> {
         if !self.raw.has_ready() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let mut rd = self.raw.ready();
-        let mut out = rd.take_messages();
+        let early = rd.take_messages();
+        if !early.is_empty() {
+            send(early);
+        }
+        let mut out = Vec::new();
         if !rd.snapshot().is_empty() {
             let snap = rd.snapshot().clone();
             self.store.persist(&PersistBatch {
@@ -290,7 +297,10 @@ impl RaftCore {
         self.apply(committed)?;
         self.raw.advance_apply();
         self.maybe_compact()?;
-        Ok(out)
+        if !out.is_empty() {
+            send(out);
+        }
+        Ok(())
     }
 
     fn restore(&mut self, snap: &Snapshot) -> Result<(), RingError> {
@@ -325,6 +335,12 @@ impl RaftCore {
                         conf_state: Some(&cs),
                         ..Default::default()
                     })?;
+                    if cc.get_change_type() == ConfChangeType::AddNode {
+                        // The initial voters are not in the log: a new member must start
+                        // from a snapshot that holds the whole configuration, so no entry
+                        // before this one may be sent to it.
+                        self.compact_pending = true;
+                    }
                     self.apply_proposal(e.index, &e.context);
                 }
                 EntryType::EntryConfChangeV2 => {
@@ -360,7 +376,19 @@ impl RaftCore {
     }
 
     fn maybe_compact(&mut self) -> Result<(), RingError> {
+        if std::mem::take(&mut self.compact_pending) {
+            return self.compact_now();
+        }
         if self.applied < self.last_compacted + self.compact_every {
+            return Ok(());
+        }
+        self.compact_now()
+    }
+
+    /// Compacts the log up to the applied index now (after adding a member, so
+    /// it starts from a snapshot that carries the whole configuration).
+    pub fn compact_now(&mut self) -> Result<(), RingError> {
+        if self.applied <= self.last_compacted {
             return Ok(());
         }
         let data = serde_json::to_vec(&*self.state).map_err(raft_err)?;
@@ -551,10 +579,10 @@ impl NodeTask {
                     Err(_) => break,
                 }
             }
-            let out = self.core.handle_ready()?;
-            if !out.is_empty() {
-                let _ = self.outbox.try_send(out);
-            }
+            let outbox = &self.outbox;
+            self.core.handle_ready(|msgs| {
+                let _ = outbox.try_send(msgs);
+            })?;
             self.view.send_replace(self.core.view());
         }
     }

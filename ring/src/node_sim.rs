@@ -106,7 +106,12 @@ impl Sim {
         for _ in 0..3 {
             let ids: Vec<u64> = self.nodes.keys().copied().collect();
             for id in ids {
-                let out = self.nodes.get_mut(&id).unwrap().handle_ready().unwrap();
+                let mut out = Vec::new();
+                self.nodes
+                    .get_mut(&id)
+                    .unwrap()
+                    .handle_ready(|m| out.extend(m))
+                    .unwrap();
                 for m in out {
                     if !self.connected(m.from, m.to) || self.rng.random_bool(self.drop_rate) {
                         continue;

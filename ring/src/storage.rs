@@ -224,15 +224,21 @@ impl DiskStorage {
             return Ok(());
         }
         hs.commit = commit;
-        let mut txn = self.db.begin_write().map_err(|e| storage_err("begin")(e.to_string()))?;
+        let mut txn = self
+            .db
+            .begin_write()
+            .map_err(|e| storage_err("begin")(e.to_string()))?;
         txn.set_durability(redb::Durability::None)
             .map_err(|e| storage_err("durability")(e.to_string()))?;
         {
-            let mut meta = txn.open_table(META).map_err(|e| storage_err("meta")(e.to_string()))?;
+            let mut meta = txn
+                .open_table(META)
+                .map_err(|e| storage_err("meta")(e.to_string()))?;
             meta.insert(HARD_STATE, encode(&hs)?.as_slice())
                 .map_err(|e| storage_err("write")(e.to_string()))?;
         }
-        txn.commit().map_err(|e| storage_err("commit")(e.to_string()))?;
+        txn.commit()
+            .map_err(|e| storage_err("commit")(e.to_string()))?;
         self.write().hard_state = hs;
         Ok(())
     }

@@ -1,8 +1,7 @@
 //! A ring of real `ringd` processes on loopback, for end-to-end tests.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use ringd::client::AdminClient;
@@ -55,7 +54,8 @@ impl RingFixture {
     /// in `with_seed` host control planes (a local seed in the sandbox).
     pub fn new(n: usize, with_seed: &[&str]) -> Self {
         let sandbox = Sandbox::new();
-        let layout = LocalRing::write(sandbox.path(), n, with_seed, Timing::default()).expect("local ring files");
+        let layout = LocalRing::write(sandbox.path(), n, with_seed, Timing::default())
+            .expect("local ring files");
         let members = layout
             .members
             .iter()
@@ -79,9 +79,31 @@ impl RingFixture {
 
     /// Starts member `i` (0-based).
     pub fn start(&mut self, i: usize) {
-        assert!(self.members[i].child.is_none(), "{} already runs", self.members[i].name);
+        assert!(
+            self.members[i].child.is_none(),
+            "{} already runs",
+            self.members[i].name
+        );
         let child = self.layout.spawn(&ringd_bin(), i).expect("start ringd");
         self.members[i].child = Some(child);
+    }
+
+    /// Writes the config of a member that joins later; returns its index.
+    pub fn add_joiner(&mut self, name: &str) -> usize {
+        let i = self
+            .layout
+            .write_joiner(name, false)
+            .expect("joiner config");
+        let m = &self.layout.members[i];
+        self.members.push(MemberProc {
+            name: m.name.clone(),
+            id: m.id,
+            address: m.address.clone(),
+            config: m.config.clone(),
+            log: m.log.clone(),
+            child: None,
+        });
+        i
     }
 
     /// Starts every member.

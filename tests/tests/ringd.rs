@@ -298,6 +298,72 @@ async fn cut_off_host_fences_its_control_plane_before_the_lease_ends() {
     assert!(left > 0, "fenced only {}ms after the lease ended", -left);
     assert!(cut_at.elapsed() < lease, "fencing took longer than a lease");
     assert!(h.detail.contains("fenced"), "{}", h.detail);
+
+    // The partition heals before anyone declared m1 dead: it renews and serves again.
     ring.signal(1, libc::SIGCONT);
     ring.signal(2, libc::SIGCONT);
+    ring.wait_status(
+        0,
+        "m2's control plane served again",
+        Duration::from_secs(120),
+        |s| {
+            s.hosted
+                .iter()
+                .any(|h| h.shoot == "m2" && h.serving && h.ready)
+                && s.placements
+                    .iter()
+                    .any(|p| p.shoot == "m2" && p.host == "m1" && p.epoch == 1)
+        },
+    )
+    .await;
+    ring_tests::kubectl(&kubeconfig, &["get", "namespaces"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_join_and_leave_through_raft_configuration_changes() {
+    let mut ring = RingFixture::new(3, &[]);
+    ring.start_all();
+    ring.leader_seen_by(0, START).await;
+    let mut admin = ringd::client::AdminClient::connect_leader(&ring.members[0].address, &ring.pki)
+        .await
+        .unwrap();
+    // a fourth member: started empty, then added
+    let m4 = ring.add_joiner("m4");
+    ring.start(m4);
+    let detail = admin
+        .add_member("m4", &ring.members[m4].address)
+        .await
+        .unwrap();
+    assert!(detail.contains("m4"), "{detail}");
+    let s = ring
+        .wait_status(m4, "m4 as a voter that knows the ring", START, |s| {
+            s.members.iter().any(|m| m.name == "m4" && m.voter)
+                && s.members.len() == 4
+                && s.leader.is_some()
+        })
+        .await;
+    assert_eq!(s.members.iter().filter(|m| m.voter).count(), 4);
+    commit_via(&ring, m4, START).await;
+    // bad requests are refused with a reason
+    let dup = admin
+        .add_member("m4", "127.0.0.1:1")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(dup.contains("exists"), "{dup}");
+    let bad = admin
+        .add_member("M_5", "127.0.0.1:1")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("invalid shoot name"), "{bad}");
+    // leave: back to 3, then refused
+    admin.remove_member("m4").await.unwrap();
+    ring.wait_status(0, "m4 gone", START, |s| {
+        s.members.len() == 3 && s.members.iter().all(|m| m.name != "m4")
+    })
+    .await;
+    let refused = admin.remove_member("m3").await.unwrap_err().to_string();
+    assert!(refused.contains("at least 3"), "{refused}");
+    commit_via(&ring, 0, START).await;
 }
