@@ -231,9 +231,11 @@ async fn foreign_ca_and_unexpected_identities_are_refused() {
     let m2 = IdentityPem::read(&RingPki::new(&ring.pki).files("m2")).unwrap();
     let ch = ringd::transport::channel(&m2, &ring.members[0].address, "m1").unwrap();
     let mut raft = ring_proto::v1::raft_transport_client::RaftTransportClient::new(ch);
-    let mut msg = raft::prelude::Message::default();
-    msg.from = 3;
-    msg.to = 1;
+    let msg = raft::prelude::Message {
+        from: 3,
+        to: 1,
+        ..Default::default()
+    };
     use protobuf::Message as _;
     let forged = raft
         .send(ring_proto::v1::RaftBatch {
