@@ -77,6 +77,35 @@ impl Default for Timing {
     }
 }
 
+impl Timing {
+    /// Checks that the timeouts fit together.
+    pub fn validate(&self) -> Result<(), RingError> {
+        let t = self;
+        if t.tick_ms == 0 || t.election_timeout_ms < 5 * t.tick_ms {
+            return Err(bad(
+                "timing.electionTimeoutMs",
+                "must be at least 5 ticks (tickMs > 0)",
+            ));
+        }
+        if t.heartbeat_ms == 0 || t.failure_window_ms < 2 * t.heartbeat_ms {
+            return Err(bad(
+                "timing.failureWindowMs",
+                "must be at least twice heartbeatMs",
+            ));
+        }
+        if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 3 * t.tick_ms {
+            return Err(bad("timing.leaseMs", "must be at least three heartbeats"));
+        }
+        if t.lease_margin_ms >= t.lease_ms / 3 {
+            return Err(bad(
+                "timing.leaseMarginMs",
+                "must be less than a third of leaseMs",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Hosting control planes on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -217,28 +246,7 @@ impl RingdConfig {
                 Some(_) => {}
             }
         }
-        let t = &self.timing;
-        if t.tick_ms == 0 || t.election_timeout_ms < 5 * t.tick_ms {
-            return Err(bad(
-                "timing.electionTimeoutMs",
-                "must be at least 5 ticks (tickMs > 0)",
-            ));
-        }
-        if t.heartbeat_ms == 0 || t.failure_window_ms < 2 * t.heartbeat_ms {
-            return Err(bad(
-                "timing.failureWindowMs",
-                "must be at least twice heartbeatMs",
-            ));
-        }
-        if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 3 * t.tick_ms {
-            return Err(bad("timing.leaseMs", "must be at least three heartbeats"));
-        }
-        if t.lease_margin_ms >= t.lease_ms / 3 {
-            return Err(bad(
-                "timing.leaseMarginMs",
-                "must be less than a third of leaseMs",
-            ));
-        }
+        self.timing.validate()?;
         Ok(())
     }
 

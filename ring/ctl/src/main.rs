@@ -33,6 +33,10 @@ enum Command {
     /// Measure Ring.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Create a self-hosting ring from nothing (or resume / report an existing one).
+    Bootstrap(BootstrapArgs),
+    /// Stop every member of a local ring; all data stays for the next bootstrap.
+    Down(RingDirArgs),
     /// The ring's members, leader, placements, leases and operations, as one ringd sees them.
     Status(RingArgs),
     /// Create the ring's CA and certificates (members and the ringctl administrator).
@@ -45,13 +49,60 @@ enum Command {
 }
 
 #[derive(Args, Clone)]
+struct RingDirArgs {
+    /// The local ring's state dir [default: $RING_DIR, else ~/.local/share/ring/ring].
+    #[arg(long = "ring-dir", env = "RING_DIR")]
+    ring_dir: Option<PathBuf>,
+}
+
+impl RingDirArgs {
+    fn dir(&self) -> PathBuf {
+        self.ring_dir.clone().unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
+            PathBuf::from(home).join(".local/share/ring/ring")
+        })
+    }
+}
+
+#[derive(Args)]
+struct BootstrapArgs {
+    /// The Ring config (kind: Ring) [default: the one in the ring dir, else 3 local members].
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    dir: RingDirArgs,
+    /// Seconds the whole bootstrap may take.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+}
+
+#[derive(Args, Clone)]
 struct RingArgs {
-    /// host:port of any ringd.
+    /// host:port of any ringd [default: the first member of the local ring in --ring-dir].
     #[arg(long, env = "RING_ADDRESS")]
-    address: String,
-    /// The ring's PKI directory (ca.crt, ringctl.crt, ringctl.key).
+    address: Option<String>,
+    /// The ring's PKI directory (ca.crt, ringctl.crt, ringctl.key) [default: <ring-dir>/pki].
     #[arg(long, env = "RING_PKI")]
-    pki: PathBuf,
+    pki: Option<PathBuf>,
+    #[command(flatten)]
+    dir: RingDirArgs,
+}
+
+impl RingArgs {
+    /// The address and PKI to use: explicit flags, else the local ring's.
+    fn target(&self) -> anyhow::Result<(String, PathBuf)> {
+        let layout = bootstrap::RingLayout {
+            dir: self.dir.dir(),
+        };
+        let pki = self.pki.clone().unwrap_or_else(|| layout.pki());
+        if let Some(a) = &self.address {
+            return Ok((a.clone(), pki));
+        }
+        let config = layout
+            .read_config()?
+            .with_context(|| format!("no --address given and {} holds no ring; run `ringctl bootstrap` or pass --address", layout.dir.display()))?;
+        Ok((config.member_address(0), pki))
+    }
 }
 
 #[derive(Subcommand)]
@@ -310,9 +361,69 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
+        Command::Bootstrap(args) => {
+            init_tracing("warn");
+            let config = match &args.config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    Some(bootstrap::RingConfig::parse(
+                        &text,
+                        &path.display().to_string(),
+                    )?)
+                }
+                None => None,
+            };
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let opts = bootstrap::BootstrapOptions {
+                config,
+                dir: args.dir.dir(),
+                ringd: exe.with_file_name("ringd"),
+                timeout: Duration::from_secs(args.timeout),
+            };
+            let report = {
+                let progress = bootstrap::TerminalProgress::default();
+                bootstrap::bootstrap(&opts, &progress).await?
+            };
+            print(&report, format, || {
+                let mut out = if report.changed {
+                    format!("ring {} is up ({:.1}s)\n\n", report.ring, report.total_secs)
+                } else {
+                    format!("ring {} was already up; nothing to do\n\n", report.ring)
+                };
+                out.push_str(&ringd::status::render(&report.status));
+                out.push_str("\nkubeconfigs:\n");
+                for (shoot, path) in &report.kubeconfigs {
+                    out.push_str(&format!(
+                        "  {shoot}: kubectl --kubeconfig {} get namespaces\n",
+                        path.display()
+                    ));
+                }
+                out.push_str(&format!(
+                    "\nstatus: ringctl status --ring-dir {dir}\nstop:   ringctl down --ring-dir {dir}\n",
+                    dir = report.state_dir.display()
+                ));
+                out
+            })
+        }
+        Command::Down(args) => {
+            init_tracing("warn");
+            let stopped = bootstrap::down(&args.dir(), Duration::from_secs(60)).await?;
+            if stopped.is_empty() {
+                println!("no member was running");
+            } else {
+                println!(
+                    "stopped {}; data kept in {}",
+                    stopped.join(", "),
+                    args.dir().display()
+                );
+            }
+            Ok(())
+        }
         Command::Status(args) => {
             init_tracing("warn");
-            let mut client = ringd::client::AdminClient::connect(&args.address, &args.pki)?;
+            let (address, pki) = args.target()?;
+            let mut client = ringd::client::AdminClient::connect(&address, &pki)?;
             let status = client.status().await?;
             print(&status, format, || ringd::status::render(&status))
         }
@@ -331,8 +442,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Join(args) => {
             init_tracing("warn");
-            let mut client =
-                ringd::client::AdminClient::connect(&args.ring.address, &args.ring.pki)?;
+            let (address, pki) = args.ring.target()?;
+            let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
             println!(
                 "{}",
                 client.add_member(&args.name, &args.member_address).await?
@@ -341,8 +452,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Leave(args) => {
             init_tracing("warn");
-            let mut client =
-                ringd::client::AdminClient::connect(&args.ring.address, &args.ring.pki)?;
+            let (address, pki) = args.ring.target()?;
+            let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
             println!("{}", client.remove_member(&args.name).await?);
             Ok(())
         }

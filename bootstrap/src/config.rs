@@ -1,0 +1,286 @@
+//! The Ring config: the whole ring in one YAML file (Kubernetes style).
+//!
+//! ```yaml
+//! apiVersion: ring.gardener.cloud/v1alpha1
+//! kind: Ring
+//! name: demo
+//! members:                 # ring order: each member hosts its successor's control plane
+//!   - name: m1
+//!   - name: m2
+//!   - name: m3
+//! bucket: file:///var/lib/ring/bucket   # optional
+//! ports: { address: 127.0.0.1, base: 17100 }
+//! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000 }
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use ringd::config::{Timing, API_VERSION};
+
+use crate::BootstrapError;
+
+/// How a member hosts control planes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, tag = "kind")]
+pub enum SeedSpec {
+    /// Local processes on this machine (the default).
+    #[default]
+    Local,
+    /// Workloads in a Kubernetes cluster.
+    Kubernetes {
+        kubeconfig: String,
+        #[serde(default)]
+        context: Option<String>,
+    },
+}
+
+/// One member of the ring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemberSpec {
+    /// The member's name, also the name of its shoot.
+    pub name: String,
+    #[serde(default)]
+    pub seed: SeedSpec,
+}
+
+/// Where the members' ringd listen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Ports {
+    /// The IP every ringd listens on.
+    pub address: String,
+    /// Member i (0-based) listens on base + 1 + i; its metrics on base + 101 + i.
+    pub base: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            address: "127.0.0.1".into(),
+            base: 17100,
+        }
+    }
+}
+
+/// The whole ring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RingConfig {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub members: Vec<MemberSpec>,
+    /// Backup bucket URL (file://, s3://, gs://, az://).
+    #[serde(default)]
+    pub bucket: Option<String>,
+    #[serde(default)]
+    pub ports: Ports,
+    #[serde(default)]
+    pub timing: Timing,
+}
+
+impl Default for RingConfig {
+    /// The local demo: three members m1, m2, m3 on local seeds.
+    fn default() -> Self {
+        RingConfig {
+            api_version: API_VERSION.into(),
+            kind: "Ring".into(),
+            name: "demo".into(),
+            members: ["m1", "m2", "m3"]
+                .iter()
+                .map(|n| MemberSpec {
+                    name: n.to_string(),
+                    seed: SeedSpec::Local,
+                })
+                .collect(),
+            bucket: None,
+            ports: Ports::default(),
+            timing: Timing::default(),
+        }
+    }
+}
+
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> BootstrapError {
+    BootstrapError::Config {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl RingConfig {
+    /// Parses and validates a Ring config.
+    pub fn parse(text: &str, source: &str) -> Result<Self, BootstrapError> {
+        let config: RingConfig =
+            serde_yaml::from_str(text).map_err(|e| bad(source, e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field; errors name the field and what is wrong.
+    pub fn validate(&self) -> Result<(), BootstrapError> {
+        if self.api_version != API_VERSION {
+            return Err(bad(
+                "apiVersion",
+                format!("must be {API_VERSION}, not {:?}", self.api_version),
+            ));
+        }
+        if self.kind != "Ring" {
+            return Err(bad("kind", format!("must be Ring, not {:?}", self.kind)));
+        }
+        seed::validate_shoot_name(&self.name).map_err(|e| bad("name", e.to_string()))?;
+        if self.members.len() < 3 {
+            return Err(bad(
+                "members",
+                format!(
+                    "a ring needs at least 3 members (n/2+1 must survive one loss); it has {}",
+                    self.members.len()
+                ),
+            ));
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            seed::validate_shoot_name(&m.name)
+                .map_err(|e| bad(format!("members[{i}].name"), e.to_string()))?;
+            if let Some(j) = self.members[..i].iter().position(|o| o.name == m.name) {
+                return Err(bad(
+                    format!("members[{i}].name"),
+                    format!("{:?} is already members[{j}]", m.name),
+                ));
+            }
+            if let SeedSpec::Kubernetes { kubeconfig, .. } = &m.seed {
+                if kubeconfig.is_empty() {
+                    return Err(bad(
+                        format!("members[{i}].seed.kubeconfig"),
+                        "must name a kubeconfig file",
+                    ));
+                }
+            }
+        }
+        self.timing
+            .validate()
+            .map_err(|e| bad("timing", e.to_string()))?;
+        if let Some(url) = &self.bucket {
+            check_bucket_url(url).map_err(|reason| bad("bucket", reason))?;
+        }
+        self.ports
+            .address
+            .parse::<std::net::IpAddr>()
+            .map_err(|e| {
+                bad(
+                    "ports.address",
+                    format!("{:?} is not an IP address ({e})", self.ports.address),
+                )
+            })?;
+        if u32::from(self.ports.base) + 101 + self.members.len() as u32 > 65535
+            || self.ports.base < 1024
+        {
+            return Err(bad(
+                "ports.base",
+                "must leave room for 2 ports per member between 1024 and 65535",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `host:port` of member `i`'s ringd.
+    pub fn member_address(&self, i: usize) -> String {
+        format!(
+            "{}:{}",
+            self.ports.address,
+            self.ports.base as usize + 1 + i
+        )
+    }
+
+    /// `host:port` of member `i`'s metrics.
+    pub fn metrics_address(&self, i: usize) -> String {
+        format!(
+            "{}:{}",
+            self.ports.address,
+            self.ports.base as usize + 101 + i
+        )
+    }
+}
+
+/// Checks a bucket URL: a known scheme and a bucket (or absolute path).
+pub fn check_bucket_url(url: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!("{url:?} is not a URL (expected file:///path, s3://bucket, gs://bucket or az://container)"));
+    };
+    match scheme {
+        "file" if rest.starts_with('/') => Ok(()),
+        "file" => Err(format!(
+            "{url:?}: a file URL needs an absolute path (file:///...)"
+        )),
+        "s3" | "gs" | "az" | "azure" if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
+        "s3" | "gs" | "az" | "azure" => Err(format!("{url:?}: the URL names no bucket")),
+        other => Err(format!(
+            "{url:?}: unsupported scheme {other:?} (use file, s3, gs or az)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yaml(body: &str) -> String {
+        format!("apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: demo\n{body}")
+    }
+
+    #[test]
+    fn default_is_a_valid_three_member_local_ring() {
+        let c = RingConfig::default();
+        c.validate().unwrap();
+        assert_eq!(c.members.len(), 3);
+        assert_eq!(c.member_address(0), "127.0.0.1:17101");
+        let text = serde_yaml::to_string(&c).unwrap();
+        assert_eq!(RingConfig::parse(&text, "x").unwrap(), c);
+    }
+
+    #[test]
+    fn bad_configs_give_precise_errors() {
+        let three = "members: [{name: a}, {name: b}, {name: c}]\n";
+        let cases = [
+            (
+                yaml("members: [{name: a}, {name: b}]\n"),
+                "config members: a ring needs at least 3 members",
+            ),
+            (
+                yaml("members: [{name: a}, {name: b}, {name: a}]\n"),
+                "config members[2].name: \"a\" is already members[0]",
+            ),
+            (
+                yaml(&format!("{three}bucket: ftp://x\n")),
+                "config bucket: \"ftp://x\": unsupported scheme \"ftp\"",
+            ),
+            (
+                yaml(&format!("{three}bucket: file://relative\n")),
+                "absolute path",
+            ),
+            (
+                yaml(&format!("{three}colour: blue\n")),
+                "unknown field `colour`",
+            ),
+            (
+                yaml("members: [{name: a, zone: x}, {name: b}, {name: c}]\n"),
+                "unknown field `zone`",
+            ),
+            (
+                yaml("members: [{name: A}, {name: b}, {name: c}]\n"),
+                "members[0].name",
+            ),
+            (yaml(&format!("{three}ports: {{base: 80}}\n")), "ports.base"),
+            (
+                yaml(&format!("{three}timing: {{leaseMs: 10}}\n")),
+                "timing.leaseMs",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = RingConfig::parse(&text, "ring.yaml")
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(got.contains(want), "want {want:?} in {got:?}");
+        }
+    }
+}

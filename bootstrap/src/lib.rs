@@ -1,0 +1,591 @@
+//! Creating a self-hosting ring from nothing, with no external tool.
+//!
+//! `ringctl bootstrap` reads a [`RingConfig`] (or uses the 3-member default),
+//! then repeatedly observes the state dir and the running members and executes
+//! the [`plan::next_step`]: config, ring CA and identities, member configs,
+//! each member's ringd in the background (pid file, log), the quorum, each
+//! member's control plane on its predecessor, and one kubeconfig per shoot. A
+//! rerun resumes wherever the ring is; `ringctl down` stops the members and
+//! keeps every byte of data.
+
+pub mod config;
+pub mod plan;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ringd::client::AdminClient;
+use ringd::config::{MemberConfig, RingdConfig, SeedConfig, TlsFiles, API_VERSION};
+use ringd::identity::RingPki;
+use ringd::status::RingStatus;
+use ringd::RingError;
+
+pub use config::RingConfig;
+use plan::{next_step, Observed, Step};
+
+/// Errors of bootstrapping and operating a local ring.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// The Ring config is wrong.
+    #[error("config {field}: {reason}")]
+    Config { field: String, reason: String },
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A ringd could not be reached or refused.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// The state dir already holds another ring.
+    #[error("{dir} already holds ring {existing:?} with a different config; run without --config to resume it, or pick another --state-dir")]
+    Conflict { dir: PathBuf, existing: String },
+    /// A step did not finish in time.
+    #[error("{step} did not finish within {waited_secs}s: {detail}")]
+    Timeout {
+        step: String,
+        waited_secs: u64,
+        detail: String,
+    },
+    /// Something asked for is not available yet.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl BootstrapError {
+    /// Whether running the same command again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            BootstrapError::Timeout { .. } | BootstrapError::Io { .. }
+        ) || matches!(self, BootstrapError::Ring(e) if e.is_retryable())
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BootstrapError {
+    let what = what.into();
+    move |source| BootstrapError::Io { what, source }
+}
+
+/// The files of a local ring.
+#[derive(Debug, Clone)]
+pub struct RingLayout {
+    pub dir: PathBuf,
+}
+
+impl RingLayout {
+    /// The effective Ring config.
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.join("ring.yaml")
+    }
+    /// The ring's PKI (CA, members, `ringctl`).
+    pub fn pki(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+    /// A member's directory.
+    pub fn member_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("members").join(name)
+    }
+    /// A member's ringd config.
+    pub fn ringd_config(&self, name: &str) -> PathBuf {
+        self.member_dir(name).join("ringd.yaml")
+    }
+    /// A member's ringd pid file.
+    pub fn pid_file(&self, name: &str) -> PathBuf {
+        self.member_dir(name).join("ringd.pid")
+    }
+    /// A member's ringd log.
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.member_dir(name).join("ringd.log")
+    }
+    /// Where a member's seed keeps hosted control planes.
+    pub fn seed_dir(&self, name: &str) -> PathBuf {
+        self.member_dir(name).join("seed")
+    }
+    /// The published admin kubeconfig of a shoot.
+    pub fn kubeconfig(&self, shoot: &str) -> PathBuf {
+        self.dir
+            .join("kubeconfigs")
+            .join(format!("{shoot}.kubeconfig"))
+    }
+
+    /// The ring config stored in the state dir, if any.
+    pub fn read_config(&self) -> Result<Option<RingConfig>, BootstrapError> {
+        let path = self.config_file();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => RingConfig::parse(&text, &path.display().to_string()).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(BootstrapError::Io {
+                what: format!("reading {}", path.display()),
+                source: e,
+            }),
+        }
+    }
+
+    /// The pid of member `name`'s ringd if it runs.
+    pub fn running_pid(&self, name: &str) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.pid_file(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let config = self.ringd_config(name);
+        let needle = config.as_os_str().as_encoded_bytes();
+        (seed::process::pid_alive(pid) && cmdline.windows(needle.len()).any(|w| w == needle))
+            .then_some(pid)
+    }
+}
+
+/// How bootstrap reports progress.
+pub trait Progress: Send + Sync {
+    /// A step starts (or continues).
+    fn step(&self, label: &str);
+    /// A step finished after `took`.
+    fn finished(&self, label: &str, took: Duration);
+}
+
+/// Progress on a terminal: an indicatif spinner and one line per finished step
+/// (plain lines when stderr is not a terminal).
+pub struct TerminalProgress {
+    bar: indicatif::ProgressBar,
+}
+
+impl Default for TerminalProgress {
+    fn default() -> Self {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(Duration::from_millis(120));
+        TerminalProgress { bar }
+    }
+}
+
+impl Progress for TerminalProgress {
+    fn step(&self, label: &str) {
+        self.bar.set_message(label.to_string());
+    }
+    fn finished(&self, label: &str, took: Duration) {
+        let line = format!("  ok  {label} ({:.1}s)", took.as_secs_f64());
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+}
+
+impl Drop for TerminalProgress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// What bootstrap did and where the ring stands.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapReport {
+    pub ring: String,
+    pub state_dir: PathBuf,
+    /// False when the ring was already complete (nothing had to be done).
+    pub changed: bool,
+    /// Wall time of each kind of step, in order, in seconds.
+    pub steps: Vec<(String, f64)>,
+    pub total_secs: f64,
+    pub status: RingStatus,
+    /// Shoot → its admin kubeconfig.
+    pub kubeconfigs: Vec<(String, PathBuf)>,
+}
+
+/// Options of [`bootstrap`].
+#[derive(Debug, Clone)]
+pub struct BootstrapOptions {
+    /// The config to create; `None`: the one in the state dir, else the default.
+    pub config: Option<RingConfig>,
+    pub dir: PathBuf,
+    /// The ringd binary to start for each member.
+    pub ringd: PathBuf,
+    /// Bound on the whole run.
+    pub timeout: Duration,
+}
+
+/// Creates the ring described by the options, or resumes / reports an existing one.
+pub async fn bootstrap(
+    opts: &BootstrapOptions,
+    progress: &dyn Progress,
+) -> Result<BootstrapReport, BootstrapError> {
+    let layout = RingLayout {
+        dir: opts.dir.clone(),
+    };
+    let existing = layout.read_config()?;
+    let config = match (&opts.config, existing) {
+        (Some(given), Some(stored)) if *given != stored => {
+            return Err(BootstrapError::Conflict {
+                dir: opts.dir.clone(),
+                existing: stored.name,
+            })
+        }
+        (Some(given), _) => given.clone(),
+        (None, Some(stored)) => stored,
+        (None, None) => RingConfig::default(),
+    };
+    config.validate()?;
+    if let Some(m) = config
+        .members
+        .iter()
+        .find(|m| m.seed != config::SeedSpec::Local)
+    {
+        return Err(BootstrapError::Unsupported(format!(
+            "member {}: only local seeds can be bootstrapped by ringctl for now (Kubernetes seeds come with their own issue)",
+            m.name
+        )));
+    }
+    let started = Instant::now();
+    let deadline = started + opts.timeout;
+    let mut steps: Vec<(String, f64)> = Vec::new();
+    let mut current: Option<(String, Instant)> = None;
+    let mut changed = false;
+    loop {
+        let observed = observe(&layout, &config).await;
+        let step = next_step(&config, &observed);
+        let label = step.label();
+        if current.as_ref().is_none_or(|(l, _)| *l != label) {
+            if let Some((l, t)) = current.take() {
+                progress.finished(&l, t.elapsed());
+                steps.push((l, t.elapsed().as_secs_f64()));
+            }
+            if step == Step::Done {
+                break;
+            }
+            progress.step(&label);
+            current = Some((label.clone(), Instant::now()));
+        }
+        if Instant::now() >= deadline {
+            return Err(BootstrapError::Timeout {
+                step: label,
+                waited_secs: opts.timeout.as_secs(),
+                detail: stuck_detail(&layout, &config, &step),
+            });
+        }
+        changed |= !matches!(step, Step::Done);
+        execute(&layout, &config, &opts.ringd, &step).await?;
+    }
+    let status = ring_status(&layout, &config).await?;
+    let kubeconfigs = config
+        .members
+        .iter()
+        .map(|m| (m.name.clone(), layout.kubeconfig(&m.name)))
+        .collect();
+    Ok(BootstrapReport {
+        ring: config.name.clone(),
+        state_dir: opts.dir.clone(),
+        changed,
+        steps,
+        total_secs: started.elapsed().as_secs_f64(),
+        status,
+        kubeconfigs,
+    })
+}
+
+fn stuck_detail(layout: &RingLayout, config: &RingConfig, step: &Step) -> String {
+    let member = match step {
+        Step::StartMember(m) => m.clone(),
+        _ => config.members[0].name.clone(),
+    };
+    format!(
+        "last lines of {}:\n{}",
+        layout.log(&member).display(),
+        seed::ShootLayout::tail(&layout.log(&member), 15)
+    )
+}
+
+async fn observe(layout: &RingLayout, config: &RingConfig) -> Observed {
+    let pki = RingPki::new(layout.pki());
+    let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
+    let files_exist = |n: &str| {
+        let f = pki.files(n);
+        f.ca.exists() && f.cert.exists() && f.key.exists()
+    };
+    let mut o = Observed {
+        config_written: layout.config_file().exists(),
+        pki_complete: files_exist(ringd::identity::ADMIN_NAME)
+            && names.iter().all(|n| files_exist(n)),
+        member_configs_written: names.iter().all(|n| layout.ringd_config(n).exists()),
+        running: names
+            .iter()
+            .filter(|n| layout.running_pid(n).is_some())
+            .map(|n| n.to_string())
+            .collect(),
+        ..Default::default()
+    };
+    if o.running.len() < names.len() {
+        return o;
+    }
+    let mut kubeconfigs = BTreeSet::new();
+    for (i, name) in names.iter().enumerate() {
+        let Ok(mut client) = AdminClient::connect(&config.member_address(i), &layout.pki()) else {
+            continue;
+        };
+        let Ok(status) = client.status().await else {
+            continue;
+        };
+        if status.leader.is_some()
+            && names
+                .iter()
+                .all(|n| status.members.iter().any(|m| m.name == *n))
+        {
+            o.quorum = true;
+        }
+        for h in &status.hosted {
+            if h.serving && h.ready {
+                o.ready.insert(h.shoot.clone());
+            }
+        }
+        let _ = name;
+    }
+    for n in &names {
+        if layout.kubeconfig(n).exists() {
+            kubeconfigs.insert(n.to_string());
+        }
+    }
+    o.kubeconfigs = kubeconfigs;
+    o
+}
+
+async fn execute(
+    layout: &RingLayout,
+    config: &RingConfig,
+    ringd: &Path,
+    step: &Step,
+) -> Result<(), BootstrapError> {
+    match step {
+        Step::WriteConfig => {
+            seed::pki::create_private_dir(&layout.dir).map_err(RingError::from)?;
+            let yaml = serde_yaml::to_string(config).map_err(|e| BootstrapError::Config {
+                field: "config".into(),
+                reason: e.to_string(),
+            })?;
+            seed::pki::write_private(&layout.config_file(), yaml.as_bytes())
+                .map_err(RingError::from)?;
+        }
+        Step::IssuePki => {
+            let pki = RingPki::new(layout.pki());
+            pki.ensure_admin()?;
+            let ip: std::net::IpAddr =
+                config
+                    .ports
+                    .address
+                    .parse()
+                    .map_err(|e| BootstrapError::Config {
+                        field: "ports.address".into(),
+                        reason: format!("{e}"),
+                    })?;
+            for m in &config.members {
+                pki.ensure_member(&m.name, ip)?;
+            }
+        }
+        Step::WriteMemberConfigs => write_member_configs(layout, config)?,
+        Step::StartMember(name) => start_member(layout, ringd, name)?,
+        Step::AwaitQuorum | Step::AwaitControlPlanes(_) => {
+            tokio::time::sleep(Duration::from_millis(250)).await
+        }
+        Step::PublishKubeconfigs(shoots) => {
+            let status = ring_status(layout, config).await?;
+            for shoot in shoots {
+                let Some(p) = status.placements.iter().find(|p| p.shoot == *shoot) else {
+                    continue;
+                };
+                let from = layout
+                    .seed_dir(&p.host)
+                    .join("shoots")
+                    .join(shoot)
+                    .join("kubeconfig")
+                    .join("admin.kubeconfig");
+                let text =
+                    std::fs::read(&from).map_err(io(format!("reading {}", from.display())))?;
+                let to = layout.kubeconfig(shoot);
+                if let Some(parent) = to.parent() {
+                    seed::pki::create_private_dir(parent).map_err(RingError::from)?;
+                }
+                seed::pki::write_private(&to, &text).map_err(RingError::from)?;
+            }
+        }
+        Step::Done => {}
+    }
+    Ok(())
+}
+
+fn write_member_configs(layout: &RingLayout, config: &RingConfig) -> Result<(), BootstrapError> {
+    let pki = RingPki::new(layout.pki());
+    let members: Vec<MemberConfig> = config
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| MemberConfig {
+            name: m.name.clone(),
+            id: i as u64 + 1,
+            address: config.member_address(i),
+        })
+        .collect();
+    for (i, m) in config.members.iter().enumerate() {
+        let files = pki.files(&m.name);
+        let dir = layout.member_dir(&m.name);
+        seed::pki::create_private_dir(&dir).map_err(RingError::from)?;
+        let rc = RingdConfig {
+            api_version: API_VERSION.into(),
+            kind: "RingMember".into(),
+            name: m.name.clone(),
+            id: i as u64 + 1,
+            listen: config.member_address(i),
+            metrics_listen: Some(config.metrics_address(i)),
+            data_dir: dir.join("data"),
+            tls: TlsFiles {
+                ca: files.ca,
+                cert: files.cert,
+                key: files.key,
+            },
+            members: members.clone(),
+            join: false,
+            timing: config.timing,
+            seed: Some(SeedConfig {
+                state_dir: layout.seed_dir(&m.name),
+                bin_dir: None,
+            }),
+        };
+        rc.validate()?;
+        let yaml = serde_yaml::to_string(&rc).map_err(|e| BootstrapError::Config {
+            field: format!("members[{i}]"),
+            reason: e.to_string(),
+        })?;
+        seed::pki::write_private(&layout.ringd_config(&m.name), yaml.as_bytes())
+            .map_err(RingError::from)?;
+    }
+    Ok(())
+}
+
+/// Starts member `name`'s ringd detached from this process (own session), with
+/// its pid in the member's pid file and its output in the member's log.
+pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(), BootstrapError> {
+    use std::os::unix::process::CommandExt;
+    if !ringd.exists() {
+        return Err(BootstrapError::Unsupported(format!(
+            "{} is missing; build it with `cargo build --workspace --bins`",
+            ringd.display()
+        )));
+    }
+    let log_path = layout.log(name);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(io(format!("opening {}", log_path.display())))?;
+    let err = log
+        .try_clone()
+        .map_err(io(format!("opening {}", log_path.display())))?;
+    let mut cmd = std::process::Command::new(ringd);
+    cmd.arg("--config")
+        .arg(layout.ringd_config(name))
+        .env(
+            "RUST_LOG",
+            std::env::var("RING_LOG")
+                .unwrap_or_else(|_| "info,raft=warn,h2=warn,tower=warn,kube_client=off".into()),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(err);
+    // SAFETY: setsid is async-signal-safe; the member outlives this command.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(io(format!("starting {}", ringd.display())))?;
+    seed::pki::write_private(&layout.pid_file(name), child.id().to_string().as_bytes())
+        .map_err(RingError::from)?;
+    // Not waited for: once this command exits, init reaps the member.
+    drop(child);
+    Ok(())
+}
+
+/// The status as seen by the first member that answers (preferring the leader's view).
+pub async fn ring_status(
+    layout: &RingLayout,
+    config: &RingConfig,
+) -> Result<RingStatus, BootstrapError> {
+    let mut last = None;
+    for i in 0..config.members.len() {
+        match AdminClient::connect(&config.member_address(i), &layout.pki()) {
+            Ok(mut c) => match c.status().await {
+                Ok(s) => {
+                    if let Some(leader) = &s.leader {
+                        if *leader != s.member {
+                            if let Some(j) = config.members.iter().position(|m| m.name == *leader) {
+                                if let Ok(mut lc) =
+                                    AdminClient::connect(&config.member_address(j), &layout.pki())
+                                {
+                                    if let Ok(ls) = lc.status().await {
+                                        return Ok(ls);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
+            },
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last
+        .map(BootstrapError::Ring)
+        .unwrap_or_else(|| BootstrapError::Unsupported("the ring has no members".into())))
+}
+
+/// Stops every member (SIGTERM, then SIGKILL after `grace`); data stays in place.
+/// Returns the members that were running.
+pub async fn down(dir: &Path, grace: Duration) -> Result<Vec<String>, BootstrapError> {
+    let layout = RingLayout {
+        dir: dir.to_path_buf(),
+    };
+    let Some(config) = layout.read_config()? else {
+        return Err(BootstrapError::Unsupported(format!(
+            "{} holds no ring (no ring.yaml); nothing to stop",
+            dir.display()
+        )));
+    };
+    let mut stopped = Vec::new();
+    let running: Vec<(String, u32)> = config
+        .members
+        .iter()
+        .filter_map(|m| layout.running_pid(&m.name).map(|p| (m.name.clone(), p)))
+        .collect();
+    for (_, pid) in &running {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + grace;
+    for (name, pid) in running {
+        while layout.running_pid(&name).is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if layout.running_pid(&name).is_some() {
+            tracing::warn!(member = %name, pid, "ringd ignored SIGTERM; killing it");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = std::fs::remove_file(layout.pid_file(&name));
+        stopped.push(name);
+    }
+    Ok(stopped)
+}

@@ -1,0 +1,148 @@
+//! `ringctl bootstrap` / `down` end to end: a self-hosting ring of 3 real members
+//! from an empty dir, each hosting its successor's real control plane.
+
+use std::path::Path;
+
+use ring_tests::*;
+
+fn ringctl_ok(args: &[&str], dir: &Path) -> String {
+    let mut v: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    v.push("--ring-dir".into());
+    v.push(dir.into());
+    expect_success(&ringctl_cmd(v, &[]))
+}
+
+/// A port base whose member and metrics ports (base+1..3, base+101..103) are free now.
+fn free_base() -> u16 {
+    for _ in 0..50 {
+        let base = ringd::localring::free_port().unwrap().clamp(20_000, 60_000);
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if (1..=3).all(|i| free(base + i) && free(base + 100 + i)) {
+            return base;
+        }
+    }
+    panic!("no free port range found");
+}
+
+#[test]
+fn bootstrap_three_members_kubectl_rerun_down_and_up_keep_data() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let config = sandbox.path().join("ring.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: test\nmembers: [{{name: m1}}, {{name: m2}}, {{name: m3}}]\nports: {{base: {}}}\n",
+            free_base()
+        ),
+    )
+    .unwrap();
+
+    let config_arg = config.display().to_string();
+    let out = ringctl_ok(&["bootstrap", "-o", "json", "--config", &config_arg], &dir);
+    let report: serde_json::Value = serde_json::from_str(&out).expect("json report");
+    assert_eq!(report["changed"], true);
+    let placements = report["status"]["placements"].as_array().unwrap();
+    // every member hosts exactly its successor's control plane
+    for (shoot, host) in [("m1", "m3"), ("m2", "m1"), ("m3", "m2")] {
+        let p = placements.iter().find(|p| p["shoot"] == shoot).unwrap();
+        assert_eq!(p["host"], host, "{p}");
+        assert_eq!(p["ready"], true, "{p}");
+    }
+    for shoot in ["m1", "m2", "m3"] {
+        let kc = dir.join("kubeconfigs").join(format!("{shoot}.kubeconfig"));
+        kubectl(
+            &kc,
+            &[
+                "create",
+                "configmap",
+                "marker",
+                &format!("--from-literal=shoot={shoot}"),
+            ],
+        );
+        assert_eq!(
+            kubectl(
+                &kc,
+                &["get", "configmap", "marker", "-o", "jsonpath={.data.shoot}"]
+            ),
+            shoot
+        );
+    }
+
+    // a rerun reports the ring and changes nothing
+    let again = ringctl_ok(&["bootstrap"], &dir);
+    assert!(again.contains("was already up"), "{again}");
+
+    // status works from the ring dir alone
+    let status = ringctl_ok(&["status"], &dir);
+    assert!(
+        status.contains("leader m") && status.contains("m3"),
+        "{status}"
+    );
+
+    // down stops everything; bootstrap resumes with all data
+    let down = ringctl_ok(&["down"], &dir);
+    assert!(down.contains("stopped m1, m2, m3"), "{down}");
+    let left = sandbox.wait_no_processes(std::time::Duration::from_secs(15));
+    assert!(left.is_empty(), "processes left after down: {left:?}");
+    let up = ringctl_ok(&["bootstrap"], &dir);
+    assert!(up.contains("is up"), "{up}");
+    for shoot in ["m1", "m2", "m3"] {
+        let kc = dir.join("kubeconfigs").join(format!("{shoot}.kubeconfig"));
+        assert_eq!(
+            kubectl(
+                &kc,
+                &["get", "configmap", "marker", "-o", "jsonpath={.data.shoot}"]
+            ),
+            shoot
+        );
+    }
+    ringctl_ok(&["down"], &dir);
+}
+
+#[test]
+fn bad_ring_configs_are_refused_with_the_field() {
+    let sandbox = Sandbox::new();
+    let cases = [
+        (
+            "members: [{name: a}, {name: b}]",
+            "config members: a ring needs at least 3 members",
+        ),
+        (
+            "members: [{name: a}, {name: b}, {name: a}]",
+            "members[2].name",
+        ),
+        (
+            "members: [{name: a}, {name: b}, {name: c}]\nbucket: http://x",
+            "config bucket",
+        ),
+        (
+            "members: [{name: a}, {name: b}, {name: c}]\nextra: 1",
+            "unknown field `extra`",
+        ),
+    ];
+    for (i, (body, want)) in cases.iter().enumerate() {
+        let file = sandbox.path().join(format!("ring-{i}.yaml"));
+        std::fs::write(
+            &file,
+            format!("apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: bad\n{body}\n"),
+        )
+        .unwrap();
+        let out = ringctl_cmd(
+            [
+                "bootstrap".as_ref(),
+                "--config".as_ref(),
+                file.as_os_str(),
+                "--ring-dir".as_ref(),
+                sandbox.path().join("dir").as_os_str(),
+            ],
+            &[],
+        );
+        let err = expect_clean_failure(&out);
+        assert!(err.contains(want), "want {want:?} in {err}");
+    }
+    assert!(
+        sandbox.processes().is_empty(),
+        "a refused config started something"
+    );
+}
