@@ -417,7 +417,7 @@ async fn execute(
 }
 
 fn write_member_configs(layout: &RingLayout, config: &RingConfig) -> Result<(), BootstrapError> {
-    let pki = RingPki::new(layout.pki());
+    // A new ring: Raft ids follow the ring order.
     let members: Vec<MemberConfig> = config
         .members
         .iter()
@@ -428,39 +428,55 @@ fn write_member_configs(layout: &RingLayout, config: &RingConfig) -> Result<(), 
             address: config.member_address(i),
         })
         .collect();
-    for (i, m) in config.members.iter().enumerate() {
-        let files = pki.files(&m.name);
-        let dir = layout.member_dir(&m.name);
-        seed::pki::create_private_dir(&dir).map_err(RingError::from)?;
-        let rc = RingdConfig {
-            api_version: API_VERSION.into(),
-            kind: "RingMember".into(),
-            name: m.name.clone(),
-            id: i as u64 + 1,
-            listen: config.member_address(i),
-            metrics_listen: Some(config.metrics_address(i)),
-            data_dir: dir.join("data"),
-            tls: TlsFiles {
-                ca: files.ca,
-                cert: files.cert,
-                key: files.key,
-            },
-            members: members.clone(),
-            join: false,
-            timing: config.timing,
-            seed: Some(SeedConfig {
-                state_dir: layout.seed_dir(&m.name),
-                bin_dir: None,
-            }),
-        };
-        rc.validate()?;
-        let yaml = serde_yaml::to_string(&rc).map_err(|e| BootstrapError::Config {
-            field: format!("members[{i}]"),
-            reason: e.to_string(),
-        })?;
-        seed::pki::write_private(&layout.ringd_config(&m.name), yaml.as_bytes())
-            .map_err(RingError::from)?;
+    for i in 0..config.members.len() {
+        write_member_config(layout, config, i, i as u64 + 1, members.clone(), false)?;
     }
+    Ok(())
+}
+
+/// Writes member `i`'s ringd config with Raft id `id`, knowing `members`;
+/// `join`: it joins an already running ring.
+fn write_member_config(
+    layout: &RingLayout,
+    config: &RingConfig,
+    i: usize,
+    id: u64,
+    members: Vec<MemberConfig>,
+    join: bool,
+) -> Result<(), BootstrapError> {
+    let pki = RingPki::new(layout.pki());
+    let m = &config.members[i];
+    let files = pki.files(&m.name);
+    let dir = layout.member_dir(&m.name);
+    seed::pki::create_private_dir(&dir).map_err(RingError::from)?;
+    let rc = RingdConfig {
+        api_version: API_VERSION.into(),
+        kind: "RingMember".into(),
+        name: m.name.clone(),
+        id,
+        listen: config.member_address(i),
+        metrics_listen: Some(config.metrics_address(i)),
+        data_dir: dir.join("data"),
+        tls: TlsFiles {
+            ca: files.ca,
+            cert: files.cert,
+            key: files.key,
+        },
+        members,
+        join,
+        timing: config.timing,
+        seed: Some(SeedConfig {
+            state_dir: layout.seed_dir(&m.name),
+            bin_dir: None,
+        }),
+    };
+    rc.validate()?;
+    let yaml = serde_yaml::to_string(&rc).map_err(|e| BootstrapError::Config {
+        field: format!("members[{i}]"),
+        reason: e.to_string(),
+    })?;
+    seed::pki::write_private(&layout.ringd_config(&m.name), yaml.as_bytes())
+        .map_err(RingError::from)?;
     Ok(())
 }
 
@@ -546,6 +562,160 @@ pub async fn ring_status(
     Err(last
         .map(BootstrapError::Ring)
         .unwrap_or_else(|| BootstrapError::Unsupported("the ring has no members".into())))
+}
+
+/// Adds member `name` to the local ring in `dir`: its certificate and config
+/// (`join: true`), its ringd, the Raft configuration change, and the placement of
+/// its control plane on its predecessor (the ring's last member). Waits until the
+/// new shoot's control plane serves and publishes its kubeconfig.
+pub async fn join(
+    dir: &Path,
+    name: &str,
+    ringd: &Path,
+    timeout: Duration,
+) -> Result<RingStatus, BootstrapError> {
+    let layout = RingLayout {
+        dir: dir.to_path_buf(),
+    };
+    let mut config = layout.read_config()?.ok_or_else(|| {
+        BootstrapError::Unsupported(format!(
+            "{} holds no ring; run `ringctl bootstrap` first",
+            dir.display()
+        ))
+    })?;
+    if config.members.iter().any(|m| m.name == name) {
+        return Err(BootstrapError::Config {
+            field: "name".into(),
+            reason: format!("{name} is already a member of ring {}", config.name),
+        });
+    }
+    seed::validate_shoot_name(name).map_err(|e| BootstrapError::Config {
+        field: "name".into(),
+        reason: e.to_string(),
+    })?;
+    let index = config.members.len();
+    let mut grown = config.clone();
+    grown.members.push(config::MemberSpec {
+        name: name.to_string(),
+        seed: config::SeedSpec::Local,
+    });
+    grown.validate()?;
+    let ip: std::net::IpAddr =
+        config
+            .ports
+            .address
+            .parse()
+            .map_err(|e| BootstrapError::Config {
+                field: "ports.address".into(),
+                reason: format!("{e}"),
+            })?;
+    RingPki::new(layout.pki()).ensure_member(name, ip)?;
+    // The live ring's members and Raft ids (ids are never reused, so not the ring order).
+    let status = ring_status(&layout, &config).await?;
+    let leader = status
+        .leader
+        .clone()
+        .ok_or_else(|| BootstrapError::Timeout {
+            step: "find the leader".into(),
+            waited_secs: 0,
+            detail: "the ring has no leader (no quorum?)".into(),
+        })?;
+    let leader_address = status
+        .members
+        .iter()
+        .find(|m| m.name == leader)
+        .map(|m| m.address.clone())
+        .unwrap_or_else(|| config.member_address(0));
+    let known: Vec<MemberConfig> = status
+        .members
+        .iter()
+        .map(|m| MemberConfig {
+            name: m.name.clone(),
+            id: m.id,
+            address: m.address.clone(),
+        })
+        .collect();
+    // Add it first (the leader retries until it answers), then start it with the id it got.
+    let mut admin = AdminClient::connect(&leader_address, &layout.pki())?;
+    let (_, id) = admin.add_member(name, &grown.member_address(index)).await?;
+    write_member_config(&layout, &grown, index, id, known, true)?;
+    if layout.running_pid(name).is_none() {
+        start_member(&layout, ringd, name)?;
+    }
+    config = grown;
+    let yaml = serde_yaml::to_string(&config).map_err(|e| BootstrapError::Config {
+        field: "config".into(),
+        reason: e.to_string(),
+    })?;
+    seed::pki::write_private(&layout.config_file(), yaml.as_bytes()).map_err(RingError::from)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let o = observe(&layout, &config).await;
+        if o.ready.contains(name) {
+            execute(
+                &layout,
+                &config,
+                ringd,
+                &Step::PublishKubeconfigs(vec![name.to_string()]),
+            )
+            .await?;
+            return ring_status(&layout, &config).await;
+        }
+        if Instant::now() >= deadline {
+            return Err(BootstrapError::Timeout {
+                step: format!("start the control plane of {name}"),
+                waited_secs: timeout.as_secs(),
+                detail: stuck_detail(&layout, &config, &Step::StartMember(name.to_string())),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Removes member `name` from the local ring in `dir` (refused when it would leave
+/// fewer than 3 members or while it hosts another shoot's control plane), then
+/// stops its ringd. Its own shoot leaves the ring with it.
+pub async fn leave(dir: &Path, name: &str) -> Result<RingStatus, BootstrapError> {
+    let layout = RingLayout {
+        dir: dir.to_path_buf(),
+    };
+    let mut config = layout.read_config()?.ok_or_else(|| {
+        BootstrapError::Unsupported(format!("{} holds no ring; nothing to leave", dir.display()))
+    })?;
+    let Some(index) = config.members.iter().position(|m| m.name == name) else {
+        return Err(BootstrapError::Config {
+            field: "name".into(),
+            reason: format!("{name} is not a member of ring {}", config.name),
+        });
+    };
+    let status = ring_status(&layout, &config).await?;
+    let leader = status.leader.clone().unwrap_or_default();
+    let j = config
+        .members
+        .iter()
+        .position(|m| m.name == leader)
+        .unwrap_or(0);
+    let mut admin = AdminClient::connect(&config.member_address(j), &layout.pki())?;
+    admin.remove_member(name).await?;
+    if let Some(pid) = layout.running_pid(name) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while layout.running_pid(name).is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let _ = std::fs::remove_file(layout.pid_file(name));
+    let _ = std::fs::remove_file(layout.kubeconfig(name));
+    config.members.remove(index);
+    let yaml = serde_yaml::to_string(&config).map_err(|e| BootstrapError::Config {
+        field: "config".into(),
+        reason: e.to_string(),
+    })?;
+    seed::pki::write_private(&layout.config_file(), yaml.as_bytes()).map_err(RingError::from)?;
+    ring_status(&layout, &config).await
 }
 
 /// Stops every member (SIGTERM, then SIGKILL after `grace`); data stays in place.

@@ -78,8 +78,12 @@ impl AdminClient {
         Ok((r.index, r.term))
     }
 
-    /// Adds a member.
-    pub async fn add_member(&mut self, name: &str, address: &str) -> Result<String, RingError> {
+    /// Adds a member; returns what happened and the member's Raft id.
+    pub async fn add_member(
+        &mut self,
+        name: &str,
+        address: &str,
+    ) -> Result<(String, u64), RingError> {
         let r = self
             .inner
             .add_member(AddMemberRequest {
@@ -87,8 +91,9 @@ impl AdminClient {
                 address: address.into(),
             })
             .await
-            .map_err(|e| rpc_err(&self.address, e))?;
-        Ok(r.into_inner().detail)
+            .map_err(|e| rpc_err(&self.address, e))?
+            .into_inner();
+        Ok((r.detail, r.id))
     }
 
     /// Removes a member.

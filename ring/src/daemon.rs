@@ -846,7 +846,9 @@ impl RingAdmin for AdminService {
         if state.member(&r.name).is_some() {
             return Err(Status::already_exists(format!("member {} exists", r.name)));
         }
-        let id = state.members.iter().map(|m| m.id).max().unwrap_or(0) + 1;
+        let id = state
+            .next_member_id
+            .max(state.members.iter().map(|m| m.id).max().unwrap_or(0) + 1);
         self.shared.directory.insert(&r.name, id, &r.address);
         let cmd = RingCommand::AddMember {
             name: r.name.clone(),
@@ -860,6 +862,7 @@ impl RingAdmin for AdminService {
             .map_err(propose_status)?;
         Ok(Response::new(MembershipReply {
             detail: format!("added {} with Raft id {id}", r.name),
+            id,
         }))
     }
 
@@ -872,6 +875,19 @@ impl RingAdmin for AdminService {
         let state = self.shared.node.view().state;
         if state.member(&r.name).is_none() {
             return Err(Status::not_found(format!("no member {}", r.name)));
+        }
+        let hosted: Vec<&str> = state
+            .placements
+            .values()
+            .filter(|p| p.host == r.name && p.shoot != r.name)
+            .map(|p| p.shoot.as_str())
+            .collect();
+        if !hosted.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "{} hosts the control plane of {}; it can leave once that moved (planned migration)",
+                r.name,
+                hosted.join(", ")
+            )));
         }
         if state.members.len() <= 3 {
             return Err(Status::failed_precondition(format!(
@@ -890,6 +906,7 @@ impl RingAdmin for AdminService {
             .map_err(propose_status)?;
         Ok(Response::new(MembershipReply {
             detail: format!("removed {}", r.name),
+            id: 0,
         }))
     }
 

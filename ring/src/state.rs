@@ -141,6 +141,9 @@ pub struct RingState {
     pub next_operation_id: u64,
     /// Shoot name → newest durable backup.
     pub backups: BTreeMap<String, BackupPointer>,
+    /// The Raft id the next added member gets (ids are never reused).
+    #[serde(default)]
+    pub next_member_id: u64,
 }
 
 /// How many finished operations are kept for `status`.
@@ -252,6 +255,7 @@ impl RingState {
                         state: MemberState::Up,
                         down_since_ms: None,
                     });
+                    self.next_member_id = self.next_member_id.max(id + 1);
                     let host = &members[(i + n - 1) % n].0;
                     self.placements.insert(
                         name.clone(),
@@ -404,6 +408,10 @@ impl RingState {
                 if self.member(name).is_some() || self.member_by_id(*id).is_some() {
                     return Err(format!("member {name} (id {id}) already exists"));
                 }
+                // The new member joins at the end of the ring order: its predecessor
+                // (the previous last member) hosts its control plane.
+                let host = self.members.last().map(|m| m.name.clone());
+                self.next_member_id = self.next_member_id.max(id + 1);
                 self.members.push(Member {
                     name: name.clone(),
                     id: *id,
@@ -411,14 +419,35 @@ impl RingState {
                     state: MemberState::Up,
                     down_since_ms: None,
                 });
+                if let Some(host) = host {
+                    self.placements.entry(name.clone()).or_insert(Placement {
+                        shoot: name.clone(),
+                        host,
+                        epoch: 1,
+                        lease: None,
+                    });
+                }
                 Ok(())
             }
             RingCommand::RemoveMember { name } => {
-                let before = self.members.len();
-                self.members.retain(|m| m.name != *name);
-                if self.members.len() == before {
+                if self.member(name).is_none() {
                     return Err(format!("no member {name}"));
                 }
+                let hosted: Vec<&str> = self
+                    .placements
+                    .values()
+                    .filter(|p| p.host == *name && p.shoot != *name)
+                    .map(|p| p.shoot.as_str())
+                    .collect();
+                if !hosted.is_empty() {
+                    return Err(format!(
+                        "{name} hosts the control plane of {}; move it first (planned migration)",
+                        hosted.join(", ")
+                    ));
+                }
+                self.members.retain(|m| m.name != *name);
+                // The member's own cluster leaves the ring with it.
+                self.placements.remove(name);
                 Ok(())
             }
             RingCommand::Probe { .. } => Ok(()),

@@ -12,12 +12,12 @@ fn ringctl_ok(args: &[&str], dir: &Path) -> String {
     expect_success(&ringctl_cmd(v, &[]))
 }
 
-/// A port base whose member and metrics ports (base+1..3, base+101..103) are free now.
+/// A port base whose member and metrics ports (base+1..5, base+101..105) are free now.
 fn free_base() -> u16 {
     for _ in 0..50 {
         let base = ringd::localring::free_port().unwrap().clamp(20_000, 60_000);
         let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if (1..=3).all(|i| free(base + i) && free(base + 100 + i)) {
+        if (1..=5).all(|i| free(base + i) && free(base + 100 + i)) {
             return base;
         }
     }
@@ -25,7 +25,7 @@ fn free_base() -> u16 {
 }
 
 #[test]
-fn bootstrap_three_members_kubectl_rerun_down_and_up_keep_data() {
+fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
     let config = sandbox.path().join("ring.yaml");
@@ -80,9 +80,60 @@ fn bootstrap_three_members_kubectl_rerun_down_and_up_keep_data() {
         "{status}"
     );
 
+    // grow to 5 members: each new member's control plane runs on its predecessor
+    for (shoot, host) in [("m4", "m3"), ("m5", "m4")] {
+        let out = ringctl_ok(&["join", shoot, "-o", "json"], &dir);
+        let status: serde_json::Value = serde_json::from_str(&out).expect("json status");
+        let p = status["placements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["shoot"] == shoot)
+            .cloned()
+            .unwrap();
+        assert_eq!(p["host"], host, "{p}");
+        let kc = dir.join("kubeconfigs").join(format!("{shoot}.kubeconfig"));
+        kubectl(
+            &kc,
+            &[
+                "create",
+                "configmap",
+                "marker",
+                &format!("--from-literal=shoot={shoot}"),
+            ],
+        );
+    }
+    // shrink: m5 hosts nothing and may leave; m3 hosts m1 and m4 and may not (yet)
+    let left = ringctl_ok(&["leave", "m5"], &dir);
+    assert!(left.contains("m5 left"), "{left}");
+    let refused = ringctl_cmd(
+        [
+            "leave".as_ref(),
+            "m3".as_ref(),
+            "--ring-dir".as_ref(),
+            dir.as_os_str(),
+        ],
+        &[],
+    );
+    let err = expect_clean_failure(&refused);
+    assert!(
+        err.contains("m3 hosts the control plane of m1, m4"),
+        "{err}"
+    );
+    for shoot in ["m1", "m2", "m3", "m4"] {
+        let kc = dir.join("kubeconfigs").join(format!("{shoot}.kubeconfig"));
+        assert_eq!(
+            kubectl(
+                &kc,
+                &["get", "configmap", "marker", "-o", "jsonpath={.data.shoot}"]
+            ),
+            shoot
+        );
+    }
+
     // down stops everything; bootstrap resumes with all data
     let down = ringctl_ok(&["down"], &dir);
-    assert!(down.contains("stopped m1, m2, m3"), "{down}");
+    assert!(down.contains("stopped m1, m2, m3, m4"), "{down}");
     let left = sandbox.wait_no_processes(std::time::Duration::from_secs(15));
     assert!(left.is_empty(), "processes left after down: {left:?}");
     let up = ringctl_ok(&["bootstrap"], &dir);

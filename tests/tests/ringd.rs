@@ -332,10 +332,11 @@ async fn members_join_and_leave_through_raft_configuration_changes() {
     // a fourth member: started empty, then added
     let m4 = ring.add_joiner("m4");
     ring.start(m4);
-    let detail = admin
+    let (detail, id) = admin
         .add_member("m4", &ring.members[m4].address)
         .await
         .unwrap();
+    assert_eq!(id, 4);
     assert!(detail.contains("m4"), "{detail}");
     let s = ring
         .wait_status(m4, "m4 as a voter that knows the ring", START, |s| {

@@ -136,9 +136,13 @@ fn parse_member(s: &str) -> Result<(String, std::net::IpAddr), String> {
 struct JoinArgs {
     /// The new member's name.
     name: String,
-    /// host:port of the new member's ringd.
+    /// host:port of the new member's ringd (a ring run elsewhere). Without it, the
+    /// member is created, started and added to the local ring in --ring-dir.
     #[arg(long = "member-address")]
-    member_address: String,
+    member_address: Option<String>,
+    /// Seconds to wait for the new member's control plane (local ring).
+    #[arg(long, default_value_t = 180)]
+    timeout: u64,
     #[command(flatten)]
     ring: RingArgs,
 }
@@ -442,16 +446,47 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Join(args) => {
             init_tracing("warn");
-            let (address, pki) = args.ring.target()?;
-            let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
-            println!(
-                "{}",
-                client.add_member(&args.name, &args.member_address).await?
-            );
-            Ok(())
+            match (&args.member_address, &args.ring.address) {
+                (Some(member_address), _) => {
+                    let (address, pki) = args.ring.target()?;
+                    let mut client =
+                        ringd::client::AdminClient::connect_leader(&address, &pki).await?;
+                    println!("{}", client.add_member(&args.name, member_address).await?.0);
+                    Ok(())
+                }
+                (None, None) => {
+                    let exe = std::env::current_exe().context("locating the ringctl executable")?;
+                    let dir = args.ring.dir.dir();
+                    let status = bootstrap::join(
+                        &dir,
+                        &args.name,
+                        &exe.with_file_name("ringd"),
+                        Duration::from_secs(args.timeout),
+                    )
+                    .await?;
+                    print(&status, format, || {
+                        let kc = bootstrap::RingLayout { dir: dir.clone() }.kubeconfig(&args.name);
+                        format!(
+                            "{} joined\n\n{}\nkubeconfig: kubectl --kubeconfig {} get namespaces\n",
+                            args.name,
+                            ringd::status::render(&status),
+                            kc.display()
+                        )
+                    })
+                }
+                (None, Some(_)) => anyhow::bail!(
+                    "--address names a remote ring: give the new member's --member-address too"
+                ),
+            }
         }
         Command::Leave(args) => {
             init_tracing("warn");
+            if args.ring.address.is_none() {
+                let status = bootstrap::leave(&args.ring.dir.dir(), &args.name).await?;
+                return print(&status, format, || {
+                    format!("{} left\n\n{}", args.name, ringd::status::render(&status))
+                });
+            }
             let (address, pki) = args.ring.target()?;
             let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
             println!("{}", client.remove_member(&args.name).await?);
