@@ -8,6 +8,7 @@
 //! rerun resumes wherever the ring is; `ringctl down` stops the members and
 //! keeps every byte of data.
 
+pub mod bench;
 pub mod config;
 pub mod plan;
 

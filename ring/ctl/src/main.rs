@@ -173,6 +173,18 @@ enum BenchCommand {
     Controlplane(BenchArgs),
     /// Raft commit latency (vs etcd), leader-kill recovery, ringd memory and idle CPU.
     Raft(RaftBenchArgs),
+    /// Wall time of bootstrap per step and the ring's peak memory.
+    Bootstrap(BootstrapBenchArgs),
+}
+
+#[derive(Args)]
+struct BootstrapBenchArgs {
+    /// Ring sizes.
+    #[arg(long, value_delimiter = ',', default_value = "3,5")]
+    sizes: Vec<usize>,
+    /// First port of the throwaway rings (members use base+1.., metrics base+101..).
+    #[arg(long, default_value_t = 27100)]
+    base_port: u16,
 }
 
 #[derive(Args)]
@@ -491,6 +503,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
             println!("{}", client.remove_member(&args.name).await?);
             Ok(())
+        }
+        Command::Bench(BenchCommand::Bootstrap(args)) => {
+            init_tracing("warn");
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let dir = ringd::bench::temp_state_dir();
+            let result =
+                bootstrap::bench::bootstrap_bench(&dir, &args.sizes, &exe.with_file_name("ringd"), args.base_port).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            let result = result?;
+            print(&result, format, || bootstrap::bench::render(&result))
         }
         Command::Bench(BenchCommand::Raft(args)) => {
             init_tracing("warn");
