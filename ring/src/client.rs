@@ -4,7 +4,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use ring_proto::v1::ring_admin_client::RingAdminClient;
-use ring_proto::v1::{AddMemberRequest, ProbeRequest, RemoveMemberRequest, StatusRequest};
+use ring_proto::v1::{
+    AddMemberRequest, MigrateRequest, ProbeRequest, RemoveMemberRequest, StatusRequest,
+};
 use tonic::transport::Channel;
 
 use crate::identity::{IdentityPem, RingPki, ADMIN_NAME, ANY_MEMBER};
@@ -94,6 +96,50 @@ impl AdminClient {
             .map_err(|e| rpc_err(&self.address, e))?
             .into_inner();
         Ok((r.detail, r.id))
+    }
+
+    /// Starts a planned migration of `shoot`'s control plane to member `to`; returns the operation id.
+    pub async fn migrate(&mut self, shoot: &str, to: &str) -> Result<u64, RingError> {
+        let r = self
+            .inner
+            .migrate(MigrateRequest {
+                shoot: shoot.into(),
+                to: to.into(),
+            })
+            .await
+            .map_err(|e| rpc_err(&self.address, e))?;
+        Ok(r.into_inner().operation)
+    }
+
+    /// Waits until operation `id` is finished; returns it (Done or Failed).
+    /// `on_step` sees every step change with the time since the start.
+    pub async fn wait_operation(
+        &mut self,
+        id: u64,
+        timeout: Duration,
+        mut on_step: impl FnMut(&crate::state::Operation, Duration),
+    ) -> Result<crate::state::Operation, RingError> {
+        let started = tokio::time::Instant::now();
+        let mut last: Option<crate::state::OperationStep> = None;
+        loop {
+            if let Ok(s) = self.status().await {
+                if let Some(op) = s.operations.iter().find(|o| o.id == id) {
+                    if last != Some(op.step) {
+                        on_step(op, started.elapsed());
+                        last = Some(op.step);
+                    }
+                    if op.step.is_finished() {
+                        return Ok(op.clone());
+                    }
+                }
+            }
+            if started.elapsed() >= timeout {
+                return Err(RingError::Transport(format!(
+                    "operation {id} did not finish within {timeout:?} (last step {last:?})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Removes a member.

@@ -13,8 +13,9 @@ use ring_proto::v1::raft_transport_server::RaftTransportServer;
 use ring_proto::v1::ring_admin_client::RingAdminClient;
 use ring_proto::v1::ring_admin_server::{RingAdmin, RingAdminServer};
 use ring_proto::v1::{
-    AddMemberRequest, HealthAck, HealthReport, LeaseReply, LeaseRequest, MembershipReply,
-    ProbeReply, ProbeRequest, RemoveMemberRequest, ShootHealth, StatusReply, StatusRequest,
+    AddMemberRequest, HandoverChunk, HandoverRequest, HealthAck, HealthReport, LeaseReply,
+    LeaseRequest, MembershipReply, MigrateReply, MigrateRequest, ProbeReply, ProbeRequest,
+    RemoveMemberRequest, ShootHealth, StatusReply, StatusRequest,
 };
 use seed::{BinarySearch, LocalSeed, Seed};
 use tokio::task::JoinSet;
@@ -80,8 +81,82 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn name(&self) -> &str {
+    /// This member's name.
+    pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// The Raft node.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
+    }
+
+    /// Known members' ids and addresses.
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// This member's TLS identity.
+    pub fn identity(&self) -> &IdentityPem {
+        &self.identity
+    }
+
+    /// The configured binary directory of the seed, if any.
+    pub fn bin_dir(&self) -> Option<&std::path::Path> {
+        self.config.seed.as_ref().and_then(|s| s.bin_dir.as_deref())
+    }
+
+    /// Records whether this member serves `shoot`, and why.
+    pub fn set_hosted(&self, shoot: &str, serving: bool, detail: String) {
+        let mut all = lock(&self.hosted);
+        let h = all.entry(shoot.to_string()).or_default();
+        h.serving = serving;
+        if !serving {
+            h.ready = false;
+        }
+        h.detail = detail;
+    }
+
+    /// Records why `shoot` is in its state.
+    pub fn set_hosted_detail(&self, shoot: &str, detail: String) {
+        lock(&self.hosted)
+            .entry(shoot.to_string())
+            .or_default()
+            .detail = detail;
+    }
+
+    /// Whether this member holds a lease for `shoot` at `epoch` that is not about to end.
+    pub fn holds_lease(&self, shoot: &str, epoch: u64) -> bool {
+        let early = Duration::from_millis(self.timing().lease_ms / 6);
+        lock(&self.leases)
+            .get(shoot)
+            .is_some_and(|l| l.epoch == epoch && Instant::now() + early < l.valid_until)
+    }
+
+    /// Renews (or acquires) this member's lease on `shoot` for `epoch` through the quorum.
+    pub async fn renew_lease(&self, shoot: &str, epoch: u64) -> Result<(), RingError> {
+        let lease = Duration::from_millis(self.timing().lease_ms);
+        let sent = Instant::now();
+        let cmd = RingCommand::RenewLease {
+            shoot: shoot.to_string(),
+            holder: self.name().to_string(),
+            epoch,
+            expires_at_ms: now_ms() + self.timing().lease_ms,
+        };
+        self.node.propose(cmd, lease / 3).await?;
+        lock(&self.leases).insert(
+            shoot.to_string(),
+            LocalLease {
+                epoch,
+                valid_until: sent + lease,
+            },
+        );
+        Ok(())
+    }
+
+    /// Commits `cmd` through the quorum.
+    pub async fn propose_cmd(&self, cmd: RingCommand) -> Result<(), RingError> {
+        self.propose(cmd).await.map(|_| ()).map_err(RingError::from)
     }
 
     fn timing(&self) -> &crate::config::Timing {
@@ -374,6 +449,13 @@ pub async fn start(
         let (shared, stop) = (shared.clone(), stop.clone());
         tasks.spawn(async move { crate::metrics::serve(l, shared_metrics(shared), stop).await });
     }
+    if let Some(seed) = shared.seed.clone() {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        tasks.spawn(async move {
+            crate::migration::run(shared, seed, stop).await;
+            Ok(())
+        });
+    }
     for (name, f) in [
         (
             "directory",
@@ -598,12 +680,18 @@ async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Shoots this member should hold a lease for: it hosts them and no operation moves them.
+/// Shoots this member should hold a lease for: it hosts them and no operation
+/// moves them, or it is restoring them as a migration's target.
 fn leased_shoots(state: &RingState, me: &str) -> Vec<(String, u64)> {
     state
         .placements
         .values()
-        .filter(|p| p.host == me && state.open_operation(&p.shoot).is_none())
+        .filter(|p| {
+            p.host == me
+                && state.open_operation(&p.shoot).is_none_or(|op| {
+                    op.target() == me && op.step == crate::state::OperationStep::Restoring
+                })
+        })
         .map(|p| (p.shoot.clone(), p.epoch))
         .collect()
 }
@@ -616,24 +704,15 @@ async fn renew_leases(shared: Arc<Shared>, stop: CancellationToken) {
     while pause(&stop, lease / 3).await {
         let v = shared.node.view();
         for (shoot, epoch) in leased_shoots(&v.state, shared.name()) {
-            let sent = Instant::now();
-            let cmd = RingCommand::RenewLease {
-                shoot: shoot.clone(),
-                holder: shared.name().to_string(),
-                epoch,
-                expires_at_ms: now_ms() + shared.timing().lease_ms,
-            };
-            match shared.node.propose(cmd, lease / 3).await {
-                Ok(_) => {
-                    lock(&shared.leases).insert(
-                        shoot,
-                        LocalLease {
-                            epoch,
-                            valid_until: sent + lease,
-                        },
-                    );
-                }
-                Err(e) => tracing::warn!(%shoot, epoch, error = %e, "lease not renewed"),
+            // a migration target renews only once it acquired the new epoch's lease
+            let acquired = lock(&shared.leases)
+                .get(&shoot)
+                .is_some_and(|l| l.epoch == epoch);
+            if v.state.open_operation(&shoot).is_some() && !acquired {
+                continue;
+            }
+            if let Err(e) = shared.renew_lease(&shoot, epoch).await {
+                tracing::warn!(%shoot, epoch, error = %e, "lease not renewed");
             }
         }
     }
@@ -660,6 +739,14 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
         shoots.sort();
         shoots.dedup();
         for shoot in shoots {
+            // A planned migration drives the control plane on both its source and target.
+            if v.state.open_operation(&shoot).is_some_and(|op| {
+                op.is_migration()
+                    && ((op.source() == me && op.step == crate::state::OperationStep::Pending)
+                        || (op.target() == me && op.step == crate::state::OperationStep::Restoring))
+            }) {
+                continue;
+            }
             let placement = v.state.placements.get(&shoot);
             let lease = lock(&shared.leases).get(&shoot).copied();
             let (desired, why) = match placement {
@@ -908,6 +995,115 @@ impl RingAdmin for AdminService {
             detail: format!("removed {}", r.name),
             id: 0,
         }))
+    }
+
+    async fn migrate(
+        &self,
+        req: Request<MigrateRequest>,
+    ) -> Result<Response<MigrateReply>, Status> {
+        authorize(&req, &self.shared.directory, Caller::Admin)?;
+        let r = req.into_inner();
+        let cmd = RingCommand::StartMigration {
+            shoot: r.shoot.clone(),
+            to: r.to.clone(),
+            at_ms: now_ms(),
+        };
+        self.shared.propose(cmd).await.map_err(propose_status)?;
+        let op = self
+            .shared
+            .node
+            .view()
+            .state
+            .open_operation(&r.shoot)
+            .map(|o| o.id)
+            .ok_or_else(|| Status::internal("the migration was committed but is not open"))?;
+        Ok(Response::new(MigrateReply { operation: op }))
+    }
+
+    type FetchHandoverStream =
+        tokio_stream::wrappers::ReceiverStream<Result<HandoverChunk, Status>>;
+
+    async fn fetch_handover(
+        &self,
+        req: Request<HandoverRequest>,
+    ) -> Result<Response<Self::FetchHandoverStream>, Status> {
+        let caller = authorize(&req, &self.shared.directory, Caller::Member)?;
+        let r = req.into_inner();
+        let state = self.shared.node.view().state;
+        let op = state
+            .operations
+            .iter()
+            .find(|o| o.id == r.operation)
+            .ok_or_else(|| Status::not_found(format!("no operation {}", r.operation)))?;
+        if !op.is_migration()
+            || op.shoot() != r.shoot
+            || op.target() != caller
+            || op.source() != self.shared.name()
+        {
+            return Err(Status::permission_denied(format!(
+                "operation {} does not hand {} over from {} to {caller}",
+                r.operation,
+                r.shoot,
+                self.shared.name()
+            )));
+        }
+        if op.step != crate::state::OperationStep::Restoring {
+            return Err(Status::failed_precondition(format!(
+                "operation {} is {:?}, not Restoring",
+                op.id, op.step
+            )));
+        }
+        let seed = self
+            .shared
+            .seed
+            .clone()
+            .ok_or_else(|| Status::failed_precondition("this member has no seed"))?;
+        let layout = seed.layout(&r.shoot);
+        let files =
+            migrate::handover::files(&layout).map_err(|e| Status::internal(e.to_string()))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            for rel in files {
+                let path = layout.dir.join(&rel);
+                let name = rel.display().to_string();
+                let mut file = match tokio::fs::File::open(&path).await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(Status::internal(format!("{}: {e}", path.display()))))
+                            .await;
+                        return;
+                    }
+                };
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    let n = match file.read(&mut buf).await {
+                        Ok(n) => n,
+                        Err(e) => {
+                            let _ = tx
+                                .send(Err(Status::internal(format!("{}: {e}", path.display()))))
+                                .await;
+                            return;
+                        }
+                    };
+                    let chunk = HandoverChunk {
+                        path: name.clone(),
+                        data: buf[..n].to_vec(),
+                        eof: n == 0,
+                    };
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return;
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
     }
 
     async fn probe(&self, req: Request<ProbeRequest>) -> Result<Response<ProbeReply>, Status> {

@@ -85,8 +85,19 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             });
             continue;
         }
+        if op.is_migration() && op.step == OperationStep::Pending && is_down(op.source()) {
+            out.push(RingCommand::AdvanceOperation {
+                id: op.id,
+                step: OperationStep::Failed,
+                detail: format!("source member {} died before the handover", op.source()),
+                at_ms: view.now_ms,
+            });
+            continue;
+        }
         if op.step == OperationStep::WaitingForLeaseExpiry {
-            let crate::state::OperationKind::Failover { not_before_ms, .. } = &op.kind;
+            let crate::state::OperationKind::Failover { not_before_ms, .. } = &op.kind else {
+                continue;
+            };
             if view.now_ms >= *not_before_ms {
                 out.push(RingCommand::AdvanceOperation {
                     id: op.id,

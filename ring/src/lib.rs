@@ -13,6 +13,7 @@ pub mod decide;
 pub mod identity;
 pub mod localring;
 pub mod metrics;
+pub mod migration;
 pub mod node;
 pub mod output;
 pub mod state;

@@ -79,6 +79,17 @@ impl OperationStep {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
 pub enum OperationKind {
+    /// Planned move of a shoot's control plane from `from` to `to`: the source
+    /// stops the writers and takes the final snapshot, the target restores it.
+    Migration {
+        shoot: String,
+        from: String,
+        to: String,
+        /// The epoch the target serves under (set at handover).
+        epoch: u64,
+        /// etcd's final revision at the source (set at handover).
+        revision: Option<i64>,
+    },
     /// Restore a shoot's control plane from backup on `to` because `from` died.
     Failover {
         shoot: String,
@@ -108,15 +119,27 @@ impl Operation {
     /// The shoot the operation moves.
     pub fn shoot(&self) -> &str {
         match &self.kind {
-            OperationKind::Failover { shoot, .. } => shoot,
+            OperationKind::Failover { shoot, .. } | OperationKind::Migration { shoot, .. } => shoot,
+        }
+    }
+
+    /// The member that gives the control plane away.
+    pub fn source(&self) -> &str {
+        match &self.kind {
+            OperationKind::Failover { from, .. } | OperationKind::Migration { from, .. } => from,
         }
     }
 
     /// The member that executes it.
     pub fn target(&self) -> &str {
         match &self.kind {
-            OperationKind::Failover { to, .. } => to,
+            OperationKind::Failover { to, .. } | OperationKind::Migration { to, .. } => to,
         }
+    }
+
+    /// Whether this is a planned migration.
+    pub fn is_migration(&self) -> bool {
+        matches!(self.kind, OperationKind::Migration { .. })
     }
 }
 
@@ -174,6 +197,15 @@ pub enum RingCommand {
         at_ms: u64,
         not_before_ms: u64,
     },
+    /// Planned move of `shoot` to member `to` (`ringctl migrate`).
+    StartMigration {
+        shoot: String,
+        to: String,
+        at_ms: u64,
+    },
+    /// The source of migration `id` stopped the writers and took the final snapshot
+    /// at `revision`: the placement moves to the target under a new epoch.
+    HandoverReady { id: u64, revision: i64, at_ms: u64 },
     /// An operation moved to another step.
     AdvanceOperation {
         id: u64,
@@ -365,6 +397,85 @@ impl RingState {
                     created_at_ms: *at_ms,
                     updated_at_ms: *at_ms,
                 });
+                Ok(())
+            }
+            RingCommand::StartMigration { shoot, to, at_ms } => {
+                if let Some(op) = self.open_operation(shoot) {
+                    return Err(format!("operation {} already moves shoot {shoot}", op.id));
+                }
+                let p = self
+                    .placements
+                    .get(shoot)
+                    .ok_or_else(|| format!("no shoot {shoot}"))?;
+                if p.host == *to {
+                    return Err(format!("shoot {shoot} is already hosted by {to}"));
+                }
+                if self.member(to).is_none_or(|m| m.state != MemberState::Up) {
+                    return Err(format!("target {to} is not an up member"));
+                }
+                if self
+                    .member(&p.host)
+                    .is_none_or(|m| m.state != MemberState::Up)
+                {
+                    return Err(format!(
+                        "the host {} is down: that takes a failover, not a migration",
+                        p.host
+                    ));
+                }
+                let id = self.next_operation_id;
+                self.next_operation_id += 1;
+                let (from, epoch) = (p.host.clone(), p.epoch + 1);
+                self.operations.push(Operation {
+                    id,
+                    kind: OperationKind::Migration {
+                        shoot: shoot.clone(),
+                        from: from.clone(),
+                        to: to.clone(),
+                        epoch,
+                        revision: None,
+                    },
+                    step: OperationStep::Pending,
+                    detail: format!("{from} stops the writers and takes the final snapshot"),
+                    created_at_ms: *at_ms,
+                    updated_at_ms: *at_ms,
+                });
+                Ok(())
+            }
+            RingCommand::HandoverReady {
+                id,
+                revision,
+                at_ms,
+            } => {
+                let op = self
+                    .operations
+                    .iter_mut()
+                    .find(|o| o.id == *id)
+                    .ok_or_else(|| format!("no operation {id}"))?;
+                if op.step != OperationStep::Pending {
+                    return Err(format!("operation {id} is {:?}, not Pending", op.step));
+                }
+                let OperationKind::Migration {
+                    shoot,
+                    to,
+                    epoch,
+                    revision: rev,
+                    ..
+                } = &mut op.kind
+                else {
+                    return Err(format!("operation {id} is not a migration"));
+                };
+                *rev = Some(*revision);
+                let (shoot, to, epoch) = (shoot.clone(), to.clone(), *epoch);
+                op.step = OperationStep::Restoring;
+                op.detail = format!("{to} restores revision {revision}");
+                op.updated_at_ms = *at_ms;
+                let p = self
+                    .placements
+                    .get_mut(&shoot)
+                    .ok_or_else(|| format!("no shoot {shoot}"))?;
+                p.host = to;
+                p.epoch = epoch;
+                p.lease = None;
                 Ok(())
             }
             RingCommand::AdvanceOperation {

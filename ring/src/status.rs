@@ -157,7 +157,12 @@ pub fn render(s: &RingStatus) -> String {
         for o in &s.operations {
             t.add_row(vec![
                 o.id.to_string(),
-                "failover".into(),
+                if o.is_migration() {
+                    "migration"
+                } else {
+                    "failover"
+                }
+                .into(),
                 o.shoot().to_string(),
                 o.target().to_string(),
                 format!("{:?}", o.step),

@@ -300,6 +300,116 @@ impl LocalSeed {
     }
 }
 
+impl LocalSeed {
+    /// Starts only the given components of the shoot's control plane (e.g. etcd
+    /// alone, to take a final snapshot without writers). Nothing may run yet.
+    pub async fn start_only(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
+        let mut running = self.running.lock().await;
+        if running.contains_key(&spec.shoot) {
+            return Err(SeedError::AlreadyRunning {
+                shoot: spec.shoot.clone(),
+                pid: std::process::id(),
+            });
+        }
+        spec.validate()?;
+        let layout = self.layout(&spec.shoot);
+        create_private_dir(&layout.dir)?;
+        let lock = acquire_lock(&layout, &spec.shoot)?;
+        self.prepare(spec)?;
+        check_ports(spec)?;
+
+        let (tx, rx) = watch::channel(States::new());
+        let writer = tokio::spawn(write_status(layout.status_file(), rx.clone()));
+        let mut r = Running {
+            tokens: BTreeMap::new(),
+            tasks: BTreeMap::new(),
+            writer,
+            states: rx,
+            _lock: lock,
+        };
+        let shoot = spec.shoot.clone();
+        for cs in self
+            .component_specs(spec)
+            .into_iter()
+            .filter(|cs| only.contains(&cs.component))
+        {
+            let c = cs.component;
+            let token = CancellationToken::new();
+            let task = supervise(cs, token.clone(), tx.clone(), self.tuning);
+            let span = tracing::info_span!("component", shoot = %shoot, component = %c);
+            r.tasks
+                .insert(c, tokio::spawn(tracing::Instrument::instrument(task, span)));
+            r.tokens.insert(c, token);
+            if c == Component::KubeApiserver {
+                // kube-controller-manager and kube-scheduler exit while RBAC is not yet
+                // bootstrapped; start them once the API is ready so their restart
+                // counts mean real crashes.
+                let deadline = tokio::time::Instant::now() + API_START_WAIT;
+                while !matches!(self.health(&shoot).await, Ok(h) if h.ready) {
+                    if tokio::time::Instant::now() >= deadline {
+                        tracing::warn!(shoot = %shoot, "kube-apiserver not ready yet; starting the rest anyway");
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            if c == Component::Etcd {
+                let etcd_addr =
+                    SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
+                if !wait_tcp(etcd_addr, ETCD_START_TIMEOUT).await {
+                    drop(tx);
+                    r.shutdown().await;
+                    return Err(SeedError::NotReady {
+                        shoot,
+                        waited_secs: ETCD_START_TIMEOUT.as_secs(),
+                        last: format!(
+                            "etcd does not accept connections on {etcd_addr}; last lines of {}:\n{}",
+                            layout.log(Component::Etcd).display(),
+                            ShootLayout::tail(&layout.log(Component::Etcd), 15)
+                        ),
+                    });
+                }
+            }
+        }
+        running.insert(shoot, r);
+        Ok(())
+    }
+
+    /// Stops only the given components (in reverse start order), keeping the
+    /// others running; stopping the last one ends the supervision.
+    pub async fn stop_only(&self, shoot: &str, only: &[Component]) -> Result<()> {
+        let mut running = self.running.lock().await;
+        let Some(r) = running.get_mut(shoot) else {
+            return Ok(());
+        };
+        for c in Component::ALL.iter().rev().filter(|c| only.contains(c)) {
+            if let Some(t) = r.tokens.remove(c) {
+                t.cancel();
+            }
+            if let Some(task) = r.tasks.remove(c) {
+                let _ = task.await;
+            }
+        }
+        if r.tasks.is_empty() {
+            if let Some(r) = running.remove(shoot) {
+                drop(running);
+                r.shutdown().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The components this process supervises for `shoot`.
+    pub async fn running_components(&self, shoot: &str) -> Vec<Component> {
+        self.running
+            .lock()
+            .await
+            .get(shoot)
+            .map(|r| r.tasks.keys().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
 /// Creates `dir` (0700) if needed and proves it writable.
 fn check_writable(dir: &Path) -> Result<()> {
     create_private_dir(dir)?;
@@ -510,71 +620,7 @@ async fn write_status(path: PathBuf, mut rx: watch::Receiver<States>) {
 #[async_trait::async_trait]
 impl Seed for LocalSeed {
     async fn start(&self, spec: &ControlPlaneSpec) -> Result<()> {
-        let mut running = self.running.lock().await;
-        if running.contains_key(&spec.shoot) {
-            return Err(SeedError::AlreadyRunning {
-                shoot: spec.shoot.clone(),
-                pid: std::process::id(),
-            });
-        }
-        spec.validate()?;
-        let layout = self.layout(&spec.shoot);
-        create_private_dir(&layout.dir)?;
-        let lock = acquire_lock(&layout, &spec.shoot)?;
-        self.prepare(spec)?;
-        check_ports(spec)?;
-
-        let (tx, rx) = watch::channel(States::new());
-        let writer = tokio::spawn(write_status(layout.status_file(), rx.clone()));
-        let mut r = Running {
-            tokens: BTreeMap::new(),
-            tasks: BTreeMap::new(),
-            writer,
-            states: rx,
-            _lock: lock,
-        };
-        let shoot = spec.shoot.clone();
-        for cs in self.component_specs(spec) {
-            let c = cs.component;
-            let token = CancellationToken::new();
-            let task = supervise(cs, token.clone(), tx.clone(), self.tuning);
-            let span = tracing::info_span!("component", shoot = %shoot, component = %c);
-            r.tasks
-                .insert(c, tokio::spawn(tracing::Instrument::instrument(task, span)));
-            r.tokens.insert(c, token);
-            if c == Component::KubeApiserver {
-                // kube-controller-manager and kube-scheduler exit while RBAC is not yet
-                // bootstrapped; start them once the API is ready so their restart
-                // counts mean real crashes.
-                let deadline = tokio::time::Instant::now() + API_START_WAIT;
-                while !matches!(self.health(&shoot).await, Ok(h) if h.ready) {
-                    if tokio::time::Instant::now() >= deadline {
-                        tracing::warn!(shoot = %shoot, "kube-apiserver not ready yet; starting the rest anyway");
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-            if c == Component::Etcd {
-                let etcd_addr =
-                    SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
-                if !wait_tcp(etcd_addr, ETCD_START_TIMEOUT).await {
-                    drop(tx);
-                    r.shutdown().await;
-                    return Err(SeedError::NotReady {
-                        shoot,
-                        waited_secs: ETCD_START_TIMEOUT.as_secs(),
-                        last: format!(
-                            "etcd does not accept connections on {etcd_addr}; last lines of {}:\n{}",
-                            layout.log(Component::Etcd).display(),
-                            ShootLayout::tail(&layout.log(Component::Etcd), 15)
-                        ),
-                    });
-                }
-            }
-        }
-        running.insert(shoot, r);
-        Ok(())
+        self.start_only(spec, &Component::ALL).await
     }
 
     async fn stop(&self, shoot: &str) -> Result<()> {

@@ -239,3 +239,44 @@ pub fn expect_clean_failure(out: &Output) -> String {
     assert!(!stderr.contains("panicked"), "ringctl panicked: {stderr}");
     stderr
 }
+
+/// A port base whose member and metrics ports (base+1..5, base+101..105) are free now
+/// (for `ports: {base: ...}` in a Ring config).
+pub fn free_port_base() -> u16 {
+    for _ in 0..50 {
+        let base = ringd::localring::free_port()
+            .expect("a free port")
+            .clamp(20_000, 60_000);
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if (1..=5).all(|i| free(base + i) && free(base + 100 + i)) {
+            return base;
+        }
+    }
+    panic!("no free port range found");
+}
+
+/// Writes a Ring config of members m1..mn on a free port range into `dir/ring.yaml`.
+pub fn ring_config(dir: &Path, n: usize) -> PathBuf {
+    let members = (1..=n)
+        .map(|i| format!("{{name: m{i}}}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let path = dir.join("ring.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: test\nmembers: [{members}]\nports: {{base: {}}}\n",
+            free_port_base()
+        ),
+    )
+    .expect("write ring config");
+    path
+}
+
+/// `ringctl ARGS --ring-dir DIR`, which must succeed; returns stdout.
+pub fn ringctl_in(dir: &Path, args: &[&str]) -> String {
+    let mut v: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    v.push("--ring-dir".into());
+    v.push(dir.into());
+    expect_success(&ringctl_cmd(v, &[]))
+}

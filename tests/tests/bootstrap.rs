@@ -6,37 +6,14 @@ use std::path::Path;
 use ring_tests::*;
 
 fn ringctl_ok(args: &[&str], dir: &Path) -> String {
-    let mut v: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
-    v.push("--ring-dir".into());
-    v.push(dir.into());
-    expect_success(&ringctl_cmd(v, &[]))
-}
-
-/// A port base whose member and metrics ports (base+1..5, base+101..105) are free now.
-fn free_base() -> u16 {
-    for _ in 0..50 {
-        let base = ringd::localring::free_port().unwrap().clamp(20_000, 60_000);
-        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if (1..=5).all(|i| free(base + i) && free(base + 100 + i)) {
-            return base;
-        }
-    }
-    panic!("no free port range found");
+    ringctl_in(dir, args)
 }
 
 #[test]
 fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
-    let config = sandbox.path().join("ring.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: test\nmembers: [{{name: m1}}, {{name: m2}}, {{name: m3}}]\nports: {{base: {}}}\n",
-            free_base()
-        ),
-    )
-    .unwrap();
+    let config = ring_config(sandbox.path(), 3);
 
     let config_arg = config.display().to_string();
     let out = ringctl_ok(&["bootstrap", "-o", "json", "--config", &config_arg], &dir);

@@ -46,6 +46,8 @@ enum Command {
     Join(JoinArgs),
     /// Remove a member (Raft configuration change; refused below 3 members).
     Leave(LeaveArgs),
+    /// Move a shoot's control plane to another member (planned migration, no acknowledged write lost).
+    Migrate(MigrateArgs),
 }
 
 #[derive(Args, Clone)]
@@ -141,6 +143,20 @@ struct JoinArgs {
     #[arg(long = "member-address")]
     member_address: Option<String>,
     /// Seconds to wait for the new member's control plane (local ring).
+    #[arg(long, default_value_t = 180)]
+    timeout: u64,
+    #[command(flatten)]
+    ring: RingArgs,
+}
+
+#[derive(Args)]
+struct MigrateArgs {
+    /// The shoot whose control plane moves.
+    shoot: String,
+    /// The member (seed) that hosts it afterwards.
+    #[arg(long)]
+    to: String,
+    /// Seconds to wait for the migration.
     #[arg(long, default_value_t = 180)]
     timeout: u64,
     #[command(flatten)]
@@ -491,6 +507,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ),
             }
         }
+        Command::Migrate(args) => {
+            init_tracing("warn");
+            let (address, pki) = args.ring.target()?;
+            let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
+            let id = client.migrate(&args.shoot, &args.to).await?;
+            eprintln!("migration {id}: {} to {}", args.shoot, args.to);
+            let op = client
+                .wait_operation(id, Duration::from_secs(args.timeout), |op, t| {
+                    eprintln!("  {:>6.1}s  {:?}: {}", t.as_secs_f64(), op.step, op.detail)
+                })
+                .await?;
+            if op.step == ringd::state::OperationStep::Failed {
+                anyhow::bail!("migration {id} failed: {}", op.detail);
+            }
+            print(&op, format, || {
+                format!("{} now runs on {}: {}\n", args.shoot, args.to, op.detail)
+            })
+        }
         Command::Leave(args) => {
             init_tracing("warn");
             if args.ring.address.is_none() {
@@ -508,8 +542,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_tracing("warn");
             let exe = std::env::current_exe().context("locating the ringctl executable")?;
             let dir = ringd::bench::temp_state_dir();
-            let result =
-                bootstrap::bench::bootstrap_bench(&dir, &args.sizes, &exe.with_file_name("ringd"), args.base_port).await;
+            let result = bootstrap::bench::bootstrap_bench(
+                &dir,
+                &args.sizes,
+                &exe.with_file_name("ringd"),
+                args.base_port,
+            )
+            .await;
             let _ = std::fs::remove_dir_all(&dir);
             let result = result?;
             print(&result, format, || bootstrap::bench::render(&result))

@@ -1,0 +1,299 @@
+//! Executing planned migrations on this member: as the source (stop the writers,
+//! final snapshot, report the handover) and as the target (fetch, restore,
+//! lease, start, verify, complete). Each side follows `migrate::plan`, observing
+//! what is on disk and running, so a restarted ringd resumes where it was.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use migrate::handover;
+use migrate::plan::{source_next, target_next, SourceAction, SourceView, TargetAction, TargetView};
+use ring_proto::v1::ring_admin_client::RingAdminClient;
+use ring_proto::v1::HandoverRequest;
+use seed::{Component, LocalSeed, Seed};
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::{now_ms, Shared};
+use crate::state::{Operation, OperationKind, OperationStep, RingCommand};
+use crate::transport::channel;
+use crate::RingError;
+
+const WRITERS: [Component; 3] = [
+    Component::KubeScheduler,
+    Component::KubeControllerManager,
+    Component::KubeApiserver,
+];
+
+fn migrate_err(e: migrate::MigrateError) -> RingError {
+    RingError::Transport(e.to_string())
+}
+
+/// Marks which operation the handover files in a shoot dir belong to; stale files
+/// from an older operation are removed first.
+fn claim_handover(layout: &seed::ShootLayout, op: u64) -> Result<(), RingError> {
+    let marker = handover::dir(layout).join("operation");
+    let current = std::fs::read_to_string(&marker).ok();
+    if current.as_deref().map(str::trim) != Some(op.to_string().as_str()) {
+        handover::clear(layout);
+        seed::pki::create_private_dir(&handover::dir(layout))?;
+        seed::pki::write_private(&marker, op.to_string().as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Runs until `stop`: drives every open migration this member takes part in.
+pub async fn run(shared: Arc<Shared>, seed: Arc<LocalSeed>, stop: CancellationToken) {
+    let mut verified: BTreeSet<u64> = BTreeSet::new();
+    let mut retry_at: BTreeMap<u64, Instant> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+        }
+        let v = shared.node().view();
+        let me = shared.name().to_string();
+        let ops: Vec<Operation> = v
+            .state
+            .operations
+            .iter()
+            .filter(|o| o.is_migration() && !o.step.is_finished())
+            .cloned()
+            .collect();
+        for op in ops {
+            if retry_at.get(&op.id).is_some_and(|t| Instant::now() < *t) {
+                continue;
+            }
+            let res = if op.source() == me && op.step == OperationStep::Pending {
+                source_step(&shared, &seed, &op).await
+            } else if op.target() == me && op.step == OperationStep::Restoring {
+                target_step(&shared, &seed, &op, &mut verified).await
+            } else {
+                Ok(())
+            };
+            match res {
+                Ok(()) => {
+                    retry_at.remove(&op.id);
+                }
+                Err(e) => {
+                    tracing::warn!(op = op.id, shoot = %op.shoot(), error = %e, "migration step failed; retrying");
+                    shared.set_hosted_detail(op.shoot(), format!("migration {}: {e}", op.id));
+                    retry_at.insert(op.id, Instant::now() + Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+async fn source_step(shared: &Shared, seed: &LocalSeed, op: &Operation) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let layout = seed.layout(shoot);
+    let spec = seed.spec_for(shoot, None)?;
+    claim_handover(&layout, op.id)?;
+    let running = seed.running_components(shoot).await;
+    let view = SourceView {
+        writers_running: WRITERS.iter().any(|c| running.contains(c)),
+        snapshot_taken: handover::read_info(&layout).is_some(),
+        etcd_running: running.contains(&Component::Etcd),
+        handover_recorded: false,
+    };
+    let action = source_next(&view);
+    tracing::info!(op = op.id, %shoot, ?action, "migration source");
+    match action {
+        SourceAction::StopWriters => {
+            shared.set_hosted(shoot, false, "handing over: writers stopped".into());
+            seed.stop_only(shoot, &WRITERS).await?;
+        }
+        SourceAction::StartEtcd => seed.start_only(&spec, &[Component::Etcd]).await?,
+        SourceAction::TakeSnapshot => {
+            handover::take_final_snapshot(&layout, &spec)
+                .await
+                .map_err(migrate_err)?;
+        }
+        SourceAction::StopEtcd => seed.stop_only(shoot, &[Component::Etcd]).await?,
+        SourceAction::ReportHandover => {
+            let info = handover::read_info(&layout)
+                .ok_or_else(|| RingError::Transport("the final snapshot vanished".into()))?;
+            shared
+                .propose_cmd(RingCommand::HandoverReady {
+                    id: op.id,
+                    revision: info.revision,
+                    at_ms: now_ms(),
+                })
+                .await?;
+            shared.set_hosted(
+                shoot,
+                false,
+                format!(
+                    "handed over at revision {} to {}",
+                    info.revision,
+                    op.target()
+                ),
+            );
+        }
+        SourceAction::Wait => {}
+    }
+    Ok(())
+}
+
+async fn target_step(
+    shared: &Shared,
+    seed: &LocalSeed,
+    op: &Operation,
+    verified: &mut BTreeSet<u64>,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let OperationKind::Migration { epoch, from, .. } = &op.kind else {
+        return Ok(());
+    };
+    let layout = seed.layout(shoot);
+    seed::pki::create_private_dir(&layout.dir)?;
+    claim_handover(&layout, op.id)?;
+    let running = seed.running_components(shoot).await;
+    let view = TargetView {
+        fetched: handover::read_info(&layout).is_some() && layout.spec_file().exists(),
+        restored: handover::restored(&layout),
+        leased: shared.holds_lease(shoot, *epoch),
+        serving: running.len() == Component::ALL.len(),
+        verified: verified.contains(&op.id),
+    };
+    let action = target_next(&view);
+    tracing::info!(op = op.id, %shoot, ?action, "migration target");
+    match action {
+        TargetAction::Fetch => fetch(shared, &layout, op, from).await?,
+        TargetAction::Restore => {
+            let spec = seed.spec_for(shoot, None)?;
+            let etcdctl = seed::BinarySearch::standard(shared.bin_dir()).find("etcdctl")?;
+            if let Err(e) = handover::restore(&layout, &spec, &etcdctl).await {
+                if !e.is_retryable() {
+                    fail(shared, op, &e.to_string()).await?;
+                }
+                return Err(migrate_err(e));
+            }
+        }
+        TargetAction::AcquireLease => shared.renew_lease(shoot, *epoch).await?,
+        TargetAction::Start => {
+            let spec = seed.spec_for(shoot, None)?;
+            seed.start(&spec).await?;
+            shared.set_hosted(shoot, true, format!("restored; verifying (epoch {epoch})"));
+        }
+        TargetAction::Verify => {
+            seed::wait_ready(seed, shoot, Duration::from_secs(120)).await?;
+            let spec = seed.spec_for(shoot, None)?;
+            let info = handover::read_info(&layout)
+                .ok_or_else(|| RingError::Transport("handover info vanished".into()))?;
+            if let Err(e) = handover::verify(&layout, &spec, &info).await {
+                if !e.is_retryable() {
+                    fail(shared, op, &e.to_string()).await?;
+                }
+                return Err(migrate_err(e));
+            }
+            verified.insert(op.id);
+        }
+        TargetAction::Complete => {
+            let info = handover::read_info(&layout);
+            let revision = info.map_or(0, |i| i.revision);
+            shared
+                .propose_cmd(RingCommand::AdvanceOperation {
+                    id: op.id,
+                    step: OperationStep::Done,
+                    detail: format!(
+                        "serving on {} at epoch {epoch}; revision {revision} and HashKV verified",
+                        shared.name()
+                    ),
+                    at_ms: now_ms(),
+                })
+                .await?;
+            shared.set_hosted(shoot, true, "serving".into());
+            handover::clear(&layout);
+        }
+    }
+    Ok(())
+}
+
+async fn fail(shared: &Shared, op: &Operation, why: &str) -> Result<(), RingError> {
+    shared
+        .propose_cmd(RingCommand::AdvanceOperation {
+            id: op.id,
+            step: OperationStep::Failed,
+            detail: why.to_string(),
+            at_ms: now_ms(),
+        })
+        .await
+}
+
+/// Streams the handover files from the source into the shoot dir; each file is
+/// written to a temporary name and renamed when complete, the snapshot info last.
+async fn fetch(
+    shared: &Shared,
+    layout: &seed::ShootLayout,
+    op: &Operation,
+    from: &str,
+) -> Result<(), RingError> {
+    use tokio::io::AsyncWriteExt;
+    let (_, address) = shared
+        .directory()
+        .get(from)
+        .ok_or_else(|| RingError::Transport(format!("no address for source {from}")))?;
+    let mut client = RingAdminClient::new(channel(shared.identity(), &address, from)?);
+    let mut stream = client
+        .fetch_handover(HandoverRequest {
+            shoot: op.shoot().to_string(),
+            operation: op.id,
+        })
+        .await
+        .map_err(|e| {
+            RingError::Transport(format!(
+                "fetching the handover from {from}: {}",
+                e.message()
+            ))
+        })?
+        .into_inner();
+    let mut current: Option<(String, std::path::PathBuf, tokio::fs::File)> = None;
+    while let Some(chunk) = stream.message().await.map_err(|e| {
+        RingError::Transport(format!("handover stream from {from}: {}", e.message()))
+    })? {
+        if current.as_ref().is_none_or(|(p, _, _)| *p != chunk.path) {
+            let path = handover::safe_path(layout, &chunk.path).map_err(migrate_err)?;
+            if let Some(parent) = path.parent() {
+                seed::pki::create_private_dir(parent)?;
+            }
+            let tmp = path.with_extension("fetching");
+            let file = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|source| RingError::Io {
+                    what: format!("creating {}", tmp.display()),
+                    source,
+                })?;
+            current = Some((chunk.path.clone(), path, file));
+        }
+        let Some((_, path, file)) = current.as_mut() else {
+            continue;
+        };
+        file.write_all(&chunk.data)
+            .await
+            .map_err(|source| RingError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+        if chunk.eof {
+            file.sync_all().await.map_err(|source| RingError::Io {
+                what: format!("syncing {}", path.display()),
+                source,
+            })?;
+            let tmp = path.with_extension("fetching");
+            std::fs::rename(&tmp, &*path).map_err(|source| RingError::Io {
+                what: format!("renaming {}", tmp.display()),
+                source,
+            })?;
+            current = None;
+        }
+    }
+    if handover::read_info(layout).is_none() {
+        return Err(RingError::Transport(format!(
+            "the handover from {from} was incomplete"
+        )));
+    }
+    Ok(())
+}

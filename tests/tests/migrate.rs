@@ -1,0 +1,174 @@
+//! Planned migration of a real control plane between members of a real ring,
+//! while a writer creates ConfigMaps as fast as it can.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::Api;
+use ring_tests::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_migration_under_writes_loses_no_acknowledged_write() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let config = ring_config(sandbox.path(), 3);
+    ringctl_in(
+        &dir,
+        &["bootstrap", "--config", &config.display().to_string()],
+    );
+    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
+    let before_kubeconfig = std::fs::read(&kubeconfig).unwrap();
+
+    // A writer that records every create the API acknowledged, with its resourceVersion.
+    let client = kube_client(&kubeconfig).await;
+    let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop, client) = (acked.clone(), stop.clone(), client.clone());
+        tokio::spawn(async move {
+            let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+            let mut i = 0u64;
+            let mut failures = 0u64;
+            while !stop.load(Ordering::Relaxed) && i < 100_000 {
+                i += 1;
+                let name = format!("w-{i}");
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                match cms.create(&PostParams::default(), &cm).await {
+                    Ok(created) => {
+                        let rv = created
+                            .metadata
+                            .resource_version
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0);
+                        acked.lock().unwrap().push((name, rv));
+                    }
+                    Err(_) => {
+                        failures += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            failures
+        })
+    };
+    wait_for("the writer to get going", Duration::from_secs(30), || {
+        let n = acked.lock().unwrap().len();
+        async move { (n >= 20).then_some(()) }
+    })
+    .await;
+
+    // m2's control plane runs on m1; move it to m3.
+    let dir2 = dir.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        ringctl_in(&dir2, &["migrate", "m2", "--to", "m3", "-o", "json"])
+    })
+    .await
+    .unwrap();
+    let op: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(op["step"], "Done", "{op}");
+    assert!(
+        op["detail"].as_str().unwrap().contains("HashKV verified"),
+        "{op}"
+    );
+
+    // keep writing a little on the new host, then stop
+    let n_before = acked.lock().unwrap().len();
+    wait_for("writes on the new host", Duration::from_secs(60), || {
+        let n = acked.lock().unwrap().len();
+        async move { (n >= n_before + 20).then_some(()) }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let _failures = writer.await.unwrap();
+
+    // every acknowledged write is there, read through the unchanged kubeconfig
+    assert_eq!(
+        std::fs::read(&kubeconfig).unwrap(),
+        before_kubeconfig,
+        "the kubeconfig changed"
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(kube_client(&kubeconfig).await, "default");
+    let present: BTreeSet<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    let acked = acked.lock().unwrap().clone();
+    let lost: Vec<&String> = acked
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| !present.contains(*n))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    // resourceVersions keep increasing across the move (no client sees time go backwards)
+    let max_rv = acked.iter().map(|(_, rv)| *rv).max().unwrap();
+    let fresh = cms
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("after-the-move".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let rv: u64 = fresh.metadata.resource_version.unwrap().parse().unwrap();
+    assert!(rv > max_rv, "resourceVersion went back: {rv} <= {max_rv}");
+
+    // the ring says so; the old host serves nothing for m2
+    let status = ringctl_in(&dir, &["status", "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let p = status["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["shoot"] == "m2")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (p["host"].as_str(), p["epoch"].as_u64()),
+        (Some("m3"), Some(2)),
+        "{p}"
+    );
+    let old = processes_mentioning(&dir.join("members/m1/seed/shoots/m2"));
+    assert!(
+        old.is_empty(),
+        "the old host still runs m2's processes: {old:?}"
+    );
+
+    // a migration to where it already is, or of an unknown shoot, is refused with a reason
+    let again = ringctl_cmd(
+        [
+            "migrate".as_ref(),
+            "m2".as_ref(),
+            "--to".as_ref(),
+            "m3".as_ref(),
+            "--ring-dir".as_ref(),
+            dir.as_os_str(),
+        ],
+        &[],
+    );
+    assert!(expect_clean_failure(&again).contains("already hosted by m3"));
+    ringctl_in(&dir, &["down"]);
+}
