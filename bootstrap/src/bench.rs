@@ -33,11 +33,19 @@ impl Progress for Quiet {
 fn ring_rss_kib(dir: &Path) -> u64 {
     let needle = dir.as_os_str().as_encoded_bytes().to_vec();
     let mut total = 0;
-    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
     for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
-        if !cmd.windows(needle.len()).any(|w| w == needle.as_slice()) || !seed::process::pid_alive(pid) {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if !cmd.windows(needle.len()).any(|w| w == needle.as_slice())
+            || !seed::process::pid_alive(pid)
+        {
             continue;
         }
         if let Ok(status) = std::fs::read_to_string(e.path().join("status")) {
@@ -55,7 +63,12 @@ fn ring_rss_kib(dir: &Path) -> u64 {
 }
 
 /// Bootstraps a fresh local ring of each size under `dir`, measures it, and takes it down.
-pub async fn bootstrap_bench(dir: &Path, sizes: &[usize], ringd: &Path, base_port: u16) -> Result<Vec<BootstrapFigures>, BootstrapError> {
+pub async fn bootstrap_bench(
+    dir: &Path,
+    sizes: &[usize],
+    ringd: &Path,
+    base_port: u16,
+) -> Result<Vec<BootstrapFigures>, BootstrapError> {
     let mut out = Vec::new();
     for &n in sizes {
         let ring_dir: PathBuf = dir.join(format!("ring-{n}"));
@@ -112,7 +125,9 @@ pub async fn bootstrap_bench(dir: &Path, sizes: &[usize], ringd: &Path, base_por
 
 /// The figures as text.
 pub fn render(figures: &[BootstrapFigures]) -> String {
-    let mut out = String::from("ringctl bootstrap from an empty dir (goal: < 60 s for 3 members on 2 cores):\n");
+    let mut out = String::from(
+        "ringctl bootstrap from an empty dir (goal: < 60 s for 3 members on 2 cores):\n",
+    );
     for f in figures {
         out.push_str(&format!(
             "\n{} members: {:.1} s in all, peak RSS of the whole ring {:.0} MiB\n",
