@@ -660,6 +660,9 @@ pub async fn join(
                 &Step::PublishKubeconfigs(vec![name.to_string()]),
             )
             .await?;
+            // Re-link: the new member is now the first member's predecessor and hosts it.
+            let first = config.members[0].name.clone();
+            migrate_and_wait(&layout, &config, &first, name, timeout).await?;
             return ring_status(&layout, &config).await;
         }
         if Instant::now() >= deadline {
@@ -689,6 +692,31 @@ pub async fn leave(dir: &Path, name: &str) -> Result<RingStatus, BootstrapError>
             reason: format!("{name} is not a member of ring {}", config.name),
         });
     };
+    if config.members.len() <= 3 {
+        return Err(BootstrapError::Config {
+            field: "name".into(),
+            reason: format!("{name} cannot leave: a ring needs at least 3 members"),
+        });
+    }
+    // Re-link: the leaving member's successor moves to the leaving member's predecessor.
+    let n = config.members.len();
+    let successor = config.members[(index + 1) % n].name.clone();
+    let predecessor = config.members[(index + n - 1) % n].name.clone();
+    let status = ring_status(&layout, &config).await?;
+    if status
+        .placements
+        .iter()
+        .any(|p| p.shoot == successor && p.host == name)
+    {
+        migrate_and_wait(
+            &layout,
+            &config,
+            &successor,
+            &predecessor,
+            Duration::from_secs(180),
+        )
+        .await?;
+    }
     let status = ring_status(&layout, &config).await?;
     let leader = status.leader.clone().unwrap_or_default();
     let j = config
@@ -717,6 +745,42 @@ pub async fn leave(dir: &Path, name: &str) -> Result<RingStatus, BootstrapError>
     })?;
     seed::pki::write_private(&layout.config_file(), yaml.as_bytes()).map_err(RingError::from)?;
     ring_status(&layout, &config).await
+}
+
+/// Moves `shoot`'s control plane to member `to` (planned migration) and waits for it.
+pub async fn migrate_and_wait(
+    layout: &RingLayout,
+    config: &RingConfig,
+    shoot: &str,
+    to: &str,
+    timeout: Duration,
+) -> Result<(), BootstrapError> {
+    let status = ring_status(layout, config).await?;
+    if status
+        .placements
+        .iter()
+        .any(|p| p.shoot == shoot && p.host == to)
+    {
+        return Ok(());
+    }
+    let leader = status.leader.clone().unwrap_or_default();
+    let address = status
+        .members
+        .iter()
+        .find(|m| m.name == leader)
+        .map(|m| m.address.clone())
+        .unwrap_or_else(|| config.member_address(0));
+    let mut admin = AdminClient::connect(&address, &layout.pki())?;
+    let id = admin.migrate(shoot, to).await?;
+    let op = admin.wait_operation(id, timeout, |_, _| {}).await?;
+    if op.step != ringd::state::OperationStep::Done {
+        return Err(BootstrapError::Timeout {
+            step: format!("migrate {shoot} to {to}"),
+            waited_secs: timeout.as_secs(),
+            detail: op.detail,
+        });
+    }
+    Ok(())
 }
 
 /// Stops every member (SIGTERM, then SIGKILL after `grace`); data stays in place.
