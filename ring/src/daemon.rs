@@ -963,6 +963,13 @@ impl RingAdmin for AdminService {
         if state.member(&r.name).is_none() {
             return Err(Status::not_found(format!("no member {}", r.name)));
         }
+        if state.members.len() <= 3 {
+            return Err(Status::failed_precondition(format!(
+                "removing {} would leave {} members; a ring needs at least 3",
+                r.name,
+                state.members.len() - 1
+            )));
+        }
         let hosted: Vec<&str> = state
             .placements
             .values()
@@ -974,13 +981,6 @@ impl RingAdmin for AdminService {
                 "{} hosts the control plane of {}; it can leave once that moved (planned migration)",
                 r.name,
                 hosted.join(", ")
-            )));
-        }
-        if state.members.len() <= 3 {
-            return Err(Status::failed_precondition(format!(
-                "removing {} would leave {} members; a ring needs at least 3",
-                r.name,
-                state.members.len() - 1
             )));
         }
         let cmd = RingCommand::RemoveMember {
