@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod migrate_bench;
 pub mod plan;
 
 use std::collections::BTreeSet;
@@ -247,9 +248,20 @@ pub async fn bootstrap(
     let mut steps: Vec<(String, f64)> = Vec::new();
     let mut current: Option<(String, Instant)> = None;
     let mut changed = false;
+    let mut starts: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
     loop {
         let observed = observe(&layout, &config).await;
         let step = next_step(&config, &observed);
+        if let Step::StartMember(m) = &step {
+            let n = starts.entry(m.clone()).or_default();
+            *n += 1;
+            if *n > 2 {
+                return Err(BootstrapError::Unsupported(format!(
+                    "ringd {m} exits right after starting; {}",
+                    stuck_detail(&layout, &config, &step)
+                )));
+            }
+        }
         let label = step.label();
         if current.as_ref().is_none_or(|(l, _)| *l != label) {
             if let Some((l, t)) = current.take() {
@@ -651,6 +663,12 @@ pub async fn join(
     seed::pki::write_private(&layout.config_file(), yaml.as_bytes()).map_err(RingError::from)?;
     let deadline = Instant::now() + timeout;
     loop {
+        if layout.running_pid(name).is_none() {
+            return Err(BootstrapError::Unsupported(format!(
+                "ringd {name} exited; {}",
+                stuck_detail(&layout, &config, &Step::StartMember(name.to_string()))
+            )));
+        }
         let o = observe(&layout, &config).await;
         if o.ready.contains(name) {
             execute(

@@ -243,10 +243,14 @@ pub fn expect_clean_failure(out: &Output) -> String {
 /// A port base whose member and metrics ports (base+1..5, base+101..105) are free now
 /// (for `ports: {base: ...}` in a Ring config).
 pub fn free_port_base() -> u16 {
-    for _ in 0..50 {
-        let base = ringd::localring::free_port()
-            .expect("a free port")
-            .clamp(20_000, 60_000);
+    // Below Linux's ephemeral range (32768+), so outgoing connections cannot take
+    // the ports between this check and the ring's start.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let seed = nanos ^ (u64::from(std::process::id()) << 20);
+    for attempt in 0..200u64 {
+        let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(7919)) % 12_000) as u16;
         let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
         if (1..=5).all(|i| free(base + i) && free(base + 100 + i)) {
             return base;

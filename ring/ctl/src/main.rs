@@ -191,6 +191,21 @@ enum BenchCommand {
     Raft(RaftBenchArgs),
     /// Wall time of bootstrap per step and the ring's peak memory.
     Bootstrap(BootstrapBenchArgs),
+    /// Planned migration time of a control plane with many objects (median of N moves).
+    Migrate(MigrateBenchArgs),
+}
+
+#[derive(Args)]
+struct MigrateBenchArgs {
+    /// ConfigMaps (1 KiB each) written into the moved control plane first.
+    #[arg(long, default_value_t = 10_000)]
+    objects: usize,
+    /// Moves to time.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// First port of the throwaway ring.
+    #[arg(long, default_value_t = 27300)]
+    base_port: u16,
 }
 
 #[derive(Args)]
@@ -537,6 +552,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
             println!("{}", client.remove_member(&args.name).await?);
             Ok(())
+        }
+        Command::Bench(BenchCommand::Migrate(args)) => {
+            init_tracing("warn");
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let dir = ringd::bench::temp_state_dir();
+            let result = bootstrap::migrate_bench::migrate_bench(
+                &dir,
+                &exe.with_file_name("ringd"),
+                args.base_port,
+                args.objects,
+                args.runs,
+            )
+            .await;
+            let _ = std::fs::remove_dir_all(&dir);
+            let result = result?;
+            print(&result, format, || {
+                bootstrap::migrate_bench::render(&result)
+            })
         }
         Command::Bench(BenchCommand::Bootstrap(args)) => {
             init_tracing("warn");
