@@ -481,6 +481,7 @@ fn write_member_config(
         seed: Some(SeedConfig {
             state_dir: layout.seed_dir(&m.name),
             bin_dir: None,
+            kubernetes: None,
         }),
     };
     rc.validate()?;

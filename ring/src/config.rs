@@ -14,6 +14,7 @@
 //!   - { name: m3, id: 3, address: 127.0.0.1:7003 }
 //! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000 }
 //! seed: { stateDir: /var/lib/ring/m1/seed }   # optional: host control planes locally
+//! # or in a Kubernetes cluster: seed: { stateDir: ..., kubernetes: { ring: demo, kubeconfig: seed.kubeconfig } }
 //! ```
 
 use std::net::SocketAddr;
@@ -115,6 +116,10 @@ pub struct SeedConfig {
     /// Directory searched first for etcd and the Kubernetes binaries.
     #[serde(default)]
     pub bin_dir: Option<PathBuf>,
+    /// Host control planes as workloads in a Kubernetes cluster instead of local
+    /// processes (`stateDir` then only holds caches: PKI, admin kubeconfigs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<seed::KubernetesSeedConfig>,
 }
 
 /// Configuration of one ringd.
@@ -247,6 +252,14 @@ impl RingdConfig {
             }
         }
         self.timing.validate()?;
+        if let Some(k) = self.seed.as_ref().and_then(|s| s.kubernetes.as_ref()) {
+            k.validate().map_err(|e| match e {
+                seed::SeedError::InvalidSpec { field, reason } => {
+                    bad(&format!("seed.kubernetes.{field}"), reason)
+                }
+                other => bad("seed.kubernetes", other.to_string()),
+            })?;
+        }
         Ok(())
     }
 
@@ -325,6 +338,10 @@ members:
             (
                 format!("{GOOD}timing: {{ leaseMs: 100 }}\n"),
                 "timing.leaseMs",
+            ),
+            (
+                format!("{GOOD}seed: {{ stateDir: /s, kubernetes: {{ ring: demo, etcdStorage: lots }} }}\n"),
+                "seed.kubernetes.etcdStorage",
             ),
         ];
         for (text, field) in cases {

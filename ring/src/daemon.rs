@@ -354,6 +354,12 @@ pub async fn start(
     directory.insert(&config.name, config.id, &config.listen);
 
     let seed = match &config.seed {
+        Some(sc) if sc.kubernetes.is_some() => {
+            return Err(RingError::Config {
+                field: "seed.kubernetes".into(),
+                reason: "ringd does not drive Kubernetes seeds yet (seed::KubernetesSeed exists; the daemon wiring is an open issue); remove it to host control planes as local processes".into(),
+            })
+        }
         Some(sc) => {
             let bins = BinarySearch::standard(sc.bin_dir.as_deref()).control_plane()?;
             let tuning = seed::process::SupervisorTuning {

@@ -130,6 +130,7 @@ impl LocalRing {
             seed: with_seed.then(|| SeedConfig {
                 state_dir: mdir.join("seed"),
                 bin_dir: None,
+                kubernetes: None,
             }),
         };
         config.validate()?;

@@ -128,3 +128,31 @@ pub async fn client(shoot: &str, path: &Path) -> Result<kube::Client> {
             .map_err(|e| kube_err(format!("kubeconfig {}: {e}", path.display())))?;
     kube::Client::try_from(config).map_err(|e| kube_err(e.to_string()))
 }
+
+/// Asks the kube-apiserver behind the kubeconfig at `path` for `/readyz` (5 s bound).
+/// `Ok(Health)` whatever the answer; the detail says what came back or why nothing did.
+pub async fn readyz(shoot: &str, path: &Path) -> Result<crate::Health> {
+    let client = client(shoot, path).await?;
+    let req = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| crate::SeedError::Kube {
+            shoot: shoot.to_string(),
+            message: e.to_string(),
+        })?;
+    let answer =
+        tokio::time::timeout(std::time::Duration::from_secs(5), client.request_text(req)).await;
+    Ok(match answer {
+        Ok(Ok(text)) => crate::Health {
+            ready: text.trim() == "ok",
+            detail: text.trim().to_string(),
+        },
+        Ok(Err(e)) => crate::Health {
+            ready: false,
+            detail: e.to_string(),
+        },
+        Err(_) => crate::Health {
+            ready: false,
+            detail: "/readyz did not answer within 5s".into(),
+        },
+    })
+}

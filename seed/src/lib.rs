@@ -10,6 +10,7 @@ pub mod binaries;
 pub mod endpoint;
 mod error;
 pub mod kubeconfig;
+pub mod kubernetes;
 pub mod local;
 pub mod pki;
 pub mod process;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use binaries::{Binaries, BinarySearch};
 pub use endpoint::{validate_shoot_name, ShootEndpoint};
 pub use error::{Result, SeedError};
+pub use kubernetes::{KubernetesSeed, KubernetesSeedConfig};
 pub use local::{LocalSeed, ShootLayout};
 pub use process::{Component, ComponentState};
 

@@ -744,28 +744,7 @@ impl Seed for LocalSeed {
                 path: layout.dir,
             });
         }
-        let client = kubeconfig::client(shoot, &path).await?;
-        let req = http::Request::get("/readyz")
-            .body(Vec::new())
-            .map_err(|e| SeedError::Kube {
-                shoot: shoot.to_string(),
-                message: e.to_string(),
-            })?;
-        let answer = tokio::time::timeout(Duration::from_secs(5), client.request_text(req)).await;
-        Ok(match answer {
-            Ok(Ok(text)) => Health {
-                ready: text.trim() == "ok",
-                detail: text.trim().to_string(),
-            },
-            Ok(Err(e)) => Health {
-                ready: false,
-                detail: e.to_string(),
-            },
-            Err(_) => Health {
-                ready: false,
-                detail: "/readyz did not answer within 5s".into(),
-            },
-        })
+        kubeconfig::readyz(shoot, &path).await
     }
 }
 

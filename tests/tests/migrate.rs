@@ -172,3 +172,78 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
     assert!(expect_clean_failure(&again).contains("already hosted by m3"));
     ringctl_in(&dir, &["down"]);
 }
+
+/// kill -9 of the target's ringd while it restores: after a restart it resumes
+/// from what is on disk and the migration completes with the data intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_crash_mid_migration_resumes_and_completes() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let config = ring_config(sandbox.path(), 3);
+    ringctl_in(
+        &dir,
+        &["bootstrap", "--config", &config.display().to_string()],
+    );
+    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
+    kubectl(
+        &kubeconfig,
+        &["create", "configmap", "survivor", "--from-literal=k=v"],
+    );
+
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let ring = layout.read_config().unwrap().unwrap();
+    let pki = layout.pki();
+    let leader_status = ringd::client::AdminClient::connect(&ring.member_address(0), &pki)
+        .unwrap()
+        .status()
+        .await
+        .unwrap();
+    let mut admin = ringd::client::AdminClient::connect_leader(&ring.member_address(0), &pki)
+        .await
+        .unwrap();
+    assert!(leader_status
+        .placements
+        .iter()
+        .any(|p| p.shoot == "m2" && p.host == "m1"));
+    let id = admin.migrate("m2", "m3").await.unwrap();
+
+    // wait for the handover, then kill the target's ringd (and with it whatever it runs)
+    wait_for("the handover to m3", Duration::from_secs(60), || {
+        let mut c = ringd::client::AdminClient::connect(&ring.member_address(0), &pki).unwrap();
+        async move {
+            let s = c.status().await.ok()?;
+            s.operations
+                .iter()
+                .any(|o| o.id == id && o.step == ringd::state::OperationStep::Restoring)
+                .then_some(())
+        }
+    })
+    .await;
+    let pid = layout.running_pid("m3").expect("m3 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("m3's ringd to be gone", Duration::from_secs(10), || {
+        let gone = layout.running_pid("m3").is_none();
+        async move { gone.then_some(()) }
+    })
+    .await;
+
+    // bootstrap resumes the ring: it restarts m3, which resumes the migration
+    ringctl_in(&dir, &["bootstrap"]);
+    let op = admin
+        .wait_operation(id, Duration::from_secs(120), |_, _| {})
+        .await
+        .expect("the migration finishes");
+    assert_eq!(op.step, ringd::state::OperationStep::Done, "{op:?}");
+    assert_eq!(
+        kubectl(
+            &kubeconfig,
+            &["get", "configmap", "survivor", "-o", "jsonpath={.data.k}"]
+        ),
+        "v"
+    );
+    ringctl_in(&dir, &["down"]);
+}

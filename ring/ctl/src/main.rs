@@ -11,6 +11,8 @@ use ringd::controlplane::{self, SeedOptions, UpOptions};
 use ringd::output::{encode, status_table, Format};
 use tokio_util::sync::CancellationToken;
 
+mod manifests;
+
 #[derive(Parser)]
 #[command(
     name = "ringctl",
@@ -48,6 +50,9 @@ enum Command {
     Leave(LeaveArgs),
     /// Move a shoot's control plane to another member (planned migration, no acknowledged write lost).
     Migrate(MigrateArgs),
+    /// Kubernetes manifests that run each member's ringd in its own cluster (ServiceAccount,
+    /// least-privilege RBAC in the shoot namespaces, ConfigMap, Service, StatefulSet).
+    Manifests(manifests::ManifestsArgs),
 }
 
 #[derive(Args, Clone)]
@@ -521,6 +526,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "--address names a remote ring: give the new member's --member-address too"
                 ),
             }
+        }
+        Command::Manifests(args) => {
+            init_tracing("warn");
+            print!("{}", manifests::render(&args)?);
+            Ok(())
         }
         Command::Migrate(args) => {
             init_tracing("warn");

@@ -1,0 +1,169 @@
+//! `ringctl manifests`: Kubernetes manifests that run each member's ringd in its
+//! own cluster (rendering: `seed::kubernetes::manifests`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bootstrap::RingConfig;
+use clap::Args;
+use ringd::config::{MemberConfig, RingdConfig, SeedConfig, TlsFiles, API_VERSION};
+use seed::kubernetes::manifests::{Manifests, Member, DATA_DIR, TLS_DIR};
+use seed::kubernetes::render::to_yaml;
+use seed::KubernetesSeedConfig;
+
+#[derive(Args)]
+pub struct ManifestsArgs {
+    /// The Ring config (kind: Ring).
+    #[arg(long = "ring-config")]
+    ring_config: PathBuf,
+    /// ringd's container image (built from this repository).
+    #[arg(long, default_value = concat!("ring/ringd:", env!("CARGO_PKG_VERSION")))]
+    image: String,
+    /// The namespace ringd runs in.
+    #[arg(long, default_value = "ring-system")]
+    namespace: String,
+    /// Size of each ringd's data volume.
+    #[arg(long, default_value = "1Gi")]
+    storage: String,
+    /// Where members reach a member's ringd, as NAME=IP:PORT (its load balancer address;
+    /// repeatable) [default: from the Ring config's ports].
+    #[arg(long = "member-address", value_parser = parse_member_address)]
+    member_addresses: Vec<(String, SocketAddr)>,
+    /// Only this member's manifests.
+    #[arg(long)]
+    member: Option<String>,
+}
+
+fn parse_member_address(s: &str) -> Result<(String, SocketAddr), String> {
+    let (name, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=IP:PORT"))?;
+    let addr = addr
+        .parse()
+        .map_err(|e| format!("{addr:?} is not IP:PORT ({e})"))?;
+    Ok((name.to_string(), addr))
+}
+
+/// The manifests of every member (or only `--member`), as one YAML stream.
+pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
+    let path = &args.ring_config;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let ring = RingConfig::parse(&text, &path.display().to_string())?;
+    for (name, _) in &args.member_addresses {
+        anyhow::ensure!(
+            ring.members.iter().any(|m| &m.name == name),
+            "--member-address names {name:?}, which is not a member of ring {}",
+            ring.name
+        );
+    }
+    if let Some(only) = &args.member {
+        anyhow::ensure!(
+            ring.members.iter().any(|m| &m.name == only),
+            "--member {only:?} is not a member of ring {}",
+            ring.name
+        );
+    }
+    let address = |i: usize| -> anyhow::Result<SocketAddr> {
+        let name = &ring.members[i].name;
+        match args.member_addresses.iter().find(|(n, _)| n == name) {
+            Some((_, a)) => Ok(*a),
+            None => ring
+                .member_address(i)
+                .parse()
+                .with_context(|| format!("address of member {name}")),
+        }
+    };
+    let members: Vec<MemberConfig> = (0..ring.members.len())
+        .map(|i| {
+            Ok(MemberConfig {
+                name: ring.members[i].name.clone(),
+                id: i as u64 + 1,
+                address: address(i)?.to_string(),
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let manifests = Manifests {
+        ring: ring.name.clone(),
+        namespace: args.namespace.clone(),
+        image: args.image.clone(),
+        storage: args.storage.clone(),
+    };
+    let mut out = String::new();
+    for (i, m) in ring.members.iter().enumerate() {
+        if args.member.as_ref().is_some_and(|only| only != &m.name) {
+            continue;
+        }
+        let port = address(i)?.port();
+        let metrics_port: u16 = ring
+            .metrics_address(i)
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("metrics port")?;
+        let config = RingdConfig {
+            api_version: API_VERSION.into(),
+            kind: "RingMember".into(),
+            name: m.name.clone(),
+            id: members[i].id,
+            listen: format!("0.0.0.0:{port}"),
+            metrics_listen: Some(format!("0.0.0.0:{metrics_port}")),
+            data_dir: format!("{DATA_DIR}/data").into(),
+            tls: TlsFiles {
+                ca: format!("{TLS_DIR}/ca.crt").into(),
+                cert: format!("{TLS_DIR}/tls.crt").into(),
+                key: format!("{TLS_DIR}/tls.key").into(),
+            },
+            members: members.clone(),
+            join: false,
+            timing: ring.timing,
+            // In its own cluster, ringd hosts control planes there with its service account.
+            seed: Some(SeedConfig {
+                state_dir: format!("{DATA_DIR}/seed").into(),
+                bin_dir: None,
+                kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
+            }),
+        };
+        config
+            .validate()
+            .with_context(|| format!("ringd config of member {}", m.name))?;
+        let member = Member {
+            name: m.name.clone(),
+            config,
+            port,
+            metrics_port: Some(metrics_port),
+            hosts: ring
+                .members
+                .iter()
+                .filter(|o| o.name != m.name)
+                .map(|o| o.name.clone())
+                .collect(),
+        };
+        let objects = manifests
+            .member(&member)
+            .map_err(|e| anyhow::anyhow!("rendering member {}: {e}", m.name))?;
+        let target = match &m.seed {
+            bootstrap::config::SeedSpec::Kubernetes {
+                kubeconfig,
+                context,
+            } => format!(
+                "kubectl --kubeconfig {kubeconfig}{} apply -f -",
+                context
+                    .as_ref()
+                    .map(|c| format!(" --context {c}"))
+                    .unwrap_or_default()
+            ),
+            bootstrap::config::SeedSpec::Local => {
+                "kubectl apply -f - (the member's own cluster)".into()
+            }
+        };
+        out.push_str(&format!(
+            "# member {name}: {target}\n# needs Secret {ns}/ringd-{name}-tls with ca.crt, tls.crt, tls.key (ringctl pki init --member {name}=IP)\n",
+            name = m.name,
+            ns = args.namespace
+        ));
+        out.push_str(&to_yaml(&objects));
+    }
+    Ok(out)
+}

@@ -1,0 +1,1010 @@
+//! The Kubernetes seed: hosts control planes as workloads in a real cluster.
+//!
+//! A shoot's control plane becomes objects in the namespace
+//! `shoot--<ring>--<shoot>` of the seed cluster (see [`render`]): etcd as a
+//! StatefulSet with a PersistentVolumeClaim, kube-apiserver,
+//! kube-controller-manager and kube-scheduler as Deployments, Services (the
+//! API's of type LoadBalancer by default), the PKI in a Secret, a
+//! PodDisruptionBudget and resource requests. Everything is applied with
+//! server-side apply (field manager `ringd`) and owned by the anchor ConfigMap
+//! `ring-control-plane`, so [`KubernetesSeed::delete`] cleans up through the
+//! garbage collector.
+//!
+//! The shoot's PKI is made with [`crate::pki`] in a local cache directory
+//! (`<state-dir>/shoots/<shoot>/pki`), but the Secret in the seed cluster is the
+//! source of truth: every `start` first restores the cache from the Secret, so
+//! the CA and the certificates stay the same across re-applies and across
+//! ringd instances.
+//!
+//! * `start` applies everything with one replica per component;
+//! * `stop` scales every workload to zero (the PVC and so etcd's data stay),
+//!   waits for the pods to go, then deletes stragglers without grace;
+//! * `fence` scales kube-apiserver to zero and deletes its pods without grace;
+//! * `inspect` / `health` read the workloads' status and ask `/readyz` through
+//!   the API Service when this ringd can reach it (a LoadBalancer address, or
+//!   the Service's DNS name when ringd runs in the seed cluster), and say so
+//!   plainly when it cannot.
+
+pub mod manifests;
+pub mod render;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, Service,
+};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
+};
+use kube::Api;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use crate::error::{Result, SeedError};
+use crate::pki::{create_private_dir, write_private, LeafSpec, Pki, KUBERNETES_SERVICE_IP};
+use crate::process::{Component, ComponentState};
+use crate::{
+    kubeconfig, ComponentStatus, ControlPlaneSpec, ControlPlaneStatus, Health, Phase, Seed,
+};
+use render::{Owner, Renderer, ANCHOR, APISERVER, FIELD_MANAGER, PKI_SECRET, SHOOT_LABEL};
+
+/// How the kube-apiserver's Service is exposed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServiceType {
+    /// An external load balancer (the default; ringd outside the cluster reaches `/readyz` through it).
+    #[default]
+    LoadBalancer,
+    /// Reachable inside the seed cluster only.
+    ClusterIP,
+    /// A port on every node.
+    NodePort,
+}
+
+/// Container images of the control plane components.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Images {
+    pub etcd: String,
+    pub kube_apiserver: String,
+    pub kube_controller_manager: String,
+    pub kube_scheduler: String,
+}
+
+impl Default for Images {
+    /// The versions the local seed runs: etcd 3.4.23, Kubernetes v1.20.2.
+    fn default() -> Self {
+        let k8s = |c: &str| format!("registry.k8s.io/{c}:v1.20.2");
+        Images {
+            etcd: "gcr.io/etcd-development/etcd:v3.4.23".into(),
+            kube_apiserver: k8s("kube-apiserver"),
+            kube_controller_manager: k8s("kube-controller-manager"),
+            kube_scheduler: k8s("kube-scheduler"),
+        }
+    }
+}
+
+/// A member's Kubernetes seed (the `seed.kubernetes` section of a ringd config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesSeedConfig {
+    /// The ring's name; shoots live in namespaces `shoot--<ring>--<shoot>`.
+    pub ring: String,
+    /// Kubeconfig of the seed cluster; without it, ringd uses its in-cluster service account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Type of the kube-apiserver Service.
+    #[serde(default)]
+    pub service_type: ServiceType,
+    /// Size of etcd's volume (a Kubernetes quantity such as `1Gi`).
+    #[serde(default = "default_etcd_storage")]
+    pub etcd_storage: String,
+    /// StorageClass of etcd's volume (default: the cluster's default class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    #[serde(default)]
+    pub images: Images,
+}
+
+fn default_etcd_storage() -> String {
+    "1Gi".into()
+}
+
+/// Longest ring name that leaves room for a shoot name in a 63-character namespace.
+const MAX_RING_NAME: usize = 24;
+
+impl KubernetesSeedConfig {
+    /// Defaults for `ring`, using the in-cluster service account.
+    pub fn new(ring: impl Into<String>) -> Self {
+        KubernetesSeedConfig {
+            ring: ring.into(),
+            kubeconfig: None,
+            context: None,
+            service_type: ServiceType::default(),
+            etcd_storage: default_etcd_storage(),
+            storage_class: None,
+            images: Images::default(),
+        }
+    }
+
+    /// Checks every field; the error's `field` is relative to this section.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, reason: String| SeedError::InvalidSpec {
+            field: field.into(),
+            reason,
+        };
+        crate::validate_shoot_name(&self.ring).map_err(|e| bad("ring", e.to_string()))?;
+        if self.ring.len() > MAX_RING_NAME {
+            return Err(bad(
+                "ring",
+                format!("is longer than {MAX_RING_NAME} characters (namespaces are shoot--<ring>--<shoot>, at most 63)"),
+            ));
+        }
+        if self
+            .kubeconfig
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(bad("kubeconfig", "is empty; name a kubeconfig file or leave it out to use the in-cluster service account".into()));
+        }
+        if self.context.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err(bad(
+                "context",
+                "is empty; leave it out to use the kubeconfig's current context".into(),
+            ));
+        }
+        if self.context.is_some() && self.kubeconfig.is_none() {
+            return Err(bad(
+                "context",
+                "needs kubeconfig (the in-cluster config has no contexts)".into(),
+            ));
+        }
+        let digits = self
+            .etcd_storage
+            .trim_end_matches(['K', 'M', 'G', 'T', 'i']);
+        if digits.is_empty()
+            || !digits.bytes().all(|b| b.is_ascii_digit())
+            || !["", "Ki", "Mi", "Gi", "Ti", "K", "M", "G", "T"]
+                .contains(&&self.etcd_storage[digits.len()..])
+        {
+            return Err(bad(
+                "etcdStorage",
+                format!(
+                    "{:?} is not a storage size such as 1Gi or 512Mi",
+                    self.etcd_storage
+                ),
+            ));
+        }
+        for (field, image) in [
+            ("images.etcd", &self.images.etcd),
+            ("images.kubeApiserver", &self.images.kube_apiserver),
+            (
+                "images.kubeControllerManager",
+                &self.images.kube_controller_manager,
+            ),
+            ("images.kubeScheduler", &self.images.kube_scheduler),
+        ] {
+            if image.is_empty() || image.contains(char::is_whitespace) {
+                return Err(bad(field, format!("{image:?} is not an image reference")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A seed that runs control planes as workloads in a Kubernetes cluster.
+pub struct KubernetesSeed {
+    client: kube::Client,
+    config: KubernetesSeedConfig,
+    state_dir: PathBuf,
+    in_cluster: bool,
+    stop_grace: Duration,
+    /// Serializes starts: they share the local PKI cache.
+    starting: tokio::sync::Mutex<()>,
+}
+
+impl KubernetesSeed {
+    /// Connects to the seed cluster named by `config` (its kubeconfig and context, or the
+    /// in-cluster service account); `state_dir` holds local caches (PKI, admin kubeconfigs).
+    pub async fn connect(
+        config: &KubernetesSeedConfig,
+        state_dir: impl Into<PathBuf>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let err = |message: String| SeedError::Kube {
+            shoot: "(seed cluster)".into(),
+            message,
+        };
+        let (kube_config, in_cluster) = match &config.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| err(format!("reading kubeconfig {}: {e}", path.display())))?;
+                let options = kube::config::KubeConfigOptions {
+                    context: config.context.clone(),
+                    ..Default::default()
+                };
+                let c = kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| err(format!("kubeconfig {} (context {:?}): {e}", path.display(), config.context)))?;
+                (c, false)
+            }
+            None => (
+                kube::Config::incluster().map_err(|e| {
+                    err(format!("no kubeconfig given and not running in a cluster ({e}); set seed.kubernetes.kubeconfig"))
+                })?,
+                true,
+            ),
+        };
+        let client = kube::Client::try_from(kube_config).map_err(|e| err(e.to_string()))?;
+        Ok(Self::with_client(
+            client,
+            config.clone(),
+            state_dir,
+            in_cluster,
+        ))
+    }
+
+    /// A seed on an existing client; `in_cluster` says whether cluster-internal
+    /// Service addresses are reachable from here.
+    pub fn with_client(
+        client: kube::Client,
+        config: KubernetesSeedConfig,
+        state_dir: impl Into<PathBuf>,
+        in_cluster: bool,
+    ) -> Self {
+        KubernetesSeed {
+            client,
+            config,
+            state_dir: state_dir.into(),
+            in_cluster,
+            stop_grace: Duration::from_secs(30),
+            starting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// How long `stop` waits for pods to end before deleting them without grace.
+    pub fn with_stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// The namespace of `shoot`'s control plane.
+    pub fn namespace(&self, shoot: &str) -> String {
+        render::namespace(&self.config.ring, shoot)
+    }
+
+    /// The local cache of `shoot`'s PKI (restored from the Secret on every start).
+    pub fn pki_cache(&self, shoot: &str) -> PathBuf {
+        self.state_dir.join("shoots").join(shoot).join("pki")
+    }
+
+    /// The admin kubeconfig this seed writes for `shoot` (server: the API Service's address).
+    pub fn admin_kubeconfig(&self, shoot: &str) -> PathBuf {
+        self.state_dir
+            .join("shoots")
+            .join(shoot)
+            .join("admin.kubeconfig")
+    }
+
+    fn kube_err(&self, shoot: &str, what: &str) -> impl Fn(kube::Error) -> SeedError {
+        let (shoot, what) = (shoot.to_string(), what.to_string());
+        move |e| {
+            let hint = match &e {
+                kube::Error::Api(r) if r.code == 403 => {
+                    "; ringd's service account lacks a permission (see the RBAC in `ringctl manifests`)"
+                }
+                _ => "",
+            };
+            SeedError::Kube {
+                shoot: shoot.clone(),
+                message: format!("{what}: {e}{hint}"),
+            }
+        }
+    }
+
+    fn renderer<'a>(&'a self, spec: &'a ControlPlaneSpec) -> Renderer<'a> {
+        Renderer {
+            ring: &self.config.ring,
+            spec,
+            config: &self.config,
+        }
+    }
+
+    /// Server-side apply of one rendered object; returns the object as stored.
+    async fn apply(&self, shoot: &str, object: &Value) -> Result<DynamicObject> {
+        let (api_version, kind) = (
+            object["apiVersion"].as_str().unwrap_or_default(),
+            object["kind"].as_str().unwrap_or_default(),
+        );
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        };
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .map_err(self.kube_err(shoot, &format!("applying {kind} {name}")))
+    }
+
+    /// Makes sure the namespace exists (it may be created beforehand, with ringd's RBAC in it).
+    async fn ensure_namespace(&self, spec: &ControlPlaneSpec) -> Result<()> {
+        let ns = self.namespace(&spec.shoot);
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let found = api
+            .get_opt(&ns)
+            .await
+            .map_err(self.kube_err(&spec.shoot, &format!("reading namespace {ns}")))?;
+        match found {
+            Some(n) if n.metadata.deletion_timestamp.is_some() => Err(SeedError::Kube {
+                shoot: spec.shoot.clone(),
+                message: format!("namespace {ns} is being deleted; try again once it is gone"),
+            }),
+            Some(_) => Ok(()),
+            None => {
+                let object: Namespace = serde_json::from_value(self.renderer(spec).namespace())
+                    .map_err(|e| SeedError::InvalidSpec {
+                        field: "namespace".into(),
+                        reason: e.to_string(),
+                    })?;
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map_err(self.kube_err(&spec.shoot, &format!("creating namespace {ns}")))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The PKI Secret's data, if the Secret exists.
+    async fn read_pki_secret(&self, shoot: &str) -> Result<Option<BTreeMap<String, Vec<u8>>>> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
+        let secret = api
+            .get_opt(PKI_SECRET)
+            .await
+            .map_err(self.kube_err(shoot, &format!("reading Secret {PKI_SECRET}")))?;
+        Ok(secret.map(|s| {
+            s.data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect()
+        }))
+    }
+
+    /// Restores the local PKI cache from the Secret (if any), completes it, and
+    /// returns every file for the Secret.
+    async fn prepare_pki(
+        &self,
+        spec: &ControlPlaneSpec,
+        lb: &[LbAddress],
+    ) -> Result<BTreeMap<String, Vec<u8>>> {
+        let dir = self.pki_cache(&spec.shoot);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(SeedError::io(&dir))?;
+        }
+        create_private_dir(&dir)?;
+        if let Some(data) = self.read_pki_secret(&spec.shoot).await? {
+            for (name, bytes) in data {
+                if name.contains('/') || name.starts_with('.') {
+                    return Err(SeedError::Pki {
+                        path: dir.join(&name),
+                        reason: format!("Secret {PKI_SECRET} has an unexpected key {name:?}"),
+                    });
+                }
+                write_private(&dir.join(name), &bytes)?;
+            }
+        }
+        let pki = Pki::new(&dir);
+        pki.ensure(&spec.shoot, &spec.endpoint)?;
+        let ns = self.namespace(&spec.shoot);
+        let mut api_dns: Vec<String> = [
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        .map(String::from)
+        .to_vec();
+        api_dns.extend(render::service_dns_names(&ns, APISERVER));
+        let mut api_ips = vec![
+            IpAddr::V4(spec.endpoint.address),
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            IpAddr::V4(KUBERNETES_SERVICE_IP),
+        ];
+        for a in lb {
+            match a {
+                LbAddress::Ip(ip) => api_ips.push(*ip),
+                LbAddress::Host(h) => api_dns.push(h.clone()),
+            }
+        }
+        let etcd_ips = api_ips[..2].to_vec();
+        let etcd_dns = render::etcd_dns_names(&ns);
+        for (stem, cn, server, client, ips, dns) in [
+            (
+                "etcd-server",
+                "etcd-server",
+                true,
+                true,
+                &etcd_ips,
+                &etcd_dns,
+            ),
+            ("etcd-peer", "etcd-peer", true, true, &etcd_ips, &etcd_dns),
+            (
+                "kube-apiserver",
+                "kube-apiserver",
+                true,
+                false,
+                &api_ips,
+                &api_dns,
+            ),
+        ] {
+            let spec = LeafSpec {
+                common_name: cn,
+                organizations: &[],
+                ips: ips.clone(),
+                dns_names: dns.clone(),
+                server,
+                client,
+            };
+            ensure_serving(&pki, stem, &spec)?;
+        }
+        let in_cluster_api = format!("https://{APISERVER}.{ns}.svc:{}", spec.endpoint.api_port);
+        for (c, leaf) in [
+            (
+                Component::KubeControllerManager,
+                crate::pki::Leaf::ControllerManager,
+            ),
+            (Component::KubeScheduler, crate::pki::Leaf::Scheduler),
+        ] {
+            kubeconfig::write(
+                &dir.join(format!("{}.kubeconfig", c.name())),
+                &spec.shoot,
+                c.name(),
+                &in_cluster_api,
+                &pki,
+                &pki.leaf(leaf),
+            )?;
+        }
+        read_dir_files(&dir)
+    }
+
+    /// The anchor ConfigMap of `shoot`, or [`SeedError::UnknownShoot`].
+    async fn anchor(&self, shoot: &str) -> Result<ConfigMap> {
+        let ns = self.namespace(shoot);
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        api.get_opt(ANCHOR)
+            .await
+            .map_err(self.kube_err(shoot, &format!("reading ConfigMap {ANCHOR}")))?
+            .ok_or_else(|| SeedError::UnknownShoot {
+                shoot: shoot.to_string(),
+                path: PathBuf::from(format!("namespace {ns} of the seed cluster")),
+            })
+    }
+
+    /// The spec recorded in the anchor.
+    async fn recorded_spec(&self, shoot: &str) -> Result<ControlPlaneSpec> {
+        let anchor = self.anchor(shoot).await?;
+        let text = anchor
+            .data
+            .as_ref()
+            .and_then(|d| d.get("spec.json"))
+            .cloned()
+            .unwrap_or_default();
+        serde_json::from_str(&text).map_err(|e| SeedError::InvalidSpec {
+            field: format!("ConfigMap {ANCHOR} in namespace {}", self.namespace(shoot)),
+            reason: format!(
+                "spec.json: {e}; delete the ConfigMap's spec.json key and start the shoot again"
+            ),
+        })
+    }
+
+    async fn api_service(&self, shoot: &str) -> Result<Option<Service>> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
+        api.get_opt(APISERVER)
+            .await
+            .map_err(self.kube_err(shoot, &format!("reading Service {APISERVER}")))
+    }
+
+    /// Where this ringd can reach the shoot's API, or why it cannot.
+    fn reachable_url(
+        &self,
+        shoot: &str,
+        svc: Option<&Service>,
+    ) -> std::result::Result<String, String> {
+        let Some(svc) = svc else {
+            return Err(format!("Service {APISERVER} does not exist"));
+        };
+        let port = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|p| p.first())
+            .map(|p| p.port)
+            .unwrap_or(6443);
+        if let Some(a) = lb_addresses(svc).first() {
+            return Ok(match a {
+                LbAddress::Ip(ip) => format!("https://{ip}:{port}"),
+                LbAddress::Host(h) => format!("https://{h}:{port}"),
+            });
+        }
+        if self.in_cluster {
+            return Ok(format!(
+                "https://{APISERVER}.{}.svc:{port}",
+                self.namespace(shoot)
+            ));
+        }
+        let ty = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.type_.clone())
+            .unwrap_or_else(|| "ClusterIP".into());
+        Err(match ty.as_str() {
+            "LoadBalancer" => format!("Service {APISERVER} (LoadBalancer) has no load balancer address yet, and this ringd runs outside the seed cluster"),
+            other => format!("Service {APISERVER} is of type {other}, which this ringd (outside the seed cluster) cannot reach"),
+        })
+    }
+
+    /// Removes the shoot's control plane: deletes the anchor (the garbage collector
+    /// removes every object it owns) and etcd's volume claims, i.e. all of the
+    /// shoot's data on this seed. The namespace stays (it may carry ringd's RBAC).
+    pub async fn delete(&self, shoot: &str) -> Result<()> {
+        let ns = self.namespace(shoot);
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        match cms.delete(ANCHOR, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(r)) if r.code == 404 => {}
+            Err(e) => {
+                return Err(self
+                    .kube_err(shoot, &format!("deleting ConfigMap {ANCHOR}"))(
+                    e
+                ))
+            }
+        }
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+        pvcs.delete_collection(
+            &DeleteParams::background(),
+            &ListParams::default().labels(&format!("{SHOOT_LABEL}={shoot}")),
+        )
+        .await
+        .map_err(self.kube_err(shoot, "deleting etcd's volume claims"))?;
+        let _ = std::fs::remove_dir_all(self.state_dir.join("shoots").join(shoot));
+        Ok(())
+    }
+
+    async fn scale(&self, shoot: &str, component: Component, replicas: i32) -> Result<()> {
+        let ns = self.namespace(shoot);
+        let (kind, name) = render::workload(component);
+        let patch = Patch::Merge(json!({"spec": {"replicas": replicas}}));
+        let pp = PatchParams::default();
+        let what = format!("scaling {kind} {name} to {replicas}");
+        let res = if kind == "StatefulSet" {
+            Api::<StatefulSet>::namespaced(self.client.clone(), &ns)
+                .patch_scale(name, &pp, &patch)
+                .await
+        } else {
+            Api::<Deployment>::namespaced(self.client.clone(), &ns)
+                .patch_scale(name, &pp, &patch)
+                .await
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(r)) if r.code == 404 => Ok(()),
+            Err(e) => Err(self.kube_err(shoot, &what)(e)),
+        }
+    }
+
+    async fn pods(&self, shoot: &str, selector: &str) -> Result<Vec<Pod>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
+        Ok(api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(self.kube_err(shoot, "listing pods"))?
+            .items)
+    }
+
+    async fn delete_pods_now(&self, shoot: &str, selector: &str) -> Result<()> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
+        api.delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default().labels(selector),
+        )
+        .await
+        .map_err(self.kube_err(shoot, "deleting pods"))?;
+        Ok(())
+    }
+
+    /// (desired, ready) replicas of a component's workload; `None` if it does not exist.
+    async fn replicas(&self, shoot: &str, component: Component) -> Result<Option<(i32, i32)>> {
+        let ns = self.namespace(shoot);
+        let (kind, name) = render::workload(component);
+        let what = format!("reading {kind} {name}");
+        Ok(if kind == "StatefulSet" {
+            Api::<StatefulSet>::namespaced(self.client.clone(), &ns)
+                .get_opt(name)
+                .await
+                .map_err(self.kube_err(shoot, &what))?
+                .map(|s| {
+                    let desired = s.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    (
+                        desired,
+                        s.status.and_then(|s| s.ready_replicas).unwrap_or(0),
+                    )
+                })
+        } else {
+            Api::<Deployment>::namespaced(self.client.clone(), &ns)
+                .get_opt(name)
+                .await
+                .map_err(self.kube_err(shoot, &what))?
+                .map(|d| {
+                    let desired = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    (
+                        desired,
+                        d.status.and_then(|s| s.ready_replicas).unwrap_or(0),
+                    )
+                })
+        })
+    }
+}
+
+/// An address of a LoadBalancer Service.
+#[derive(Debug, Clone)]
+enum LbAddress {
+    Ip(IpAddr),
+    Host(String),
+}
+
+fn lb_addresses(svc: &Service) -> Vec<LbAddress> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| match (&i.ip, &i.hostname) {
+            (Some(ip), _) => ip.parse().ok().map(LbAddress::Ip),
+            (None, Some(h)) => Some(LbAddress::Host(h.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every regular file of `dir` by name.
+fn read_dir_files(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).map_err(SeedError::io(dir))? {
+        let entry = entry.map_err(SeedError::io(dir))?;
+        let path = entry.path();
+        if path.is_file() && path.extension().is_none_or(|e| e != "tmp") {
+            let bytes = std::fs::read(&path).map_err(SeedError::io(&path))?;
+            files.insert(entry.file_name().to_string_lossy().into_owned(), bytes);
+        }
+    }
+    Ok(files)
+}
+
+/// Keeps the serving certificate `stem` if it already names every address of
+/// `spec`, else issues it anew from the shoot's CA (which [`Pki::ensure`] checked).
+fn ensure_serving(pki: &Pki, stem: &str, spec: &LeafSpec<'_>) -> Result<()> {
+    let (cert, key) = (
+        pki.dir().join(format!("{stem}.crt")),
+        pki.dir().join(format!("{stem}.key")),
+    );
+    let current = std::fs::read(&cert).map_err(SeedError::io(&cert))?;
+    if let Some((dns, ips)) = sans(&current) {
+        if spec.dns_names.iter().all(|d| dns.contains(d))
+            && spec.ips.iter().all(|i| ips.contains(i))
+        {
+            return Ok(());
+        }
+    }
+    let ca = pki.ca();
+    let (ca_cert, ca_key) = (pki.read_pem(&ca.cert)?, pki.read_pem(&ca.key)?);
+    let (cert_pem, key_pem) = crate::pki::issue(&ca_cert, &ca_key, spec)?;
+    write_private(&key, key_pem.as_bytes())?;
+    write_private(&cert, cert_pem.as_bytes())
+}
+
+/// The DNS names and IP addresses a PEM certificate is valid for.
+fn sans(pem: &[u8]) -> Option<(Vec<String>, Vec<IpAddr>)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let (_, cert) = X509Certificate::from_der(&pem.contents).ok()?;
+    let san = cert.subject_alternative_name().ok()??;
+    let (mut dns, mut ips) = (Vec::new(), Vec::new());
+    for name in &san.value.general_names {
+        match name {
+            GeneralName::DNSName(d) => dns.push(d.to_string()),
+            GeneralName::IPAddress(raw) => match raw.len() {
+                4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*raw).ok()?)),
+                16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*raw).ok()?)),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    Some((dns, ips))
+}
+
+#[async_trait::async_trait]
+impl Seed for KubernetesSeed {
+    async fn start(&self, spec: &ControlPlaneSpec) -> Result<()> {
+        spec.validate()?;
+        let ns = self.namespace(&spec.shoot);
+        if ns.len() > 63 {
+            return Err(SeedError::InvalidSpec {
+                field: "shoot".into(),
+                reason: format!("namespace {ns} would be longer than 63 characters; use a shorter shoot or ring name"),
+            });
+        }
+        let _one_at_a_time = self.starting.lock().await;
+        self.ensure_namespace(spec).await?;
+        let anchor = self
+            .apply(&spec.shoot, &self.renderer(spec).anchor())
+            .await?;
+        let owner = Owner {
+            name: ANCHOR.into(),
+            uid: anchor.metadata.uid.clone().ok_or_else(|| SeedError::Kube {
+                shoot: spec.shoot.clone(),
+                message: format!("ConfigMap {ANCHOR} has no uid"),
+            })?,
+        };
+        let svc = self.api_service(&spec.shoot).await?;
+        let lb = svc.as_ref().map(lb_addresses).unwrap_or_default();
+        let pki = self.prepare_pki(spec, &lb).await?;
+        for object in self.renderer(spec).objects(&owner, &pki) {
+            self.apply(&spec.shoot, &object).await?;
+        }
+        tracing::info!(shoot = %spec.shoot, namespace = %ns, "control plane applied");
+        Ok(())
+    }
+
+    async fn stop(&self, shoot: &str) -> Result<()> {
+        self.anchor(shoot).await?;
+        for c in Component::ALL.iter().rev() {
+            self.scale(shoot, *c, 0).await?;
+        }
+        let selector = format!("{SHOOT_LABEL}={shoot}");
+        let deadline = tokio::time::Instant::now() + self.stop_grace;
+        while !self.pods(shoot, &selector).await?.is_empty() {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    shoot,
+                    "pods still there after the grace period; deleting them without grace"
+                );
+                self.delete_pods_now(shoot, &selector).await?;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(())
+    }
+
+    async fn fence(&self, shoot: &str) -> Result<()> {
+        self.anchor(shoot).await?;
+        self.scale(shoot, Component::KubeApiserver, 0).await?;
+        let selector = format!(
+            "{SHOOT_LABEL}={shoot},{}={APISERVER}",
+            render::COMPONENT_LABEL
+        );
+        self.delete_pods_now(shoot, &selector).await?;
+        tracing::warn!(
+            shoot,
+            "control plane fenced (kube-apiserver scaled to zero, pods deleted)"
+        );
+        Ok(())
+    }
+
+    async fn inspect(&self, shoot: &str) -> Result<ControlPlaneStatus> {
+        let spec = self.recorded_spec(shoot).await?;
+        let pods = self.pods(shoot, &format!("{SHOOT_LABEL}={shoot}")).await?;
+        let mut components = Vec::new();
+        let mut desired_total = 0;
+        for c in Component::ALL {
+            let (desired, ready) = self.replicas(shoot, c).await?.unwrap_or((0, 0));
+            desired_total += desired;
+            let mut state = ComponentState::default();
+            for pod in pods.iter().filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(render::COMPONENT_LABEL))
+                    .map(String::as_str)
+                    == Some(c.name())
+            }) {
+                let statuses = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.clone())
+                    .unwrap_or_default();
+                for cs in statuses {
+                    state.restarts += u32::try_from(cs.restart_count).unwrap_or(0);
+                    if let Some(t) = cs.last_state.and_then(|s| s.terminated) {
+                        state.last_exit = Some(format!(
+                            "exit code {}{}",
+                            t.exit_code,
+                            t.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+            components.push(ComponentStatus {
+                component: c,
+                running: ready > 0,
+                state,
+            });
+        }
+        let health = self.health(shoot).await?;
+        let all_running = components.iter().all(|c| c.running);
+        let phase = match (desired_total, health.ready, all_running) {
+            (0, _, _) => Phase::Stopped,
+            (_, false, _) => Phase::Starting,
+            (_, true, true) => Phase::Ready,
+            (_, true, false) => Phase::Degraded,
+        };
+        let svc = self.api_service(shoot).await?;
+        let api_url = self.reachable_url(shoot, svc.as_ref()).unwrap_or_else(|_| {
+            format!(
+                "https://{APISERVER}.{}.svc:{}",
+                self.namespace(shoot),
+                spec.endpoint.api_port
+            )
+        });
+        Ok(ControlPlaneStatus {
+            shoot: shoot.to_string(),
+            phase,
+            api_url,
+            kubeconfig: self.admin_kubeconfig(shoot),
+            supervisor_pid: None,
+            readyz: health.detail,
+            components,
+        })
+    }
+
+    async fn health(&self, shoot: &str) -> Result<Health> {
+        self.anchor(shoot).await?;
+        let (desired, ready) = self
+            .replicas(shoot, Component::KubeApiserver)
+            .await?
+            .unwrap_or((0, 0));
+        let replicas = format!("kube-apiserver {ready}/{desired} replicas ready");
+        let svc = self.api_service(shoot).await?;
+        let url = match self.reachable_url(shoot, svc.as_ref()) {
+            Ok(url) => url,
+            Err(why) => {
+                return Ok(Health {
+                    ready: false,
+                    detail: format!("{replicas}; /readyz not reachable: {why}"),
+                })
+            }
+        };
+        let Some(data) = self.read_pki_secret(shoot).await? else {
+            return Ok(Health {
+                ready: false,
+                detail: format!("{replicas}; Secret {PKI_SECRET} is missing, so there is no admin certificate to ask /readyz with"),
+            });
+        };
+        // An admin kubeconfig for the reachable address, from the Secret's PKI.
+        let dir = self.admin_kubeconfig(shoot).with_extension("pki");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(SeedError::io(&dir))?;
+        }
+        create_private_dir(&dir)?;
+        for (name, bytes) in data
+            .iter()
+            .filter(|(n, _)| ["ca.crt", "admin.crt", "admin.key"].contains(&n.as_str()))
+        {
+            write_private(&dir.join(name), bytes)?;
+        }
+        let pki = Pki::new(&dir);
+        let path = self.admin_kubeconfig(shoot);
+        kubeconfig::write(
+            &path,
+            shoot,
+            "admin",
+            &url,
+            &pki,
+            &pki.leaf(crate::pki::Leaf::Admin),
+        )?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let health = kubeconfig::readyz(shoot, &path).await?;
+        Ok(if health.ready {
+            health
+        } else {
+            Health {
+                ready: false,
+                detail: format!("{replicas}; /readyz at {url}: {}", health.detail),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parses_with_defaults_and_rejects_unknown_keys() {
+        let c: KubernetesSeedConfig = serde_yaml::from_str(
+            "ring: demo\nkubeconfig: /k\ncontext: seed-a\nserviceType: ClusterIP\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.service_type, ServiceType::ClusterIP);
+        assert_eq!(c.etcd_storage, "1Gi");
+        assert_eq!(c.images, Images::default());
+        let err =
+            serde_yaml::from_str::<KubernetesSeedConfig>("ring: demo\ncolour: blue\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `colour`"), "{err}");
+        let err =
+            serde_yaml::from_str::<KubernetesSeedConfig>("ring: demo\nserviceType: External\n")
+                .unwrap_err();
+        assert!(err.to_string().contains("LoadBalancer"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        type Change = fn(&mut KubernetesSeedConfig);
+        let cases: [(Change, &str); 5] = [
+            (|c| c.ring = "Demo".into(), "ring"),
+            (|c| c.ring = "r".repeat(30), "ring"),
+            (|c| c.etcd_storage = "lots".into(), "etcdStorage"),
+            (|c| c.context = Some("x".into()), "context"),
+            (|c| c.images.etcd = String::new(), "images.etcd"),
+        ];
+        for (change, field) in cases {
+            let mut c = KubernetesSeedConfig::new("demo");
+            change(&mut c);
+            match c.validate() {
+                Err(SeedError::InvalidSpec { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("expected an error for {field}, got {other:?}"),
+            }
+        }
+        let mut ok = KubernetesSeedConfig::new("demo");
+        ok.etcd_storage = "512Mi".into();
+        ok.validate().unwrap();
+    }
+
+    #[test]
+    fn serving_certificates_get_in_cluster_names_and_stay_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path());
+        let spec = ControlPlaneSpec::new("alpha");
+        pki.ensure("alpha", &spec.endpoint).unwrap();
+        let dns = render::etcd_dns_names("shoot--demo--alpha");
+        let leaf = LeafSpec {
+            common_name: "etcd-server",
+            organizations: &[],
+            ips: vec![
+                IpAddr::V4(spec.endpoint.address),
+                IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            ],
+            dns_names: dns.clone(),
+            server: true,
+            client: true,
+        };
+        ensure_serving(&pki, "etcd-server", &leaf).unwrap();
+        let first = std::fs::read(dir.path().join("etcd-server.crt")).unwrap();
+        let (names, _) = sans(&first).unwrap();
+        assert!(dns.iter().all(|d| names.contains(d)), "{names:?}");
+        // Pki::ensure accepts it (same CA, covers the endpoint), and a second pass keeps it.
+        pki.ensure("alpha", &spec.endpoint).unwrap();
+        ensure_serving(&pki, "etcd-server", &leaf).unwrap();
+        assert_eq!(
+            first,
+            std::fs::read(dir.path().join("etcd-server.crt")).unwrap()
+        );
+    }
+}

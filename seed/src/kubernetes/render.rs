@@ -1,0 +1,581 @@
+//! A shoot's control plane as Kubernetes objects (pure; golden-tested).
+//!
+//! Everything lives in the namespace `shoot--<ring>--<shoot>` and, except the
+//! anchor ConfigMap `ring-control-plane` itself, is owned by that anchor, so
+//! deleting the anchor lets the garbage collector remove the control plane.
+//! Only API versions kube-apiserver 1.20 serves are used (v1, apps/v1,
+//! policy/v1beta1).
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::{KubernetesSeedConfig, ServiceType};
+use crate::pki::SERVICE_CIDR;
+use crate::process::Component;
+use crate::ControlPlaneSpec;
+
+/// Name of the anchor ConfigMap that owns every other object of a control plane.
+pub const ANCHOR: &str = "ring-control-plane";
+/// Name of the Secret with the shoot's PKI and component kubeconfigs.
+pub const PKI_SECRET: &str = "ring-pki";
+/// Name of etcd's StatefulSet (and its headless Service).
+pub const ETCD: &str = "etcd";
+/// Name of the Service clients reach etcd through (backups, kube-apiserver).
+pub const ETCD_CLIENT_SERVICE: &str = "etcd-client";
+/// Name of the kube-apiserver Service and Deployment.
+pub const APISERVER: &str = "kube-apiserver";
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "ringd";
+/// Label naming the component of a workload and its pods.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/name";
+/// Label naming the shoot.
+pub const SHOOT_LABEL: &str = "ring.gardener.cloud/shoot";
+/// Label every object Ring manages carries (`ringd`).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+const PKI_MOUNT: &str = "/etc/ring/pki";
+const ETCD_DATA: &str = "/var/lib/etcd";
+
+/// The namespace holding a shoot's control plane on a seed cluster.
+pub fn namespace(ring: &str, shoot: &str) -> String {
+    format!("shoot--{ring}--{shoot}")
+}
+
+/// The object that owns all others (identified by its uid once it exists).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub name: String,
+    pub uid: String,
+}
+
+/// The DNS names of the in-cluster Services, as put into serving certificates.
+pub fn service_dns_names(ns: &str, service: &str) -> Vec<String> {
+    vec![
+        service.to_string(),
+        format!("{service}.{ns}"),
+        format!("{service}.{ns}.svc"),
+        format!("{service}.{ns}.svc.cluster.local"),
+    ]
+}
+
+/// DNS names etcd's server and peer certificates must carry.
+pub fn etcd_dns_names(ns: &str) -> Vec<String> {
+    let mut names = service_dns_names(ns, ETCD_CLIENT_SERVICE);
+    names.push(format!("{ETCD}-0.{ETCD}.{ns}.svc"));
+    names.push(format!("{ETCD}-0.{ETCD}.{ns}.svc.cluster.local"));
+    names.push("localhost".into());
+    names
+}
+
+/// Labels of every object of the shoot's control plane.
+fn labels(ring: &str, shoot: &str, component: Option<&str>) -> Value {
+    let mut l = json!({
+        MANAGED_BY_LABEL: FIELD_MANAGER,
+        "app.kubernetes.io/part-of": "ring",
+        "ring.gardener.cloud/ring": ring,
+        SHOOT_LABEL: shoot,
+    });
+    if let Some(c) = component {
+        l[COMPONENT_LABEL] = json!(c);
+    }
+    l
+}
+
+fn selector(shoot: &str, component: &str) -> Value {
+    json!({ COMPONENT_LABEL: component, SHOOT_LABEL: shoot })
+}
+
+/// Renders the objects of one control plane.
+pub struct Renderer<'a> {
+    pub ring: &'a str,
+    pub spec: &'a ControlPlaneSpec,
+    pub config: &'a KubernetesSeedConfig,
+}
+
+impl Renderer<'_> {
+    fn ns(&self) -> String {
+        namespace(self.ring, &self.spec.shoot)
+    }
+
+    fn meta(&self, name: &str, component: Option<&str>, owner: &Owner) -> Value {
+        json!({
+            "name": name,
+            "namespace": self.ns(),
+            "labels": labels(self.ring, &self.spec.shoot, component),
+            "ownerReferences": [{
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": true,
+            }],
+        })
+    }
+
+    /// The shoot's namespace.
+    pub fn namespace(&self) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": self.ns(),
+                "labels": labels(self.ring, &self.spec.shoot, None),
+            },
+        })
+    }
+
+    /// The anchor ConfigMap: records the spec and owns everything else.
+    pub fn anchor(&self) -> Value {
+        let spec = serde_json::to_string(self.spec).unwrap_or_default();
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": ANCHOR,
+                "namespace": self.ns(),
+                "labels": labels(self.ring, &self.spec.shoot, None),
+            },
+            "data": { "ring": self.ring, "shoot": self.spec.shoot, "spec.json": spec },
+        })
+    }
+
+    /// Every object but the namespace and the anchor, in apply order.
+    pub fn objects(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Vec<Value> {
+        vec![
+            self.pki_secret(owner, pki),
+            self.etcd_headless_service(owner),
+            self.etcd_client_service(owner),
+            self.apiserver_service(owner),
+            self.etcd_pdb(owner),
+            self.etcd(owner),
+            self.apiserver(owner),
+            self.controller_manager(owner),
+            self.scheduler(owner),
+        ]
+    }
+
+    fn pki_secret(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Value {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let data: BTreeMap<&str, String> = pki
+            .iter()
+            .map(|(k, v)| (k.as_str(), b64.encode(v)))
+            .collect();
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self.meta(PKI_SECRET, None, owner),
+            "type": "Opaque",
+            "data": data,
+        })
+    }
+
+    fn service(&self, owner: &Owner, name: &str, component: &str, spec: Value) -> Value {
+        let mut spec = spec;
+        spec["selector"] = selector(&self.spec.shoot, component);
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self.meta(name, Some(component), owner),
+            "spec": spec,
+        })
+    }
+
+    fn etcd_headless_service(&self, owner: &Owner) -> Value {
+        self.service(
+            owner,
+            ETCD,
+            ETCD,
+            json!({
+                "clusterIP": "None",
+                "publishNotReadyAddresses": true,
+                "ports": [{"name": "peer", "port": 2380, "targetPort": 2380, "protocol": "TCP"}],
+            }),
+        )
+    }
+
+    fn etcd_client_service(&self, owner: &Owner) -> Value {
+        self.service(
+            owner,
+            ETCD_CLIENT_SERVICE,
+            ETCD,
+            json!({
+                "type": "ClusterIP",
+                "ports": [{"name": "client", "port": 2379, "targetPort": 2379, "protocol": "TCP"}],
+            }),
+        )
+    }
+
+    fn apiserver_service(&self, owner: &Owner) -> Value {
+        let port = self.spec.endpoint.api_port;
+        self.service(
+            owner,
+            APISERVER,
+            APISERVER,
+            json!({
+                "type": self.config.service_type.as_str(),
+                "ports": [{"name": "https", "port": port, "targetPort": 6443, "protocol": "TCP"}],
+            }),
+        )
+    }
+
+    /// etcd's PodDisruptionBudget. policy/v1 is newer than Kubernetes 1.20, so this
+    /// is policy/v1beta1 (also why it is raw JSON, not a k8s-openapi type).
+    fn etcd_pdb(&self, owner: &Owner) -> Value {
+        json!({
+            "apiVersion": "policy/v1beta1",
+            "kind": "PodDisruptionBudget",
+            "metadata": self.meta(ETCD, Some(ETCD), owner),
+            // Voluntary disruptions (node drains) may take at most one etcd member at a time.
+            "spec": { "maxUnavailable": 1, "selector": {"matchLabels": selector(&self.spec.shoot, ETCD)} },
+        })
+    }
+
+    /// A pod template: one container, the PKI secret mounted with only `items`.
+    fn pod(&self, component: Component, container: Value, items: &[&str]) -> Value {
+        let items: Vec<Value> = items.iter().map(|k| json!({"key": k, "path": k})).collect();
+        let mut mounts = vec![json!({"name": "pki", "mountPath": PKI_MOUNT, "readOnly": true})];
+        let mut volumes = vec![json!({
+            "name": "pki",
+            "secret": {"secretName": PKI_SECRET, "items": items, "defaultMode": 0o400},
+        })];
+        if component == Component::Etcd {
+            mounts.push(json!({"name": "data", "mountPath": ETCD_DATA}));
+        } else {
+            mounts.push(json!({"name": "run", "mountPath": "/var/run/ring"}));
+            volumes.push(json!({"name": "run", "emptyDir": {}}));
+        }
+        let mut container = container;
+        container["name"] = json!(component.name());
+        container["volumeMounts"] = json!(mounts);
+        json!({
+            "metadata": {"labels": labels(self.ring, &self.spec.shoot, Some(component.name()))},
+            "spec": {
+                // The control plane never talks to the seed cluster's API.
+                "automountServiceAccountToken": false,
+                "containers": [container],
+                "volumes": volumes,
+            },
+        })
+    }
+
+    fn deployment(&self, owner: &Owner, component: Component, template: Value) -> Value {
+        let name = component.name();
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self.meta(name, Some(name), owner),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": selector(&self.spec.shoot, name)},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": template,
+            },
+        })
+    }
+
+    fn etcd(&self, owner: &Owner) -> Value {
+        let ns = self.ns();
+        let pki = |f: &str| format!("{PKI_MOUNT}/{f}");
+        let peer = |pod: &str| format!("https://{pod}.{ETCD}.{ns}.svc:2380");
+        let args = vec![
+            "--name=$(POD_NAME)".to_string(),
+            format!("--data-dir={ETCD_DATA}/data"),
+            "--listen-client-urls=https://0.0.0.0:2379".into(),
+            format!("--advertise-client-urls=https://{ETCD_CLIENT_SERVICE}.{ns}.svc:2379"),
+            "--listen-peer-urls=https://0.0.0.0:2380".into(),
+            format!("--initial-advertise-peer-urls={}", peer("$(POD_NAME)")),
+            format!("--initial-cluster={ETCD}-0={}", peer(&format!("{ETCD}-0"))),
+            format!("--initial-cluster-token=ring-{}", self.spec.shoot),
+            "--initial-cluster-state=new".into(),
+            "--listen-metrics-urls=http://0.0.0.0:2381".into(),
+            format!("--cert-file={}", pki("etcd-server.crt")),
+            format!("--key-file={}", pki("etcd-server.key")),
+            "--client-cert-auth=true".into(),
+            format!("--trusted-ca-file={}", pki("ca.crt")),
+            format!("--peer-cert-file={}", pki("etcd-peer.crt")),
+            format!("--peer-key-file={}", pki("etcd-peer.key")),
+            "--peer-client-cert-auth=true".into(),
+            format!("--peer-trusted-ca-file={}", pki("ca.crt")),
+            "--logger=zap".into(),
+        ];
+        let container = json!({
+            "image": self.config.images.etcd,
+            "command": ["etcd"],
+            "args": args,
+            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "ports": [
+                {"name": "client", "containerPort": 2379},
+                {"name": "peer", "containerPort": 2380},
+                {"name": "metrics", "containerPort": 2381},
+            ],
+            "readinessProbe": {"httpGet": {"path": "/health", "port": 2381}, "periodSeconds": 5},
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        });
+        let items = [
+            "ca.crt",
+            "etcd-server.crt",
+            "etcd-server.key",
+            "etcd-peer.crt",
+            "etcd-peer.key",
+        ];
+        let mut claim = json!({
+            "metadata": {"name": "data", "labels": labels(self.ring, &self.spec.shoot, Some(ETCD))},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": self.config.etcd_storage}},
+            },
+        });
+        if let Some(class) = &self.config.storage_class {
+            claim["spec"]["storageClassName"] = json!(class);
+        }
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": self.meta(ETCD, Some(ETCD), owner),
+            "spec": {
+                "replicas": 1,
+                "serviceName": ETCD,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": selector(&self.spec.shoot, ETCD)},
+                "template": self.pod(Component::Etcd, container, &items),
+                "volumeClaimTemplates": [claim],
+            },
+        })
+    }
+
+    fn apiserver(&self, owner: &Owner) -> Value {
+        let ns = self.ns();
+        let pki = |f: &str| format!("{PKI_MOUNT}/{f}");
+        let args = vec![
+            "--advertise-address=$(POD_IP)".to_string(),
+            "--bind-address=0.0.0.0".into(),
+            "--secure-port=6443".into(),
+            "--insecure-port=0".into(),
+            format!("--etcd-servers=https://{ETCD_CLIENT_SERVICE}.{ns}.svc:2379"),
+            format!("--etcd-cafile={}", pki("ca.crt")),
+            format!("--etcd-certfile={}", pki("etcd-client.crt")),
+            format!("--etcd-keyfile={}", pki("etcd-client.key")),
+            format!("--client-ca-file={}", pki("ca.crt")),
+            format!("--tls-cert-file={}", pki("kube-apiserver.crt")),
+            format!("--tls-private-key-file={}", pki("kube-apiserver.key")),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-key-file={}", pki("service-account.pub")),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki("service-account.key")
+            ),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            "--cert-dir=/var/run/ring".into(),
+            "--v=1".into(),
+        ];
+        let probe = |path: &str| json!({"httpGet": {"path": path, "port": 6443, "scheme": "HTTPS"}, "periodSeconds": 5});
+        let container = json!({
+            "image": self.config.images.kube_apiserver,
+            "command": ["kube-apiserver"],
+            "args": args,
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "ports": [{"name": "https", "containerPort": 6443}],
+            "readinessProbe": probe("/readyz"),
+            "livenessProbe": {
+                "httpGet": {"path": "/livez", "port": 6443, "scheme": "HTTPS"},
+                "initialDelaySeconds": 30,
+                "periodSeconds": 10,
+                "failureThreshold": 6,
+            },
+            "resources": {"requests": {"cpu": "250m", "memory": "384Mi"}},
+        });
+        let items = [
+            "ca.crt",
+            "etcd-client.crt",
+            "etcd-client.key",
+            "kube-apiserver.crt",
+            "kube-apiserver.key",
+            "service-account.pub",
+            "service-account.key",
+        ];
+        self.deployment(
+            owner,
+            Component::KubeApiserver,
+            self.pod(Component::KubeApiserver, container, &items),
+        )
+    }
+
+    /// Arguments kube-controller-manager and kube-scheduler share.
+    fn common_args(component: Component, port: u16) -> Vec<String> {
+        let kc = format!("{PKI_MOUNT}/{}.kubeconfig", component.name());
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--bind-address=0.0.0.0".into(),
+            format!("--secure-port={port}"),
+            "--port=0".into(),
+            "--cert-dir=/var/run/ring".into(),
+            "--leader-elect=true".into(),
+            "--profiling=false".into(),
+        ]
+    }
+
+    fn controller_manager(&self, owner: &Owner) -> Value {
+        let c = Component::KubeControllerManager;
+        let pki = |f: &str| format!("{PKI_MOUNT}/{f}");
+        let mut args = Self::common_args(c, 10257);
+        args.extend([
+            format!(
+                "--service-account-private-key-file={}",
+                pki("service-account.key")
+            ),
+            format!("--root-ca-file={}", pki("ca.crt")),
+            format!("--cluster-signing-cert-file={}", pki("ca.crt")),
+            format!("--cluster-signing-key-file={}", pki("ca.key")),
+            "--use-service-account-credentials=true".into(),
+        ]);
+        let container = json!({
+            "image": self.config.images.kube_controller_manager,
+            "command": [c.name()],
+            "args": args,
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        });
+        let kubeconfig = format!("{}.kubeconfig", c.name());
+        let items = [
+            "ca.crt",
+            "ca.key",
+            "service-account.key",
+            kubeconfig.as_str(),
+        ];
+        self.deployment(owner, c, self.pod(c, container, &items))
+    }
+
+    fn scheduler(&self, owner: &Owner) -> Value {
+        let c = Component::KubeScheduler;
+        let container = json!({
+            "image": self.config.images.kube_scheduler,
+            "command": [c.name()],
+            "args": Self::common_args(c, 10259),
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        });
+        let kubeconfig = format!("{}.kubeconfig", c.name());
+        self.deployment(owner, c, self.pod(c, container, &[kubeconfig.as_str()]))
+    }
+}
+
+/// The workload (kind, name) running a component.
+pub fn workload(component: Component) -> (&'static str, &'static str) {
+    match component {
+        Component::Etcd => ("StatefulSet", ETCD),
+        c => ("Deployment", c.name()),
+    }
+}
+
+impl ServiceType {
+    /// The Service `type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::LoadBalancer => "LoadBalancer",
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+        }
+    }
+}
+
+/// Several objects as one multi-document YAML stream.
+pub fn to_yaml(objects: &[Value]) -> String {
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(o).unwrap_or_default());
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Compares `actual` with the golden file, or rewrites it with `RING_UPDATE_GOLDEN=1`.
+    pub(crate) fn golden(name: &str, actual: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(name);
+        if std::env::var_os("RING_UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; create it with RING_UPDATE_GOLDEN=1",
+                path.display()
+            )
+        });
+        assert!(
+            expected == actual,
+            "{} differs from the rendering; review and rerun with RING_UPDATE_GOLDEN=1\n--- actual ---\n{actual}",
+            path.display()
+        );
+    }
+
+    fn render(config: &KubernetesSeedConfig) -> String {
+        let spec = ControlPlaneSpec::new("alpha");
+        let r = Renderer {
+            ring: "demo",
+            spec: &spec,
+            config,
+        };
+        let owner = Owner {
+            name: ANCHOR.into(),
+            uid: "00000000-0000-0000-0000-000000000001".into(),
+        };
+        let pki = BTreeMap::from([
+            ("ca.crt".to_string(), b"CA CERT".to_vec()),
+            ("ca.key".to_string(), b"CA KEY".to_vec()),
+        ]);
+        let mut all = vec![r.namespace(), r.anchor()];
+        all.extend(r.objects(&owner, &pki));
+        to_yaml(&all)
+    }
+
+    #[test]
+    fn control_plane_objects_match_golden_file() {
+        golden(
+            "control-plane.yaml",
+            &render(&KubernetesSeedConfig::new("demo")),
+        );
+    }
+
+    #[test]
+    fn service_type_and_storage_class_are_configurable() {
+        let mut config = KubernetesSeedConfig::new("demo");
+        config.service_type = ServiceType::NodePort;
+        config.storage_class = Some("fast".into());
+        let text = render(&config);
+        assert!(text.contains("type: NodePort"), "{text}");
+        assert!(text.contains("storageClassName: fast"), "{text}");
+        assert!(!text.contains("LoadBalancer"), "{text}");
+    }
+
+    #[test]
+    fn every_owned_object_points_at_the_anchor_and_uses_1_20_apis() {
+        let config = KubernetesSeedConfig::new("demo");
+        let spec = ControlPlaneSpec::new("alpha");
+        let r = Renderer {
+            ring: "demo",
+            spec: &spec,
+            config: &config,
+        };
+        let owner = Owner {
+            name: ANCHOR.into(),
+            uid: "u1".into(),
+        };
+        for o in r.objects(&owner, &BTreeMap::new()) {
+            assert_eq!(o["metadata"]["namespace"], "shoot--demo--alpha");
+            assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
+            let v = o["apiVersion"].as_str().unwrap();
+            assert!(["v1", "apps/v1", "policy/v1beta1"].contains(&v), "{v}");
+        }
+    }
+}

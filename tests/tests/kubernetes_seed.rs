@@ -1,0 +1,503 @@
+//! The Kubernetes seed against a real kube-apiserver (v1.20.2, started by the harness
+//! as a local control plane with etcd, kube-controller-manager and kube-scheduler).
+//!
+//! There are no kubelets and no nodes: pods are created by the controllers but stay
+//! Pending and no container of a hosted control plane ever runs. These tests check
+//! what Ring does to the seed cluster: the objects, their updates, ownership,
+//! idempotent re-apply, scaling, deletion (through the real garbage collector) and
+//! RBAC. `/readyz` through the API Service is checked against a local control plane
+//! that stands in for the kube-apiserver pod, with the PKI Ring put in the Secret.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use ring_tests::*;
+use seed::kubernetes::ServiceType;
+use seed::{
+    wait_ready, ControlPlaneSpec, KubernetesSeed, KubernetesSeedConfig, LocalSeed, Phase, Seed,
+    SeedError,
+};
+
+const READY: Duration = Duration::from_secs(120);
+const GC: Duration = Duration::from_secs(60);
+
+/// A running seed cluster: a local control plane; returns (seed, admin kubeconfig).
+async fn seed_cluster(sandbox: &Sandbox, name: &str) -> (LocalSeed, PathBuf) {
+    let seed = sandbox.seed();
+    seed.start(&ControlPlaneSpec::new(name))
+        .await
+        .expect("start seed cluster");
+    wait_ready(&seed, name, READY)
+        .await
+        .expect("seed cluster ready");
+    let kubeconfig = seed.layout(name).admin_kubeconfig();
+    (seed, kubeconfig)
+}
+
+/// A seed cluster plus a Kubernetes seed on it for ring `ring`, keeping its caches in
+/// `<sandbox>/ringd-state`: (cluster, admin kubeconfig, client, state dir, seed).
+async fn kubernetes_seed(
+    sandbox: &Sandbox,
+    cluster: &str,
+    ring: &str,
+) -> (LocalSeed, PathBuf, kube::Client, PathBuf, KubernetesSeed) {
+    let (local, kc) = seed_cluster(sandbox, cluster).await;
+    let client = kube_client(&kc).await;
+    let state = sandbox.path().join("ringd-state");
+    let seed = KubernetesSeed::connect(&config(ring, &kc), &state)
+        .await
+        .expect("connect");
+    (local, kc, client, state, seed)
+}
+
+fn config(ring: &str, kubeconfig: &Path) -> KubernetesSeedConfig {
+    let mut c = KubernetesSeedConfig::new(ring);
+    c.kubeconfig = Some(kubeconfig.to_path_buf());
+    c
+}
+
+/// `spec.replicas` of etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
+async fn replicas(client: &kube::Client, ns: &str) -> [Option<i32>; 4] {
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let mut out = [None; 4];
+    out[0] = sts.get("etcd").await.unwrap().spec.unwrap().replicas;
+    for (i, name) in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ]
+    .iter()
+    .enumerate()
+    {
+        out[i + 1] = deployments.get(name).await.unwrap().spec.unwrap().replicas;
+    }
+    out
+}
+
+fn kubectl_json(kubeconfig: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&kubectl(kubeconfig, &all)).expect("kubectl json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_objects_are_applied_owned_updated_scaled_and_deleted() {
+    let sandbox = Sandbox::new();
+    let (cluster, kc, client, state, seed) = kubernetes_seed(&sandbox, "k8s-seed-a", "t1").await;
+    let seed = seed.with_stop_grace(Duration::from_secs(20));
+    let spec = ControlPlaneSpec::new("alpha");
+    let ns = "shoot--t1--alpha";
+    assert_eq!(seed.namespace("alpha"), ns);
+
+    seed.start(&spec).await.expect("start");
+
+    // The objects, all owned by the anchor, all applied by field manager ringd.
+    let anchor = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get("ring-control-plane")
+        .await
+        .expect("anchor");
+    let uid = anchor.metadata.uid.clone().unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let owned_by_anchor = |meta: &kube::api::ObjectMeta| {
+        let refs = meta.owner_references.clone().unwrap_or_default();
+        assert!(
+            refs.iter()
+                .any(|r| r.uid == uid && r.kind == "ConfigMap" && r.controller == Some(true)),
+            "{:?} is not owned by the anchor: {refs:?}",
+            meta.name
+        );
+        let managers = meta.managed_fields.clone().unwrap_or_default();
+        assert!(
+            managers
+                .iter()
+                .any(|m| m.manager.as_deref() == Some("ringd")
+                    && m.operation.as_deref() == Some("Apply")),
+            "{:?} was not server-side applied by ringd",
+            meta.name
+        );
+    };
+    for name in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        let d = deployments.get(name).await.expect(name);
+        owned_by_anchor(&d.metadata);
+        let spec = d.spec.unwrap();
+        assert_eq!(spec.replicas, Some(1));
+        let c = &spec.template.spec.unwrap().containers[0];
+        let requests = c.resources.clone().unwrap().requests.unwrap();
+        assert!(
+            requests.contains_key("cpu") && requests.contains_key("memory"),
+            "{name}: {requests:?}"
+        );
+    }
+    let etcd = statefulsets.get("etcd").await.expect("etcd");
+    owned_by_anchor(&etcd.metadata);
+    let claims = etcd.spec.unwrap().volume_claim_templates.unwrap();
+    assert_eq!(claims[0].metadata.name.as_deref(), Some("data"));
+    for name in ["etcd", "etcd-client", "kube-apiserver"] {
+        owned_by_anchor(&services.get(name).await.expect(name).metadata);
+    }
+    let api_svc = services.get("kube-apiserver").await.unwrap();
+    assert_eq!(api_svc.spec.unwrap().type_.as_deref(), Some("LoadBalancer"));
+    let pki = secrets.get("ring-pki").await.expect("pki secret");
+    owned_by_anchor(&pki.metadata);
+    let data = pki.data.clone().unwrap();
+    for key in [
+        "ca.crt",
+        "ca.key",
+        "etcd-server.crt",
+        "etcd-client.key",
+        "kube-apiserver.crt",
+        "service-account.key",
+        "kube-scheduler.kubeconfig",
+    ] {
+        assert!(data.contains_key(key), "ring-pki lacks {key}");
+    }
+    let pdb = kubectl_json(
+        &kc,
+        &[
+            "get",
+            "poddisruptionbudgets.v1beta1.policy",
+            "etcd",
+            "-n",
+            ns,
+        ],
+    );
+    assert_eq!(pdb["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+
+    // Controllers act on the objects: the StatefulSet controller claims etcd's volume.
+    // (Its pod stays Pending: there are no nodes.)
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    wait_for("etcd's volume claim", GC, || async {
+        pvcs.get_opt("data-etcd-0").await.ok().flatten()
+    })
+    .await;
+
+    // Nothing runs, and the seed says so plainly.
+    let status = seed.inspect("alpha").await.expect("inspect");
+    assert_eq!(status.phase, Phase::Starting, "{status:?}");
+    assert!(status.components.iter().all(|c| !c.running), "{status:?}");
+    assert!(
+        status.readyz.contains("kube-apiserver 0/1 replicas ready")
+            && status.readyz.contains("not reachable")
+            && status.readyz.contains("no load balancer address"),
+        "{}",
+        status.readyz
+    );
+
+    // Idempotent re-apply: same PKI, no spec change.
+    let generation = |d: &Deployment| d.metadata.generation;
+    let before = generation(&deployments.get("kube-apiserver").await.unwrap());
+    seed.start(&spec).await.expect("re-apply");
+    let again = secrets.get("ring-pki").await.unwrap().data.unwrap();
+    assert_eq!(
+        data, again,
+        "the PKI changed on re-apply; it must be read back from the Secret"
+    );
+    assert_eq!(
+        before,
+        generation(&deployments.get("kube-apiserver").await.unwrap())
+    );
+
+    // A new ringd (empty local cache) keeps the PKI too.
+    std::fs::remove_dir_all(&state).unwrap();
+    seed.start(&spec).await.expect("re-apply from empty cache");
+    assert_eq!(data, secrets.get("ring-pki").await.unwrap().data.unwrap());
+
+    // Updates: another image and Service type are applied in place.
+    let mut changed = config("t1", &kc);
+    changed.service_type = ServiceType::ClusterIP;
+    changed.images.kube_scheduler = "example.org/kube-scheduler:v1.20.2-patched".into();
+    let updated = KubernetesSeed::connect(&changed, &state).await.unwrap();
+    updated.start(&spec).await.expect("update");
+    let sched = deployments.get("kube-scheduler").await.unwrap();
+    assert_eq!(
+        sched.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("example.org/kube-scheduler:v1.20.2-patched")
+    );
+    let svc = services.get("kube-apiserver").await.unwrap();
+    assert_eq!(svc.spec.unwrap().type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(svc.metadata.uid, api_svc.metadata.uid, "updated in place");
+    assert_eq!(
+        updated.health("alpha").await.unwrap().detail,
+        "kube-apiserver 0/1 replicas ready; /readyz not reachable: Service kube-apiserver is of type ClusterIP, which this ringd (outside the seed cluster) cannot reach"
+    );
+
+    // stop: everything at zero replicas, etcd's volume kept.
+    seed.stop("alpha").await.expect("stop");
+    assert_eq!(replicas(&client, ns).await, [Some(0); 4]);
+    assert!(pvcs.get_opt("data-etcd-0").await.unwrap().is_some());
+    assert_eq!(seed.inspect("alpha").await.unwrap().phase, Phase::Stopped);
+
+    // start again scales back up; fence takes only the API down, at once.
+    seed.start(&spec).await.expect("start after stop");
+    assert_eq!(replicas(&client, ns).await, [Some(1); 4]);
+    seed.fence("alpha").await.expect("fence");
+    assert_eq!(
+        replicas(&client, ns).await,
+        [Some(1), Some(0), Some(1), Some(1)]
+    );
+
+    // delete: the garbage collector removes everything the anchor owns; the volume goes too.
+    seed.delete("alpha").await.expect("delete");
+    wait_for(
+        "the garbage collector to remove the control plane",
+        GC,
+        || async {
+            let left = deployments
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .len()
+                + statefulsets
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .len()
+                + services.list(&Default::default()).await.ok()?.items.len()
+                + secrets
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .iter()
+                    .filter(|s| s.metadata.name.as_deref() == Some("ring-pki"))
+                    .count()
+                + pvcs.list(&Default::default()).await.ok()?.items.len();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    let pdbs = kubectl(
+        &kc,
+        &[
+            "get",
+            "poddisruptionbudgets.v1beta1.policy",
+            "-n",
+            ns,
+            "-o",
+            "name",
+        ],
+    );
+    assert_eq!(pdbs.trim(), "", "PDB left after delete");
+    match seed.inspect("alpha").await {
+        Err(SeedError::UnknownShoot { .. }) => {}
+        other => panic!("expected UnknownShoot after delete, got {other:?}"),
+    }
+    seed.delete("alpha").await.expect("delete is idempotent");
+    cluster.stop("k8s-seed-a").await.unwrap();
+}
+
+/// A kubeconfig like `admin` that acts as ringd's service account (impersonation).
+fn impersonating(admin: &Path, user: &str, out: &Path) -> PathBuf {
+    let mut doc: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    doc["users"][0]["user"]["as"] = serde_yaml::Value::from(user);
+    std::fs::write(out, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    out.to_path_buf()
+}
+
+fn can_i(kubeconfig: &Path, sa: &str, args: &[&str]) -> bool {
+    let mut cmd = std::process::Command::new(kubectl_path());
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["auth", "can-i", "--as", sa])
+        .args(args);
+    let out = run_bounded(&mut cmd, Duration::from_secs(60));
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl auth can-i {args:?}: {answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ringctl_manifests_pass_server_dry_run_and_their_rbac_is_enough_for_the_seed() {
+    let sandbox = Sandbox::new();
+    let (cluster, kc) = seed_cluster(&sandbox, "k8s-seed-b").await;
+    let ring = ring_config(sandbox.path(), 3); // ring "test", members m1..m3
+    let out = expect_success(&ringctl_cmd(
+        [
+            "manifests".as_ref(),
+            "--ring-config".as_ref(),
+            ring.as_os_str(),
+            "--member".as_ref(),
+            "m1".as_ref(),
+        ],
+        &[],
+    ));
+    let manifests = sandbox.path().join("m1.yaml");
+    std::fs::write(&manifests, &out).unwrap();
+    // m1 hosts m2's and m3's control planes (its successor, and any shoot after a failover).
+    for ns in ["ring-system", "shoot--test--m2", "shoot--test--m3"] {
+        assert!(
+            out.contains(&format!("name: {ns}\n")),
+            "no namespace {ns} in:\n{out}"
+        );
+    }
+
+    // The ConfigMap holds a valid ringd config with an in-cluster Kubernetes seed.
+    let config_map = out
+        .split("\n---\n")
+        .filter_map(|doc| serde_yaml::from_str::<serde_yaml::Value>(doc).ok())
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "ringd-m1")
+        .expect("ConfigMap ringd-m1");
+    let ringd: ringd::config::RingdConfig =
+        serde_yaml::from_str(config_map["data"]["ringd.yaml"].as_str().unwrap()).unwrap();
+    ringd.validate().expect("valid ringd config");
+    let k8s = ringd
+        .seed
+        .and_then(|s| s.kubernetes)
+        .expect("kubernetes seed");
+    assert_eq!((k8s.ring.as_str(), k8s.kubeconfig), ("test", None));
+    assert_eq!(ringd.members.len(), 3);
+
+    // The namespaces must exist for a server-side dry run of the namespaced objects.
+    let file = manifests.to_str().unwrap();
+    for ns in ["ring-system", "shoot--test--m2", "shoot--test--m3"] {
+        kubectl(&kc, &["create", "namespace", ns]);
+    }
+    let dry = kubectl(&kc, &["apply", "--dry-run=server", "-f", file]);
+    for object in [
+        "serviceaccount/ringd-m1",
+        "role.rbac.authorization.k8s.io/ringd-seed",
+        "rolebinding.rbac.authorization.k8s.io/ringd-m1",
+        "configmap/ringd-m1",
+        "service/ringd-m1",
+        "statefulset.apps/ringd-m1",
+    ] {
+        assert!(
+            dry.contains(&format!("{object} created (server dry run)")),
+            "{object} not in:\n{dry}"
+        );
+    }
+    let sas = kubectl(
+        &kc,
+        &["get", "serviceaccounts", "-n", "ring-system", "-o", "name"],
+    );
+    assert!(
+        !sas.contains("ringd-m1"),
+        "the dry run created objects: {sas}"
+    );
+
+    // Applied for real, ringd's service account may do exactly what the seed needs.
+    kubectl(&kc, &["apply", "-f", file]);
+    let sa = "system:serviceaccount:ring-system:ringd-m1";
+    assert!(can_i(
+        &kc,
+        sa,
+        &["patch", "deployments.apps", "-n", "shoot--test--m2"]
+    ));
+    assert!(can_i(
+        &kc,
+        sa,
+        &["patch", "statefulsets.apps/scale", "-n", "shoot--test--m3"]
+    ));
+    assert!(!can_i(&kc, sa, &["create", "namespaces"]));
+    assert!(!can_i(&kc, sa, &["get", "secrets", "-n", "kube-system"]));
+    assert!(!can_i(
+        &kc,
+        sa,
+        &["get", "secrets", "-n", "shoot--test--m1"]
+    ));
+    assert!(!can_i(
+        &kc,
+        sa,
+        &["delete", "deployments.apps", "-n", "shoot--test--m2"]
+    ));
+
+    // The seed, acting as that service account, runs a whole lifecycle.
+    let as_ringd = impersonating(&kc, sa, &sandbox.path().join("ringd-m1.kubeconfig"));
+    let seed = KubernetesSeed::connect(&config("test", &as_ringd), sandbox.path().join("m1-state"))
+        .await
+        .expect("connect as ringd");
+    let spec = ControlPlaneSpec::new("m2");
+    seed.start(&spec).await.expect("start as ringd");
+    seed.start(&spec).await.expect("re-apply as ringd");
+    assert_eq!(
+        seed.inspect("m2").await.expect("inspect as ringd").phase,
+        Phase::Starting
+    );
+    seed.fence("m2").await.expect("fence as ringd");
+    seed.stop("m2").await.expect("stop as ringd");
+    seed.delete("m2").await.expect("delete as ringd");
+    // No RBAC for a shoot m1 does not host (itself): a clear error, nothing created.
+    let err = seed
+        .start(&ControlPlaneSpec::new("m1"))
+        .await
+        .expect_err("m1's own namespace is not ringd-m1's");
+    assert!(
+        err.to_string().contains("lacks a permission")
+            && err.to_string().contains("ringctl manifests"),
+        "{err}"
+    );
+    cluster.stop("k8s-seed-b").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_asked_through_the_api_service_address() {
+    let sandbox = Sandbox::new();
+    let (cluster, _, client, _, seed) = kubernetes_seed(&sandbox, "k8s-seed-c", "t3").await;
+    let spec = ControlPlaneSpec::new("cp-via-svc");
+    seed.start(&spec).await.expect("start");
+
+    // Play the load-balancer controller: give the Service the shoot's (loopback) address.
+    let services: Api<Service> = Api::namespaced(client, "shoot--t3--cp-via-svc");
+    let lb = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": spec.endpoint.address.to_string()}]}}});
+    services
+        .patch_status(
+            "kube-apiserver",
+            &PatchParams::default(),
+            &Patch::Merge(&lb),
+        )
+        .await
+        .expect("set load balancer address");
+    let url = spec.endpoint.api_url();
+    let down = seed.health("cp-via-svc").await.unwrap();
+    assert!(!down.ready);
+    assert!(
+        down.detail.contains(&format!("/readyz at {url}")),
+        "{}",
+        down.detail
+    );
+
+    // Stand-in for the kube-apiserver pod: a local control plane with the PKI from the Secret.
+    let pod = Sandbox::new();
+    let local = pod.seed();
+    let pki_dir = local.layout("cp-via-svc").pki();
+    std::fs::create_dir_all(pki_dir.dir()).unwrap();
+    for entry in std::fs::read_dir(seed.pki_cache("cp-via-svc")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), pki_dir.dir().join(entry.file_name())).unwrap();
+    }
+    local.start(&spec).await.expect("start stand-in");
+    let health = wait_for("/readyz through the Service address", READY, || async {
+        seed.health("cp-via-svc").await.ok().filter(|h| h.ready)
+    })
+    .await;
+    assert_eq!(health.detail, "ok");
+    let status = seed.inspect("cp-via-svc").await.unwrap();
+    assert_eq!(status.api_url, url);
+    // /readyz answers but no pod of the Deployments is ready (no kubelet): degraded.
+    assert_eq!(status.phase, Phase::Degraded, "{status:?}");
+    kubectl(&seed.admin_kubeconfig("cp-via-svc"), &["get", "namespaces"]);
+    local.stop("cp-via-svc").await.unwrap();
+    cluster.stop("k8s-seed-c").await.unwrap();
+}
