@@ -72,16 +72,21 @@ impl Sandbox {
         processes_mentioning(self.path())
     }
 
-    /// Waits (bounded) until no process mentions this sandbox; returns the leftovers.
-    pub fn wait_no_processes(&self, timeout: Duration) -> Vec<u32> {
+    /// Waits (bounded) until no process mentions `path`; returns the leftovers.
+    pub fn wait_no_processes_matching(&self, path: &Path, timeout: Duration) -> Vec<u32> {
         let deadline = Instant::now() + timeout;
         loop {
-            let left = self.processes();
+            let left = processes_mentioning(path);
             if left.is_empty() || Instant::now() >= deadline {
                 return left;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Waits (bounded) until no process mentions this sandbox; returns the leftovers.
+    pub fn wait_no_processes(&self, timeout: Duration) -> Vec<u32> {
+        self.wait_no_processes_matching(self.path(), timeout)
     }
 }
 

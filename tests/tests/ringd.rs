@@ -370,3 +370,84 @@ async fn members_join_and_leave_through_raft_configuration_changes() {
     assert!(refused.contains("at least 3"), "{refused}");
     commit_via(&ring, 0, START).await;
 }
+
+/// A seed that dies and comes back after its shoot was failed over elsewhere never
+/// serves the stale control plane again (its epoch is stale, its placement moved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_seed_does_not_serve_a_moved_control_plane() {
+    let mut ring = RingFixture::new(3, &["m1", "m2", "m3"]);
+    ring.start_all();
+    // every member serves its successor's control plane
+    for (i, shoot) in [(0, "m2"), (1, "m3"), (2, "m1")] {
+        ring.wait_status(
+            i,
+            "its successor's control plane served",
+            Duration::from_secs(120),
+            |s| {
+                s.hosted
+                    .iter()
+                    .any(|h| h.shoot == shoot && h.serving && h.ready)
+            },
+        )
+        .await;
+    }
+    let m1_shoots = ring.seed_dir(0).join("shoots/m2");
+    assert!(!ring_tests::processes_mentioning(&m1_shoots).is_empty());
+
+    // m1 dies (its ringd and the control plane of m2 it hosted)
+    ring.kill(0);
+    let left = ring
+        .sandbox
+        .wait_no_processes_matching(&m1_shoots, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "m2's control plane outlived its seed: {left:?}"
+    );
+    let s = ring
+        .wait_status(1, "m2 failed over to m3 under epoch 2", START, |s| {
+            s.placements
+                .iter()
+                .any(|p| p.shoot == "m2" && p.host == "m3" && p.epoch == 2)
+                && s.members
+                    .iter()
+                    .any(|m| m.name == "m1" && m.state == MemberState::Down)
+        })
+        .await;
+    let op = s
+        .operations
+        .iter()
+        .find(|o| o.shoot() == "m2")
+        .expect("a failover operation");
+    assert_eq!(op.source(), "m1");
+
+    // m1 comes back: it is marked up again, but never restarts m2's control plane
+    ring.start(0);
+    ring.wait_status(1, "m1 up again", START, |s| {
+        s.members
+            .iter()
+            .any(|m| m.name == "m1" && m.state == MemberState::Up)
+    })
+    .await;
+    let back = ring
+        .wait_status(0, "m1 knows m2 moved", START, |s| {
+            s.hosted
+                .iter()
+                .any(|h| h.shoot == "m2" && !h.serving && h.detail.contains("moved to m3"))
+        })
+        .await;
+    assert!(back
+        .placements
+        .iter()
+        .any(|p| p.shoot == "m2" && p.host == "m3"));
+    // and for a few lease periods nothing of m2 runs on m1
+    let lease = Duration::from_millis(ring.timing.lease_ms);
+    let until = std::time::Instant::now() + lease * 2;
+    while std::time::Instant::now() < until {
+        let procs = ring_tests::processes_mentioning(&m1_shoots);
+        assert!(
+            procs.is_empty(),
+            "m1 restarted the stale control plane of m2: {procs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
