@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod failover_bench;
 pub mod migrate_bench;
 pub mod plan;
 
@@ -107,6 +108,14 @@ impl RingLayout {
     pub fn seed_dir(&self, name: &str) -> PathBuf {
         self.member_dir(name).join("seed")
     }
+    /// The ring's backup bucket: the config's, else `file://<dir>/bucket`.
+    pub fn bucket_url(&self, config: &RingConfig) -> String {
+        config
+            .bucket
+            .clone()
+            .unwrap_or_else(|| format!("file://{}", self.dir.join("bucket").display()))
+    }
+
     /// The published admin kubeconfig of a shoot.
     pub fn kubeconfig(&self, shoot: &str) -> PathBuf {
         self.dir
@@ -482,6 +491,9 @@ fn write_member_config(
             state_dir: layout.seed_dir(&m.name),
             bin_dir: None,
             kubernetes: None,
+        }),
+        backup: Some(ringd::config::BackupSection {
+            bucket: backup::BucketConfig::url(layout.bucket_url(config)),
         }),
     };
     rc.validate()?;

@@ -146,7 +146,7 @@ pub async fn migrate_bench(
 }
 
 /// Creates `n` ConfigMaps (1 KiB each) with 16 concurrent writers.
-async fn fill(kubeconfig: &Path, n: usize) -> Result<(), BootstrapError> {
+pub async fn fill(kubeconfig: &Path, n: usize) -> Result<(), BootstrapError> {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{ObjectMeta, PostParams};
     let client = seed::kubeconfig::client("m2", kubeconfig)

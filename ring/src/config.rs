@@ -151,6 +151,17 @@ pub struct RingdConfig {
     pub timing: Timing,
     #[serde(default)]
     pub seed: Option<SeedConfig>,
+    /// Continuous backups of the control planes this member serves, and the
+    /// bucket failovers restore from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSection>,
+}
+
+/// Where a member backs up the control planes it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackupSection {
+    pub bucket: backup::BucketConfig,
 }
 
 fn bad(field: &str, reason: impl Into<String>) -> RingError {
@@ -252,6 +263,11 @@ impl RingdConfig {
             }
         }
         self.timing.validate()?;
+        if let Some(b) = &self.backup {
+            b.bucket
+                .validate("backup.bucket")
+                .map_err(|e| bad("backup.bucket", e.to_string()))?;
+        }
         if let Some(k) = self.seed.as_ref().and_then(|s| s.kubernetes.as_ref()) {
             k.validate().map_err(|e| match e {
                 seed::SeedError::InvalidSpec { field, reason } => {

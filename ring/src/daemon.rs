@@ -74,6 +74,8 @@ pub struct Shared {
     reports: Mutex<BTreeMap<String, (u64, Vec<ShootHealth>)>>,
     leases: Mutex<BTreeMap<String, LocalLease>>,
     hosted: Mutex<BTreeMap<String, Hosted>>,
+    backups: crate::backups::Backups,
+    stop: CancellationToken,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -154,6 +156,24 @@ impl Shared {
         Ok(())
     }
 
+    /// The bucket this member backs up to and restores from, if configured.
+    pub fn bucket(&self) -> Option<&backup::BucketConfig> {
+        self.config.backup.as_ref().map(|b| &b.bucket)
+    }
+
+    /// Starts the continuous backup of a control plane this member serves.
+    pub fn start_backup(self: &Arc<Self>, seed: &LocalSeed, shoot: &str) {
+        if let Some(bucket) = self.bucket() {
+            self.backups
+                .ensure(self.clone(), seed, bucket, shoot, &self.stop);
+        }
+    }
+
+    /// Stops the continuous backup of `shoot` (it moves away or is fenced).
+    pub fn stop_backup(&self, shoot: &str) {
+        self.backups.stop(shoot);
+    }
+
     /// Commits `cmd` through the quorum.
     pub async fn propose_cmd(&self, cmd: RingCommand) -> Result<(), RingError> {
         self.propose(cmd).await.map(|_| ()).map_err(RingError::from)
@@ -215,6 +235,7 @@ impl Shared {
                     .backups
                     .get(&p.shoot)
                     .map(|b| now.saturating_sub(b.at_ms)),
+                last_backup_revision: v.state.backups.get(&p.shoot).map(|b| b.revision),
                 ready: reports
                     .get(&p.host)
                     .and_then(|(_, shoots)| shoots.iter().find(|s| s.shoot == p.shoot))
@@ -396,6 +417,7 @@ pub async fn start(
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
 
+    let stop = shutdown.child_token();
     let shared = Arc::new(Shared {
         config: config.clone(),
         node: node.clone(),
@@ -406,9 +428,10 @@ pub async fn start(
         reports: Mutex::new(BTreeMap::new()),
         leases: Mutex::new(BTreeMap::new()),
         hosted: Mutex::new(BTreeMap::new()),
+        backups: crate::backups::Backups::default(),
+        stop: stop.clone(),
     });
 
-    let stop = shutdown.child_token();
     let mut tasks = JoinSet::new();
     {
         let stop = stop.clone();
@@ -747,9 +770,10 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
         for shoot in shoots {
             // A planned migration drives the control plane on both its source and target.
             if v.state.open_operation(&shoot).is_some_and(|op| {
-                op.is_migration()
-                    && ((op.source() == me && op.step == crate::state::OperationStep::Pending)
-                        || (op.target() == me && op.step == crate::state::OperationStep::Restoring))
+                (op.is_migration()
+                    && op.source() == me
+                    && op.step == crate::state::OperationStep::Pending)
+                    || (op.target() == me && op.step == crate::state::OperationStep::Restoring)
             }) {
                 continue;
             }
@@ -799,6 +823,8 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
                                 h.serving = true;
                                 h.detail = "serving".into();
                                 h.next_attempt = None;
+                                drop(all);
+                                shared.start_backup(&seed, &shoot);
                             }
                             Err(e) => {
                                 tracing::error!(%shoot, error = %e, "cannot start the control plane");
@@ -818,6 +844,7 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
                 }
             } else if h.serving {
                 tracing::warn!(%shoot, reason = %why, "fencing the control plane");
+                shared.backups.stop(&shoot);
                 if let Err(e) = seed.fence(&shoot).await {
                     tracing::error!(%shoot, error = %e, "fencing failed");
                 }

@@ -4,6 +4,8 @@
 //! CLI. Binaries only parse flags, set up logging and call into here, so tests
 //! run the same code in-process.
 
+pub mod backup;
+pub mod backups;
 pub mod bench;
 pub mod client;
 pub mod config;

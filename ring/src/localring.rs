@@ -132,6 +132,7 @@ impl LocalRing {
                 bin_dir: None,
                 kubernetes: None,
             }),
+            backup: None,
         };
         config.validate()?;
         let path = mdir.join("ringd.yaml");

@@ -58,14 +58,20 @@ pub async fn run(shared: Arc<Shared>, seed: Arc<LocalSeed>, stop: CancellationTo
             .state
             .operations
             .iter()
-            .filter(|o| o.is_migration() && !o.step.is_finished())
+            .filter(|o| !o.step.is_finished())
             .cloned()
             .collect();
         for op in ops {
             if retry_at.get(&op.id).is_some_and(|t| Instant::now() < *t) {
                 continue;
             }
-            let res = if op.source() == me && op.step == OperationStep::Pending {
+            let res = if !op.is_migration() {
+                if op.target() == me {
+                    failover_step(&shared, &seed, &op, &mut verified).await
+                } else {
+                    Ok(())
+                }
+            } else if op.source() == me && op.step == OperationStep::Pending {
                 source_step(&shared, &seed, &op).await
             } else if op.target() == me && op.step == OperationStep::Restoring {
                 target_step(&shared, &seed, &op, &mut verified).await
@@ -86,7 +92,11 @@ pub async fn run(shared: Arc<Shared>, seed: Arc<LocalSeed>, stop: CancellationTo
     }
 }
 
-async fn source_step(shared: &Shared, seed: &LocalSeed, op: &Operation) -> Result<(), RingError> {
+async fn source_step(
+    shared: &Arc<Shared>,
+    seed: &LocalSeed,
+    op: &Operation,
+) -> Result<(), RingError> {
     let shoot = op.shoot();
     let layout = seed.layout(shoot);
     let spec = seed.spec_for(shoot, None)?;
@@ -102,6 +112,7 @@ async fn source_step(shared: &Shared, seed: &LocalSeed, op: &Operation) -> Resul
     tracing::info!(op = op.id, %shoot, ?action, "migration source");
     match action {
         SourceAction::StopWriters => {
+            shared.stop_backup(shoot);
             shared.set_hosted(shoot, false, "handing over: writers stopped".into());
             seed.stop_only(shoot, &WRITERS).await?;
         }
@@ -138,7 +149,7 @@ async fn source_step(shared: &Shared, seed: &LocalSeed, op: &Operation) -> Resul
 }
 
 async fn target_step(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     seed: &LocalSeed,
     op: &Operation,
     verified: &mut BTreeSet<u64>,
@@ -177,6 +188,7 @@ async fn target_step(
             let spec = seed.spec_for(shoot, None)?;
             seed.start(&spec).await?;
             shared.set_hosted(shoot, true, format!("restored; verifying (epoch {epoch})"));
+            shared.start_backup(seed, shoot);
         }
         TargetAction::Verify => {
             seed::wait_ready(seed, shoot, Duration::from_secs(120)).await?;
@@ -210,6 +222,126 @@ async fn target_step(
         }
     }
     Ok(())
+}
+
+/// The target of a failover restores the shoot from the bucket alone (the old
+/// host is gone), then serves it under the new epoch and reports the RPO.
+async fn failover_step(
+    shared: &Arc<Shared>,
+    seed: &LocalSeed,
+    op: &Operation,
+    verified: &mut BTreeSet<u64>,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let OperationKind::Failover { epoch, .. } = &op.kind else {
+        return Ok(());
+    };
+    let Some(bucket) = shared.bucket().cloned() else {
+        shared.set_hosted_detail(
+            shoot,
+            format!(
+                "failover {} waits: this member has no backup bucket to restore {shoot} from",
+                op.id
+            ),
+        );
+        return Ok(());
+    };
+    match op.step {
+        OperationStep::Pending => {
+            shared
+                .propose_cmd(RingCommand::AdvanceOperation {
+                    id: op.id,
+                    step: OperationStep::Restoring,
+                    detail: format!("{} restores {shoot} from {}", shared.name(), bucket.url),
+                    at_ms: now_ms(),
+                })
+                .await
+        }
+        OperationStep::Restoring => {
+            let layout = seed.layout(shoot);
+            let marker = layout.dir.join("failover-restored");
+            let restored: Option<backup::restore::RestoreReport> =
+                std::fs::read_to_string(&marker).ok().and_then(|t| {
+                    let (id, json) = t.split_once('\n')?;
+                    (id.trim() == op.id.to_string()).then(|| serde_json::from_str(json).ok())?
+                });
+            let running = seed.running_components(shoot).await;
+            let view = TargetView {
+                fetched: restored.is_some(),
+                restored: restored.is_some(),
+                leased: shared.holds_lease(shoot, *epoch),
+                serving: running.len() == Component::ALL.len(),
+                verified: verified.contains(&op.id),
+            };
+            let action = target_next(&view);
+            tracing::info!(op = op.id, %shoot, ?action, "failover target");
+            match action {
+                TargetAction::Fetch | TargetAction::Restore => {
+                    let bins = seed::BinarySearch::standard(shared.bin_dir());
+                    let (etcd, etcdctl) = (bins.find("etcd")?, bins.find("etcdctl")?);
+                    let cancel = CancellationToken::new();
+                    let report = crate::backups::restore_from_bucket(
+                        &bucket, seed, shoot, &etcd, &etcdctl, &cancel,
+                    )
+                    .await?;
+                    let json = serde_json::to_string(&report)
+                        .map_err(|e| RingError::Encode(e.to_string()))?;
+                    seed::pki::write_private(&marker, format!("{}\n{json}", op.id).as_bytes())?;
+                    shared.set_hosted(
+                        shoot,
+                        false,
+                        format!("restored revision {}", report.reached_revision),
+                    );
+                }
+                TargetAction::AcquireLease => shared.renew_lease(shoot, *epoch).await?,
+                TargetAction::Start => {
+                    let spec = seed.spec_for(shoot, None)?;
+                    seed.start(&spec).await?;
+                    shared.set_hosted(
+                        shoot,
+                        true,
+                        format!("restored from the bucket; verifying (epoch {epoch})"),
+                    );
+                    shared.start_backup(seed, shoot);
+                }
+                TargetAction::Verify => {
+                    seed::wait_ready(seed, shoot, Duration::from_secs(120)).await?;
+                    verified.insert(op.id);
+                }
+                TargetAction::Complete => {
+                    let reached = restored.map_or(0, |r| r.reached_revision);
+                    let state = shared.node().view().state;
+                    let known = state.backups.get(shoot);
+                    let rpo = match known {
+                        Some(b) => {
+                            let lost = (b.revision as i64 - reached).max(0);
+                            format!(
+                                "the ring last knew revision {} durable ({} ms before the failover began); {lost} revisions lost",
+                                b.revision,
+                                op.created_at_ms.saturating_sub(b.at_ms)
+                            )
+                        }
+                        None => "no backup progress had been reported".into(),
+                    };
+                    shared
+                        .propose_cmd(RingCommand::AdvanceOperation {
+                            id: op.id,
+                            step: OperationStep::Done,
+                            detail: format!(
+                                "serving on {} at epoch {epoch}; restored revision {reached} from the bucket; {rpo}",
+                                shared.name()
+                            ),
+                            at_ms: now_ms(),
+                        })
+                        .await?;
+                    shared.set_hosted(shoot, true, "serving".into());
+                    let _ = std::fs::remove_file(&marker);
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 async fn fail(shared: &Shared, op: &Operation, why: &str) -> Result<(), RingError> {

@@ -30,6 +30,8 @@ pub struct PlacementStatus {
     pub lease_expires_in_ms: Option<i64>,
     /// Milliseconds since the newest durable backup, if one was reported.
     pub last_backup_age_ms: Option<u64>,
+    /// The etcd revision the newest durable backup reaches.
+    pub last_backup_revision: Option<u64>,
     /// Health reported by the host (leader's view only).
     pub ready: Option<bool>,
 }

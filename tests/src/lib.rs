@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use seed::{Binaries, BinarySearch, LocalSeed};
 
+pub mod etcd;
 pub mod ring;
+pub mod s3;
 
 /// The control-plane binaries, or a panic telling how to install them.
 pub fn binaries() -> Binaries {
@@ -249,15 +251,22 @@ pub fn expect_clean_failure(out: &Output) -> String {
 /// (for `ports: {base: ...}` in a Ring config).
 pub fn free_port_base() -> u16 {
     // Below Linux's ephemeral range (32768+), so outgoing connections cannot take
-    // the ports between this check and the ring's start.
+    // the ports between this check and the ring's start; and never overlapping a
+    // range this process handed out before (tests run in parallel threads).
+    static TAKEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() as u64);
     let seed = nanos ^ (u64::from(std::process::id()) << 20);
-    for attempt in 0..200u64 {
+    for attempt in 0..500u64 {
         let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(7919)) % 12_000) as u16;
+        if taken.iter().any(|t| t.abs_diff(base) < 200) {
+            continue;
+        }
         let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
         if (1..=5).all(|i| free(base + i) && free(base + 100 + i)) {
+            taken.push(base);
             return base;
         }
     }
@@ -288,4 +297,12 @@ pub fn ringctl_in(dir: &Path, args: &[&str]) -> String {
     v.push("--ring-dir".into());
     v.push(dir.into());
     expect_success(&ringctl_cmd(v, &[]))
+}
+
+/// Rings in tests name their shoots m1, m2, ...; a shoot's endpoint (its loopback
+/// address) follows from its name, so two such rings cannot run at once in one
+/// test binary. Tests that start control planes of a ring hold this lock.
+pub fn ring_slot() -> std::sync::MutexGuard<'static, ()> {
+    static SLOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SLOT.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -11,6 +11,7 @@ fn ringctl_ok(args: &[&str], dir: &Path) -> String {
 
 #[test]
 fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
+    let _slot = ring_tests::ring_slot();
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
     let config = ring_config(sandbox.path(), 3);

@@ -1,6 +1,9 @@
 //! Planned migration of a real control plane between members of a real ring,
 //! while a writer creates ConfigMaps as fast as it can.
 
+// Each test runs on its own runtime; `ring_slot` only serialises whole tests.
+#![allow(clippy::await_holding_lock)]
+
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +16,7 @@ use ring_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planned_migration_under_writes_loses_no_acknowledged_write() {
+    let _slot = ring_tests::ring_slot();
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
     let config = ring_config(sandbox.path(), 3);
@@ -177,6 +181,7 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
 /// from what is on disk and the migration completes with the data intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_crash_mid_migration_resumes_and_completes() {
+    let _slot = ring_tests::ring_slot();
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
     let config = ring_config(sandbox.path(), 3);
@@ -244,6 +249,106 @@ async fn target_crash_mid_migration_resumes_and_completes() {
             &["get", "configmap", "survivor", "-o", "jsonpath={.data.k}"]
         ),
         "v"
+    );
+    ringctl_in(&dir, &["down"]);
+}
+
+/// kill -9 of the seed hosting a shoot's control plane in a 3-member ring: the
+/// ring restores it on another member from the bucket alone, the original
+/// kubeconfig answers, and every write the ring knew to be durable is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_seed_fails_over_from_the_bucket() {
+    let _slot = ring_tests::ring_slot();
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let config = ring_config(sandbox.path(), 3);
+    ringctl_in(
+        &dir,
+        &["bootstrap", "--config", &config.display().to_string()],
+    );
+    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let ring = layout.read_config().unwrap().unwrap();
+    let pki = layout.pki();
+
+    // writes, then wait until the ring knows a durable backup covering them
+    let mut last_rv = 0u64;
+    for i in 0..20 {
+        let out = kubectl(
+            &kubeconfig,
+            &[
+                "create",
+                "configmap",
+                &format!("before-{i}"),
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ],
+        );
+        last_rv = out.trim().parse().unwrap();
+    }
+    wait_for(
+        "a durable backup covering the writes",
+        Duration::from_secs(60),
+        || {
+            let c = ringd::client::AdminClient::connect(&ring.member_address(1), &pki);
+            async move {
+                let s = c.ok()?.status().await.ok()?;
+                let rev = s
+                    .placements
+                    .iter()
+                    .find(|p| p.shoot == "m2")?
+                    .last_backup_revision?;
+                (rev >= last_rv).then_some(())
+            }
+        },
+    )
+    .await;
+    // the control plane of m2 runs on m1: kill m1's seed (ringd and what it runs)
+    let pid = layout.running_pid("m1").expect("m1 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let mut client = ringd::client::AdminClient::connect(&ring.member_address(1), &pki).unwrap();
+    let op = wait_for("a failover of m2", Duration::from_secs(30), || {
+        let c = ringd::client::AdminClient::connect(&ring.member_address(1), &pki);
+        async move {
+            let s = c.ok()?.status().await.ok()?;
+            s.operations.iter().find(|o| o.shoot() == "m2").cloned()
+        }
+    })
+    .await;
+    assert_eq!(
+        (op.source(), op.target()),
+        ("m1", "m3"),
+        "m1's predecessor takes over: {op:?}"
+    );
+    let done = client
+        .wait_operation(op.id, Duration::from_secs(120), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(done.step, ringd::state::OperationStep::Done, "{done:?}");
+    assert!(done.detail.contains("restored revision"), "{}", done.detail);
+
+    // the original kubeconfig answers, with every write
+    for i in 0..20 {
+        kubectl(&kubeconfig, &["get", "configmap", &format!("before-{i}")]);
+    }
+    let fresh = kubectl(
+        &kubeconfig,
+        &[
+            "create",
+            "configmap",
+            "after",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    );
+    assert!(
+        fresh.trim().parse::<u64>().unwrap() > last_rv,
+        "resourceVersion went back"
     );
     ringctl_in(&dir, &["down"]);
 }

@@ -1,6 +1,9 @@
 //! Real `ringd` processes on loopback: elections, leader kills, restarts,
 //! partitions (SIGSTOP), mutual TLS, and lease fencing of a hosted control plane.
 
+// Each test runs on its own runtime; `ring_slot` only serialises whole tests.
+#![allow(clippy::await_holding_lock)]
+
 use std::time::{Duration, Instant};
 
 use ring_tests::ring::RingFixture;
@@ -253,6 +256,7 @@ async fn foreign_ca_and_unexpected_identities_are_refused() {
 /// serving before its lease ends, and say so in its status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_off_host_fences_its_control_plane_before_the_lease_ends() {
+    let _slot = ring_tests::ring_slot();
     let mut ring = RingFixture::new(3, &["m1"]);
     ring.start_all();
     let serving = ring
@@ -375,6 +379,7 @@ async fn members_join_and_leave_through_raft_configuration_changes() {
 /// serves the stale control plane again (its epoch is stale, its placement moved).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returning_seed_does_not_serve_a_moved_control_plane() {
+    let _slot = ring_tests::ring_slot();
     let mut ring = RingFixture::new(3, &["m1", "m2", "m3"]);
     ring.start_all();
     // every member serves its successor's control plane

@@ -53,6 +53,9 @@ enum Command {
     /// Kubernetes manifests that run each member's ringd in its own cluster (ServiceAccount,
     /// least-privilege RBAC in the shoot namespaces, ConfigMap, Service, StatefulSet).
     Manifests(manifests::ManifestsArgs),
+    /// Back up a shoot's etcd to object storage (full + delta snapshots), list, verify, restore, gc.
+    #[command(subcommand)]
+    Backup(ringd::backup::BackupCommand),
 }
 
 #[derive(Args, Clone)]
@@ -198,6 +201,10 @@ enum BenchCommand {
     Bootstrap(BootstrapBenchArgs),
     /// Planned migration time of a control plane with many objects (median of N moves).
     Migrate(MigrateBenchArgs),
+    /// Failover RTO: kill -9 of a seed until the restored control plane answers (median of N).
+    Failover(MigrateBenchArgs),
+    /// Full snapshot speed and memory vs etcdctl, restore of full + deltas vs etcdctl, backup lag.
+    Backup(ringd::backup::BenchArgs),
 }
 
 #[derive(Args)]
@@ -562,6 +569,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let mut client = ringd::client::AdminClient::connect_leader(&address, &pki).await?;
             println!("{}", client.remove_member(&args.name).await?);
             Ok(())
+        }
+        Command::Backup(cmd) => {
+            init_tracing("warn");
+            let shutdown = if cmd.runs_until_stopped() {
+                shutdown_on_signals()?
+            } else {
+                CancellationToken::new()
+            };
+            Ok(ringd::backup::run(cmd, format, shutdown).await?)
+        }
+        Command::Bench(BenchCommand::Backup(args)) => {
+            init_tracing("warn");
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            Ok(ringd::backup::bench(args, exe, format).await?)
+        }
+        Command::Bench(BenchCommand::Failover(args)) => {
+            init_tracing("warn");
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let dir = ringd::bench::temp_state_dir();
+            let result = bootstrap::failover_bench::failover_bench(
+                &dir,
+                &exe.with_file_name("ringd"),
+                args.base_port,
+                args.objects,
+                args.runs,
+            )
+            .await;
+            let _ = std::fs::remove_dir_all(&dir);
+            let result = result?;
+            print(&result, format, || {
+                bootstrap::failover_bench::render(&result)
+            })
         }
         Command::Bench(BenchCommand::Migrate(args)) => {
             init_tracing("warn");

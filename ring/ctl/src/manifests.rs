@@ -124,6 +124,12 @@ pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
                 bin_dir: None,
                 kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
             }),
+            backup: ring
+                .bucket
+                .as_ref()
+                .map(|url| ringd::config::BackupSection {
+                    bucket: backup::BucketConfig::url(url.clone()),
+                }),
         };
         config
             .validate()

@@ -1,0 +1,350 @@
+//! etcd: client connections (TLS), `etcdctl snapshot restore`, and the
+//! temporary etcd a restore replays deltas into.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+
+use crate::config::EtcdConfig;
+use crate::error::{io_at, missing_binary};
+use crate::{BackupError, Result};
+
+/// Unary etcd calls that take longer than this fail (and are retried by the loop).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connects to etcd with TLS when the endpoints are https.
+pub async fn connect(cfg: &EtcdConfig) -> Result<Client> {
+    cfg.validate("etcd")?;
+    let endpoint = cfg.endpoints.join(",");
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map_err(|e| BackupError::config("etcd", format!("reading {}: {e}", p.display())))
+    };
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    if cfg.endpoints.iter().any(|e| e.starts_with("https://")) {
+        let mut tls = etcd_client::TlsOptions::new();
+        if let Some(ca) = &cfg.ca_file {
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
+            tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        let host = cfg.server_name.clone().unwrap_or_else(|| {
+            cfg.endpoints[0]
+                .trim_start_matches("https://")
+                .rsplit_once(':')
+                .map_or(String::new(), |(h, _)| {
+                    h.trim_matches(['[', ']']).to_string()
+                })
+        });
+        tls = tls.domain_name(host);
+        options = options.with_tls(tls);
+    }
+    let client = tokio::time::timeout(
+        Duration::from_secs(10),
+        Client::connect(cfg.endpoints.clone(), Some(options)),
+    )
+    .await
+    .map_err(|_| BackupError::Etcd {
+        endpoint: endpoint.clone(),
+        message: "connecting timed out after 10s".into(),
+    })?
+    .map_err(|e| BackupError::Etcd {
+        endpoint,
+        message: e.to_string(),
+    })?;
+    Ok(client)
+}
+
+/// An etcd error of `endpoint` while doing `what`.
+pub fn err(endpoint: &str, what: &str, e: impl std::fmt::Display) -> BackupError {
+    BackupError::Etcd {
+        endpoint: endpoint.to_string(),
+        message: format!("{what}: {e}"),
+    }
+}
+
+/// Runs a unary etcd call with [`CALL_TIMEOUT`].
+pub async fn call<T>(
+    endpoint: &str,
+    what: &str,
+    f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(err(endpoint, what, e)),
+        Err(_) => Err(err(
+            endpoint,
+            what,
+            format!("no answer within {CALL_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// What etcd's status says.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub revision: i64,
+    pub version: String,
+    pub cluster_id: u64,
+    pub db_size: i64,
+}
+
+/// etcd's current revision, version and cluster id.
+pub async fn status(client: &mut Client, endpoint: &str) -> Result<Status> {
+    let s = call(endpoint, "status", client.status()).await?;
+    let h = s.header();
+    Ok(Status {
+        revision: h.map_or(0, |h| h.revision()),
+        version: s.version().to_string(),
+        cluster_id: h.map_or(0, |h| h.cluster_id()),
+        db_size: s.db_size(),
+    })
+}
+
+/// Keys in etcd at `revision` (0: now).
+pub async fn key_count(client: &mut Client, endpoint: &str, revision: i64) -> Result<i64> {
+    let mut opts = GetOptions::new().with_all_keys().with_count_only();
+    if revision > 0 {
+        opts = opts.with_revision(revision);
+    }
+    let r = call(endpoint, "counting keys", client.get(vec![0u8], Some(opts))).await?;
+    Ok(r.count())
+}
+
+/// `HashKV` at `revision`.
+pub async fn hash_kv(
+    client: &mut Client,
+    endpoint: &str,
+    revision: i64,
+) -> Result<crate::codec::HashKv> {
+    let r = call(
+        endpoint,
+        &format!("HashKV at {revision}"),
+        client.hash_kv(revision),
+    )
+    .await?;
+    Ok(crate::codec::HashKv {
+        revision,
+        hash: r.hash(),
+        compact_revision: r.compact_version(),
+    })
+}
+
+/// Finds a program the way seeds do (`--bin-dir`, `RING_BIN_DIR`, the setup
+/// cache, `PATH`); a missing one names `scripts/setup`.
+pub fn find_binary(name: &str, bin_dir: Option<&Path>) -> Result<PathBuf> {
+    seed::BinarySearch::standard(bin_dir)
+        .find(name)
+        .map_err(|e| missing_binary(e, name))
+}
+
+/// How the restored member is named (it must match how its etcd is started).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    pub name: String,
+    pub peer_url: String,
+    pub cluster_token: String,
+}
+
+impl Member {
+    /// The member a local seed starts for `spec`.
+    pub fn for_shoot(spec: &seed::ControlPlaneSpec) -> Self {
+        Member {
+            name: spec.shoot.clone(),
+            peer_url: spec.endpoint.etcd_peer_url(),
+            cluster_token: format!("ring-{}", spec.shoot),
+        }
+    }
+}
+
+/// `etcdctl snapshot restore` of `snapshot` into the fresh `data_dir`.
+pub async fn restore_snapshot(
+    etcdctl: &Path,
+    snapshot: &Path,
+    data_dir: &Path,
+    member: &Member,
+) -> Result<()> {
+    let out = tokio::process::Command::new(etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(snapshot)
+        .arg(format!("--name={}", member.name))
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .arg(format!(
+            "--initial-cluster={}={}",
+            member.name, member.peer_url
+        ))
+        .arg(format!("--initial-cluster-token={}", member.cluster_token))
+        .arg(format!("--initial-advertise-peer-urls={}", member.peer_url))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(io_at("running", etcdctl))?;
+    if !out.status.success() {
+        return Err(BackupError::Tool {
+            program: "etcdctl snapshot restore".into(),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A free TCP port on 127.0.0.1 (the kernel's choice).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(crate::error::io("finding a free port"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(crate::error::io("finding a free port"))
+}
+
+/// The flags of a single-member etcd (a new one, or one on existing data),
+/// logging to stderr; an 8 GiB quota so large databases fit.
+pub fn single_member_args(
+    name: &str,
+    data_dir: &Path,
+    client_url: &str,
+    peer_url: &str,
+) -> Vec<String> {
+    vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster={name}={peer_url}"),
+        "--quota-backend-bytes=8589934592".into(),
+        "--logger=zap".into(),
+        "--log-outputs=stderr".into(),
+    ]
+}
+
+/// An etcd process on loopback ports, plain HTTP; killed on drop.
+pub struct TempEtcd {
+    child: Option<tokio::process::Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Its data dir.
+    pub data_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl TempEtcd {
+    /// Starts etcd on `data_dir` (existing data is kept; a new one gets `name`),
+    /// logging to `log`, and waits until it answers.
+    pub async fn start(etcd: &Path, data_dir: &Path, name: &str, log: &Path) -> Result<Self> {
+        let mut last = String::new();
+        for _attempt in 0..3 {
+            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let url = format!("http://127.0.0.1:{client_port}");
+            let peer = format!("http://127.0.0.1:{peer_port}");
+            let logfile = std::fs::File::create(log).map_err(io_at("creating", log))?;
+            let mut cmd = tokio::process::Command::new(etcd);
+            cmd.args(single_member_args(name, data_dir, &url, &peer))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(logfile))
+                .kill_on_drop(true);
+            let child = cmd.spawn().map_err(io_at("starting", etcd))?;
+            let mut me = TempEtcd {
+                child: Some(child),
+                url,
+                data_dir: data_dir.to_path_buf(),
+                log: log.to_path_buf(),
+            };
+            match me.wait_ready(Duration::from_secs(30)).await {
+                Ok(()) => return Ok(me),
+                Err(e) => {
+                    last = e;
+                    me.stop().await;
+                }
+            }
+        }
+        Err(BackupError::Tool {
+            program: "etcd".into(),
+            message: last,
+        })
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> std::result::Result<(), String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(child) = &mut self.child {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!(
+                        "etcd exited ({status}); last lines of {}:\n{}",
+                        self.log.display(),
+                        seed::ShootLayout::tail(&self.log, 10)
+                    ));
+                }
+            }
+            if let Ok(mut c) = Client::connect(
+                [self.url.clone()],
+                Some(ConnectOptions::new().with_connect_timeout(Duration::from_secs(1))),
+            )
+            .await
+            {
+                if tokio::time::timeout(Duration::from_secs(2), c.status())
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+                {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "etcd did not answer on {} within {timeout:?}; last lines of {}:\n{}",
+                    self.url,
+                    self.log.display(),
+                    seed::ShootLayout::tail(&self.log, 10)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A client of this etcd.
+    pub async fn client(&self) -> Result<Client> {
+        connect(&EtcdConfig::plain(self.url.clone())).await
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// Stops etcd: SIGTERM, then SIGKILL after 10 s.
+    pub async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+impl Drop for TempEtcd {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.start_kill();
+        }
+    }
+}
