@@ -78,6 +78,9 @@ pub struct RingConfig {
     pub ports: Ports,
     #[serde(default)]
     pub timing: Timing,
+    /// Seconds a seed keeps a control plane's data after it moved away (default 3600).
+    #[serde(default = "ringd::config::default_release_grace_secs")]
+    pub release_grace_seconds: u64,
 }
 
 impl Default for RingConfig {
@@ -97,6 +100,7 @@ impl Default for RingConfig {
             bucket: None,
             ports: Ports::default(),
             timing: Timing::default(),
+            release_grace_seconds: ringd::config::default_release_grace_secs(),
         }
     }
 }

@@ -491,6 +491,7 @@ fn write_member_config(
             state_dir: layout.seed_dir(&m.name),
             bin_dir: None,
             kubernetes: None,
+            release_grace_secs: config.release_grace_seconds,
         }),
         backup: Some(ringd::config::BackupSection {
             bucket: backup::BucketConfig::url(layout.bucket_url(config)),

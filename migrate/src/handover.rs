@@ -1,6 +1,7 @@
 //! The data of a handover: the final etcd snapshot (with its revision and
 //! `HashKV`), the shoot's PKI and spec; restoring and verifying on the target.
 
+use std::collections::BTreeMap;
 use std::path::{Component as PathComponent, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,6 +23,55 @@ pub struct SnapshotInfo {
     /// Snapshot size in bytes.
     pub size: u64,
     pub taken_at_ms: u64,
+    /// Objects per resource type at `revision` (keys under `/registry/`).
+    #[serde(default)]
+    pub objects: BTreeMap<String, u64>,
+}
+
+/// The resource type a Kubernetes etcd key belongs to: `/registry/configmaps/ns/x`
+/// is `configmaps`, `/registry/apiregistration.k8s.io/apiservices/x` is
+/// `apiregistration.k8s.io/apiservices`. Keys outside `/registry/` are `other`.
+pub fn resource_of(key: &[u8]) -> String {
+    let Some(rest) = key.strip_prefix(b"/registry/") else {
+        return "other".into();
+    };
+    let mut parts = rest.split(|b| *b == b'/');
+    let first = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+    if first.contains('.') {
+        if let Some(second) = parts.next() {
+            return format!("{first}/{}", String::from_utf8_lossy(second));
+        }
+    }
+    first
+}
+
+/// Counts the keys of every resource type at `revision` (keys only, in pages, so
+/// memory stays bounded whatever the size).
+pub async fn count_objects(
+    client: &mut etcd_client::Client,
+    revision: i64,
+) -> std::result::Result<BTreeMap<String, u64>, etcd_client::Error> {
+    const PAGE: i64 = 5_000;
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut from: Vec<u8> = vec![0];
+    loop {
+        let options = etcd_client::GetOptions::new()
+            .with_range(vec![0])
+            .with_keys_only()
+            .with_limit(PAGE)
+            .with_revision(revision);
+        let resp = client.get(from.clone(), Some(options)).await?;
+        for kv in resp.kvs() {
+            *counts.entry(resource_of(kv.key())).or_default() += 1;
+        }
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(counts),
+        }
+    }
 }
 
 /// `<shoot dir>/handover`.
@@ -109,6 +159,9 @@ pub async fn take_final_snapshot(
         .await
         .map_err(|e| err(format!("HashKV at {revision}: {e}")))?
         .hash();
+    let objects = count_objects(&mut client, revision)
+        .await
+        .map_err(|e| err(format!("counting objects at {revision}: {e}")))?;
     seed::pki::create_private_dir(&dir(layout))?;
     let path = snapshot_path(layout);
     let tmp = path.with_extension("part");
@@ -140,6 +193,7 @@ pub async fn take_final_snapshot(
         hash_kv,
         size,
         taken_at_ms: now_ms(),
+        objects,
     };
     let json = serde_json::to_vec_pretty(&info).map_err(|e| err(e.to_string()))?;
     seed::pki::write_private(&info_path(layout), &json)?;
@@ -231,13 +285,14 @@ pub async fn restore(layout: &ShootLayout, spec: &ControlPlaneSpec, etcdctl: &Pa
     Ok(())
 }
 
-/// Checks the running target: etcd's HashKV at the snapshot's revision equals the
-/// source's, and its revision did not go back.
+/// Checks the running target: its revision did not go back, etcd's HashKV at the
+/// snapshot's revision equals the source's, and so does the number of objects of
+/// every resource type. Returns those counts.
 pub async fn verify(
     layout: &ShootLayout,
     spec: &ControlPlaneSpec,
     info: &SnapshotInfo,
-) -> Result<()> {
+) -> Result<BTreeMap<String, u64>> {
     let err = |message: String| MigrateError::Verify {
         shoot: spec.shoot.clone(),
         message,
@@ -265,7 +320,32 @@ pub async fn verify(
             info.revision, info.hash_kv
         )));
     }
-    Ok(())
+    let objects = count_objects(&mut client, info.revision)
+        .await
+        .map_err(|e| err(format!("counting objects at {}: {e}", info.revision)))?;
+    if !info.objects.is_empty() && objects != info.objects {
+        let differ: Vec<String> = info
+            .objects
+            .keys()
+            .chain(objects.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|k| info.objects.get(*k) != objects.get(*k))
+            .map(|k| {
+                format!(
+                    "{k}: source {} target {}",
+                    info.objects.get(k).copied().unwrap_or(0),
+                    objects.get(k).copied().unwrap_or(0)
+                )
+            })
+            .collect();
+        return Err(err(format!(
+            "object counts at revision {} differ: {}",
+            info.revision,
+            differ.join(", ")
+        )));
+    }
+    Ok(objects)
 }
 
 /// Removes the handover files (after the migration is done).
@@ -276,6 +356,17 @@ pub fn clear(layout: &ShootLayout) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_types_from_registry_keys() {
+        assert_eq!(resource_of(b"/registry/configmaps/default/a"), "configmaps");
+        assert_eq!(
+            resource_of(b"/registry/apiregistration.k8s.io/apiservices/v1."),
+            "apiregistration.k8s.io/apiservices"
+        );
+        assert_eq!(resource_of(b"/registry/ranges/serviceips"), "ranges");
+        assert_eq!(resource_of(b"compact_rev_key"), "other");
+    }
 
     #[test]
     fn paths_cannot_escape_the_shoot_dir() {
@@ -303,6 +394,7 @@ mod tests {
             hash_kv: 1,
             size: 10,
             taken_at_ms: 0,
+            objects: BTreeMap::new(),
         };
         std::fs::write(info_path(&layout), serde_json::to_vec(&info).unwrap()).unwrap();
         std::fs::write(snapshot_path(&layout), [0u8; 4]).unwrap();

@@ -120,6 +120,15 @@ pub struct SeedConfig {
     /// processes (`stateDir` then only holds caches: PKI, admin kubeconfigs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<seed::KubernetesSeedConfig>,
+    /// How long a control plane's data stays on this seed after the control plane
+    /// moved elsewhere (a safety net for operators) before it is deleted.
+    #[serde(default = "default_release_grace_secs")]
+    pub release_grace_secs: u64,
+}
+
+/// One hour.
+pub fn default_release_grace_secs() -> u64 {
+    3600
 }
 
 /// Configuration of one ringd.

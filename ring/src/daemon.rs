@@ -62,13 +62,80 @@ struct Hosted {
     last_health: Option<Instant>,
 }
 
+/// How this member hosts control planes.
+#[derive(Clone)]
+pub enum Hosting {
+    /// Local processes (the default): also backs up, migrates and restores.
+    Local(Arc<LocalSeed>),
+    /// Workloads in a Kubernetes cluster: start, update, fence, health and removal.
+    Kubernetes(Arc<seed::KubernetesSeed>),
+}
+
+impl Hosting {
+    /// The seed behind the common [`Seed`] interface.
+    pub fn seed(&self) -> Arc<dyn Seed> {
+        match self {
+            Hosting::Local(s) => s.clone(),
+            Hosting::Kubernetes(s) => s.clone(),
+        }
+    }
+
+    /// The local seed, if this member runs control planes as local processes.
+    pub fn local(&self) -> Option<&Arc<LocalSeed>> {
+        match self {
+            Hosting::Local(s) => Some(s),
+            Hosting::Kubernetes(_) => None,
+        }
+    }
+
+    /// The spec to start `shoot` with.
+    pub fn spec_for(&self, shoot: &str) -> Result<seed::ControlPlaneSpec, seed::SeedError> {
+        match self {
+            Hosting::Local(s) => s.spec_for(shoot, None),
+            Hosting::Kubernetes(_) => {
+                seed::validate_shoot_name(shoot)?;
+                Ok(seed::ControlPlaneSpec::new(shoot))
+            }
+        }
+    }
+
+    /// Shoots this seed keeps data (or cached state) for.
+    pub fn shoots(&self) -> Vec<String> {
+        match self {
+            Hosting::Local(s) => s.shoots(),
+            Hosting::Kubernetes(s) => s.shoots(),
+        }
+    }
+
+    /// Deletes everything this seed keeps for `shoot`.
+    pub async fn remove(&self, shoot: &str) -> Result<(), seed::SeedError> {
+        match self {
+            Hosting::Local(s) => s.remove_data(shoot).await,
+            Hosting::Kubernetes(s) => s.delete(shoot).await,
+        }
+    }
+
+    /// What a graceful ringd shutdown does to a control plane it serves: local
+    /// processes stop with their supervisor; Kubernetes workloads are fenced (no
+    /// ringd renews their lease any more).
+    async fn on_shutdown(&self, shoot: &str) -> Result<(), seed::SeedError> {
+        match self {
+            Hosting::Local(s) => s.stop(shoot).await,
+            Hosting::Kubernetes(s) => s.fence(shoot).await,
+        }
+    }
+}
+
 /// State shared by the daemon's tasks and gRPC services.
 pub struct Shared {
     config: RingdConfig,
     node: NodeHandle,
     directory: Directory,
     identity: IdentityPem,
+    /// The local seed (backups, migrations, restores run only on local seeds).
     seed: Option<Arc<LocalSeed>>,
+    /// How control planes are hosted here, local or Kubernetes.
+    hosting: Option<Hosting>,
     metrics: Metrics,
     /// Leader only: member → (when it last reported, its shoots' health).
     reports: Mutex<BTreeMap<String, (u64, Vec<ShootHealth>)>>,
@@ -91,6 +158,11 @@ impl Shared {
     /// The Raft node.
     pub fn node(&self) -> &NodeHandle {
         &self.node
+    }
+
+    /// This member's Prometheus metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Known members' ids and addresses.
@@ -324,14 +396,16 @@ impl RunningDaemon {
                 self.stop.cancel();
             }
         }
-        if let Some(seed) = &self.shared.seed {
+        if let Some(hosting) = &self.shared.hosting {
             let shoots: Vec<String> = lock(&self.shared.hosted)
                 .iter()
                 .filter(|(_, h)| h.serving)
                 .map(|(s, _)| s.clone())
                 .collect();
             for shoot in shoots {
-                let _ = seed.stop(&shoot).await;
+                if let Err(e) = hosting.on_shutdown(&shoot).await {
+                    tracing::warn!(%shoot, error = %e, "stopping the control plane at shutdown");
+                }
             }
         }
         result
@@ -374,12 +448,14 @@ pub async fn start(
     }
     directory.insert(&config.name, config.id, &config.listen);
 
-    let seed = match &config.seed {
+    let hosting = match &config.seed {
         Some(sc) if sc.kubernetes.is_some() => {
-            return Err(RingError::Config {
+            let kc = sc.kubernetes.as_ref().ok_or_else(|| RingError::Config {
                 field: "seed.kubernetes".into(),
-                reason: "ringd does not drive Kubernetes seeds yet (seed::KubernetesSeed exists; the daemon wiring is an open issue); remove it to host control planes as local processes".into(),
-            })
+                reason: "missing".into(),
+            })?;
+            let k = seed::KubernetesSeed::connect(kc, &sc.state_dir).await?;
+            Some(Hosting::Kubernetes(Arc::new(k)))
         }
         Some(sc) => {
             let bins = BinarySearch::standard(sc.bin_dir.as_deref()).control_plane()?;
@@ -387,12 +463,13 @@ pub async fn start(
                 stop_grace: Duration::from_secs(5),
                 ..Default::default()
             };
-            Some(Arc::new(
+            Some(Hosting::Local(Arc::new(
                 LocalSeed::new(&sc.state_dir, bins).with_tuning(tuning),
-            ))
+            )))
         }
         None => None,
     };
+    let seed = hosting.as_ref().and_then(|h| h.local().cloned());
 
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
@@ -424,6 +501,7 @@ pub async fn start(
         directory: directory.clone(),
         identity: identity.clone(),
         seed,
+        hosting,
         metrics: Metrics::new(&config.name),
         reports: Mutex::new(BTreeMap::new()),
         leases: Mutex::new(BTreeMap::new()),
@@ -482,6 +560,12 @@ pub async fn start(
         let (shared, stop) = (shared.clone(), stop.clone());
         tasks.spawn(async move {
             crate::migration::run(shared, seed, stop).await;
+            Ok(())
+        });
+    } else if matches!(shared.hosting, Some(Hosting::Kubernetes(_))) {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        tasks.spawn(async move {
+            refuse_moves(shared, stop).await;
             Ok(())
         });
     }
@@ -726,7 +810,7 @@ fn leased_shoots(state: &RingState, me: &str) -> Vec<(String, u64)> {
 }
 
 async fn renew_leases(shared: Arc<Shared>, stop: CancellationToken) {
-    if shared.seed.is_none() {
+    if shared.hosting.is_none() {
         return; // a member without a seed serves nothing and needs no lease
     }
     let lease = Duration::from_millis(shared.timing().lease_ms);
@@ -748,13 +832,19 @@ async fn renew_leases(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
-    let Some(seed) = shared.seed.clone() else {
+    let Some(hosting) = shared.hosting.clone() else {
         return;
     };
+    let seed = hosting.seed();
     let lease_ms = shared.timing().lease_ms;
     // Stop serving this long before the lease ends (SIGKILL is immediate).
     let fence_early = Duration::from_millis(lease_ms / 6);
+    let mut next_release = Instant::now();
     while pause(&stop, Duration::from_millis(200)).await {
+        if Instant::now() >= next_release {
+            next_release = Instant::now() + Duration::from_secs(5);
+            release_moved(&shared, &hosting).await;
+        }
         let v = shared.node.view();
         let me = shared.name().to_string();
         let mut shoots: Vec<String> = v
@@ -809,10 +899,10 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
                 if !h.serving && !h.starting && h.next_attempt.is_none_or(|t| Instant::now() >= t) {
                     h.starting = true;
                     h.detail = "starting".into();
-                    let (seed, shared, shoot) = (seed.clone(), shared.clone(), shoot.clone());
+                    let (hosting, shared, shoot) = (hosting.clone(), shared.clone(), shoot.clone());
                     tokio::spawn(async move {
-                        let res = match seed.spec_for(&shoot, None) {
-                            Ok(spec) => seed.start(&spec).await,
+                        let res = match hosting.spec_for(&shoot) {
+                            Ok(spec) => hosting.seed().start(&spec).await,
                             Err(e) => Err(e),
                         };
                         let mut all = lock(&shared.hosted);
@@ -824,7 +914,9 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
                                 h.detail = "serving".into();
                                 h.next_attempt = None;
                                 drop(all);
-                                shared.start_backup(&seed, &shoot);
+                                if let Some(local) = hosting.local() {
+                                    shared.start_backup(local, &shoot);
+                                }
                             }
                             Err(e) => {
                                 tracing::error!(%shoot, error = %e, "cannot start the control plane");
@@ -865,6 +957,100 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
                 cur.serving = serving;
             }
         }
+    }
+}
+
+/// On a Kubernetes seed: moves onto this member (restore from the bucket, planned
+/// handover) are not supported yet, so every such operation is failed at once
+/// with the reason; the leader then picks another target.
+async fn refuse_moves(shared: Arc<Shared>, stop: CancellationToken) {
+    while pause(&stop, Duration::from_secs(1)).await {
+        let v = shared.node.view();
+        for op in v.state.operations.iter().filter(|o| !o.step.is_finished()) {
+            let me = shared.name();
+            let involved = op.target() == me
+                || (op.is_migration()
+                    && op.source() == me
+                    && op.step == crate::state::OperationStep::Pending);
+            if !involved {
+                continue;
+            }
+            let detail = format!(
+                "{} hosts control planes in a Kubernetes cluster; moving a control plane onto a Kubernetes seed (restore or handover) is not supported yet",
+                shared.name()
+            );
+            let cmd = RingCommand::AdvanceOperation {
+                id: op.id,
+                step: crate::state::OperationStep::Failed,
+                detail,
+                at_ms: now_ms(),
+                outcome: None,
+            };
+            if let Err(e) = shared.propose_cmd(cmd).await {
+                tracing::warn!(op = op.id, error = %e, "cannot refuse an operation");
+            }
+        }
+    }
+}
+
+/// Deletes the data of control planes that moved to another seed once the
+/// configured grace has passed since this member first saw them gone (recorded
+/// in `<shoot dir>/released`, so the clock survives restarts). The data of a
+/// shoot that is still placed here, in an open operation, or running is kept.
+async fn release_moved(shared: &Shared, seed: &Hosting) {
+    let grace_ms = shared
+        .config
+        .seed
+        .as_ref()
+        .map_or(u64::MAX, |s| s.release_grace_secs.saturating_mul(1000));
+    let v = shared.node.view();
+    let me = shared.name();
+    for shoot in seed.shoots() {
+        let Some(p) = v.state.placements.get(&shoot) else {
+            continue; // not (or not yet) a shoot of this ring: leave it alone
+        };
+        let Some(state_dir) = shared.config.seed.as_ref().map(|s| &s.state_dir) else {
+            return;
+        };
+        let marker = state_dir.join("shoots").join(&shoot).join("released");
+        if p.host == me
+            || v.state.open_operation(&shoot).is_some()
+            || lock(&shared.hosted)
+                .get(&shoot)
+                .is_some_and(|h| h.serving || h.starting)
+        {
+            let _ = std::fs::remove_file(&marker);
+            continue;
+        }
+        let now = now_ms();
+        let recorded = std::fs::read_to_string(&marker).ok().and_then(|t| {
+            let (epoch, at) = t.trim().split_once(' ')?;
+            Some((epoch.parse::<u64>().ok()?, at.parse::<u64>().ok()?))
+        });
+        let since = match recorded {
+            Some((epoch, at)) if epoch == p.epoch => at,
+            _ => {
+                if let Err(e) = std::fs::write(&marker, format!("{} {now}", p.epoch)) {
+                    tracing::warn!(%shoot, error = %e, "cannot record the release of a moved control plane");
+                }
+                continue;
+            }
+        };
+        if now.saturating_sub(since) < grace_ms {
+            continue;
+        }
+        match seed.remove(&shoot).await {
+            Ok(()) => tracing::info!(
+                %shoot,
+                host = %p.host,
+                epoch = p.epoch,
+                "deleted the data of a control plane that moved away"
+            ),
+            Err(e) => {
+                tracing::warn!(%shoot, error = %e, "cannot delete a moved control plane's data")
+            }
+        }
+        lock(&shared.hosted).remove(&shoot);
     }
 }
 

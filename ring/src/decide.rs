@@ -42,6 +42,10 @@ impl LeaderView<'_> {
 }
 
 /// The commands the leader should propose now.
+/// How long a live member that failed a failover of a shoot is passed over as
+/// the target of the next failover of that shoot.
+pub const RETRY_FAILED_MS: u64 = 60_000;
+
 pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> Vec<RingCommand> {
     let mut out = Vec::new();
     let mut down: Vec<&str> = Vec::new();
@@ -82,6 +86,7 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
                 step: OperationStep::Failed,
                 detail: format!("target member {} is down", op.target()),
                 at_ms: view.now_ms,
+                outcome: None,
             });
             continue;
         }
@@ -91,6 +96,7 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
                 step: OperationStep::Failed,
                 detail: format!("source member {} died before the handover", op.source()),
                 at_ms: view.now_ms,
+                outcome: None,
             });
             continue;
         }
@@ -104,6 +110,7 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
                     step: OperationStep::Pending,
                     detail: format!("old lease expired; {} may restore", op.target()),
                     at_ms: view.now_ms,
+                    outcome: None,
                 });
             }
         }
@@ -118,8 +125,19 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
         if open.is_some_and(|op| !is_down(op.target())) {
             continue;
         }
+        // a live member that just failed a failover of this shoot (e.g. it could
+        // not restore it) is not chosen again for a while
+        let refused = |m: &str| {
+            state.operations.iter().any(|op| {
+                op.shoot() == p.shoot
+                    && op.target() == m
+                    && op.step == OperationStep::Failed
+                    && !is_down(m)
+                    && view.now_ms < op.updated_at_ms + RETRY_FAILED_MS
+            })
+        };
         let Some(to) = choose_target(state, &p.host, &p.shoot, &load, |m| {
-            !is_down(m) && view.alive(m, t)
+            !is_down(m) && view.alive(m, t) && !refused(m)
         }) else {
             continue;
         };
@@ -366,6 +384,36 @@ mod tests {
             assert!(host == "a" || host == "e", "{shoot} on {host}");
             assert!(s.open_operation(shoot).is_some());
         }
+    }
+
+    #[test]
+    fn a_target_that_refused_a_failover_is_passed_over_for_a_while() {
+        let mut s = ring(&["a", "b", "c", "d"]);
+        // c dies: d's control plane goes to b (c's predecessor)
+        let r = reports(&[("a", 9_900), ("b", 9_900), ("c", 1_000), ("d", 9_900)]);
+        let view = |now_ms, r| LeaderView {
+            now_ms,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: r,
+        };
+        settle(&mut s, &view(10_000, &r));
+        let op = s.open_operation("d").cloned().expect("failover of d");
+        assert_eq!(op.target(), "b");
+        // b is alive but cannot restore: it fails the operation itself
+        s.apply(&RingCommand::AdvanceOperation {
+            id: op.id,
+            step: OperationStep::Failed,
+            detail: "cannot restore here".into(),
+            at_ms: 10_500,
+            outcome: None,
+        })
+        .unwrap();
+        let r = reports(&[("a", 10_900), ("b", 10_900), ("c", 1_000), ("d", 10_900)]);
+        settle(&mut s, &view(11_000, &r));
+        let again = s.open_operation("d").cloned().expect("a new failover of d");
+        assert_ne!(again.target(), "b", "{again:?}");
+        assert_ne!(again.id, op.id);
     }
 
     #[test]

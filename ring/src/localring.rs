@@ -131,6 +131,7 @@ impl LocalRing {
                 state_dir: mdir.join("seed"),
                 bin_dir: None,
                 kubernetes: None,
+                release_grace_secs: crate::config::default_release_grace_secs(),
             }),
             backup: None,
         };

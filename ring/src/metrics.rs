@@ -4,7 +4,9 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +29,17 @@ pub struct Metrics {
     proposals: Counter<u64, AtomicU64>,
     proposal_failures: Counter<u64, AtomicU64>,
     fenced: Counter<u64, AtomicU64>,
+    step_seconds: Family<[(&'static str, &'static str); 3], Histogram>,
+    finished: Family<[(&'static str, &'static str); 2], Counter<u64, AtomicU64>>,
+    rpo_revisions: Family<[(&'static str, String); 1], Gauge>,
+    rpo_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+}
+
+fn step_histogram() -> Histogram {
+    // 50 ms .. ~27 min
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.05, 2.0, 15,
+    ))
 }
 
 impl Metrics {
@@ -50,6 +63,10 @@ impl Metrics {
             proposals: Counter::default(),
             proposal_failures: Counter::default(),
             fenced: Counter::default(),
+            step_seconds: Family::new_with_constructor(step_histogram),
+            finished: Family::default(),
+            rpo_revisions: Family::default(),
+            rpo_seconds: Family::default(),
         };
         root.register("is_leader", "1 on the Raft leader", m.is_leader.clone());
         root.register("term", "Raft term", m.term.clone());
@@ -95,6 +112,26 @@ impl Metrics {
             "Control planes stopped because their lease was ending or moved",
             m.fenced.clone(),
         );
+        root.register(
+            "operation_step_seconds",
+            "Duration of each step this member executed in a migration or failover (role source/target)",
+            m.step_seconds.clone(),
+        );
+        root.register(
+            "operations_finished",
+            "Migrations and failovers this member completed or failed as their executor",
+            m.finished.clone(),
+        );
+        root.register(
+            "failover_rpo_revisions",
+            "Revisions lost by the last failover of a shoot this member restored",
+            m.rpo_revisions.clone(),
+        );
+        root.register(
+            "failover_rpo_seconds",
+            "Age of the newest durable backup when the last failover of a shoot began",
+            m.rpo_seconds.clone(),
+        );
         Metrics {
             registry: root,
             ..m
@@ -108,6 +145,27 @@ impl Metrics {
         } else {
             self.proposal_failures.inc();
         }
+    }
+
+    /// Records how long an executed step of a `kind` ("migration"/"failover") took.
+    pub fn step(&self, kind: &'static str, role: &'static str, step: &'static str, secs: f64) {
+        self.step_seconds
+            .get_or_create(&[("kind", kind), ("role", role), ("step", step)])
+            .observe(secs);
+    }
+
+    /// Counts an operation this member finished as its executor.
+    pub fn finished(&self, kind: &'static str, outcome: &'static str) {
+        self.finished
+            .get_or_create(&[("kind", kind), ("outcome", outcome)])
+            .inc();
+    }
+
+    /// Records the RPO of a failover of `shoot`.
+    pub fn rpo(&self, shoot: &str, revisions: i64, seconds: f64) {
+        let label = [("shoot", shoot.to_string())];
+        self.rpo_revisions.get_or_create(&label).set(revisions);
+        self.rpo_seconds.get_or_create(&label).set(seconds);
     }
 
     /// Counts a fencing.

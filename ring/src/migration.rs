@@ -3,7 +3,7 @@
 //! lease, start, verify, complete). Each side follows `migrate::plan`, observing
 //! what is on disk and running, so a restarted ringd resumes where it was.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use seed::{Component, LocalSeed, Seed};
 use tokio_util::sync::CancellationToken;
 
 use crate::daemon::{now_ms, Shared};
-use crate::state::{Operation, OperationKind, OperationStep, RingCommand};
+use crate::state::{Operation, OperationKind, OperationStep, Outcome, RingCommand};
 use crate::transport::channel;
 use crate::RingError;
 
@@ -42,9 +42,61 @@ fn claim_handover(layout: &seed::ShootLayout, op: u64) -> Result<(), RingError> 
     Ok(())
 }
 
+/// What the executing member measured of an operation so far (in memory: after
+/// a restart the figures cover only what ran since).
+#[derive(Debug, Default)]
+struct Progress {
+    /// Objects per resource type once verification passed.
+    verified: Option<BTreeMap<String, u64>>,
+    restore: Duration,
+    start: Duration,
+}
+
+type Ledger = BTreeMap<u64, Progress>;
+
+fn source_action_name(a: &SourceAction) -> &'static str {
+    match a {
+        SourceAction::StopWriters => "stop_writers",
+        SourceAction::StartEtcd => "start_etcd",
+        SourceAction::TakeSnapshot => "final_snapshot",
+        SourceAction::StopEtcd => "stop_etcd",
+        SourceAction::ReportHandover => "report_handover",
+        SourceAction::Wait => "wait",
+    }
+}
+
+fn target_action_name(a: &TargetAction) -> &'static str {
+    match a {
+        TargetAction::Fetch => "fetch",
+        TargetAction::Restore => "restore",
+        TargetAction::AcquireLease => "acquire_lease",
+        TargetAction::Start => "start",
+        TargetAction::Verify => "verify",
+        TargetAction::Complete => "complete",
+    }
+}
+
+/// Adds the time of a target action to the phase it belongs to and to the metrics.
+fn account(
+    shared: &Shared,
+    p: &mut Progress,
+    kind: &'static str,
+    a: &TargetAction,
+    took: Duration,
+) {
+    match a {
+        TargetAction::Fetch | TargetAction::Restore => p.restore += took,
+        TargetAction::Start | TargetAction::Verify => p.start += took,
+        TargetAction::AcquireLease | TargetAction::Complete => {}
+    }
+    shared
+        .metrics()
+        .step(kind, "target", target_action_name(a), took.as_secs_f64());
+}
+
 /// Runs until `stop`: drives every open migration this member takes part in.
 pub async fn run(shared: Arc<Shared>, seed: Arc<LocalSeed>, stop: CancellationToken) {
-    let mut verified: BTreeSet<u64> = BTreeSet::new();
+    let mut verified: Ledger = Ledger::new();
     let mut retry_at: BTreeMap<u64, Instant> = BTreeMap::new();
     loop {
         tokio::select! {
@@ -110,6 +162,8 @@ async fn source_step(
     };
     let action = source_next(&view);
     tracing::info!(op = op.id, %shoot, ?action, "migration source");
+    let began = Instant::now();
+    let name = source_action_name(&action);
     match action {
         SourceAction::StopWriters => {
             shared.stop_backup(shoot);
@@ -143,8 +197,11 @@ async fn source_step(
                 ),
             );
         }
-        SourceAction::Wait => {}
+        SourceAction::Wait => return Ok(()),
     }
+    shared
+        .metrics()
+        .step("migration", "source", name, began.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -152,7 +209,7 @@ async fn target_step(
     shared: &Arc<Shared>,
     seed: &LocalSeed,
     op: &Operation,
-    verified: &mut BTreeSet<u64>,
+    ledger: &mut Ledger,
 ) -> Result<(), RingError> {
     let shoot = op.shoot();
     let OperationKind::Migration { epoch, from, .. } = &op.kind else {
@@ -167,10 +224,31 @@ async fn target_step(
         restored: handover::restored(&layout),
         leased: shared.holds_lease(shoot, *epoch),
         serving: running.len() == Component::ALL.len(),
-        verified: verified.contains(&op.id),
+        verified: ledger.get(&op.id).is_some_and(|p| p.verified.is_some()),
     };
     let action = target_next(&view);
     tracing::info!(op = op.id, %shoot, ?action, "migration target");
+    let began = Instant::now();
+    let result = migration_target_action(shared, seed, op, &action, *epoch, from, ledger).await;
+    if action != TargetAction::Complete {
+        let progress = ledger.entry(op.id).or_default();
+        account(shared, progress, "migration", &action, began.elapsed());
+    }
+    result
+}
+
+async fn migration_target_action(
+    shared: &Arc<Shared>,
+    seed: &LocalSeed,
+    op: &Operation,
+    action: &TargetAction,
+    epoch: u64,
+    from: &str,
+    ledger: &mut Ledger,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let epoch = &epoch;
+    let layout = seed.layout(shoot);
     match action {
         TargetAction::Fetch => fetch(shared, &layout, op, from).await?,
         TargetAction::Restore => {
@@ -195,28 +273,43 @@ async fn target_step(
             let spec = seed.spec_for(shoot, None)?;
             let info = handover::read_info(&layout)
                 .ok_or_else(|| RingError::Transport("handover info vanished".into()))?;
-            if let Err(e) = handover::verify(&layout, &spec, &info).await {
-                if !e.is_retryable() {
-                    fail(shared, op, &e.to_string()).await?;
+            match handover::verify(&layout, &spec, &info).await {
+                Ok(objects) => ledger.entry(op.id).or_default().verified = Some(objects),
+                Err(e) => {
+                    if !e.is_retryable() {
+                        fail(shared, op, &e.to_string()).await?;
+                    }
+                    return Err(migrate_err(e));
                 }
-                return Err(migrate_err(e));
             }
-            verified.insert(op.id);
         }
         TargetAction::Complete => {
             let info = handover::read_info(&layout);
             let revision = info.map_or(0, |i| i.revision);
+            let progress = ledger.remove(&op.id).unwrap_or_default();
+            let objects = progress.verified.unwrap_or_default();
+            let total: u64 = objects.values().sum();
             shared
                 .propose_cmd(RingCommand::AdvanceOperation {
                     id: op.id,
                     step: OperationStep::Done,
                     detail: format!(
-                        "serving on {} at epoch {epoch}; revision {revision} and HashKV verified",
-                        shared.name()
+                        "serving on {} at epoch {epoch}; revision {revision}, HashKV and {total} objects in {} resource types verified",
+                        shared.name(),
+                        objects.len()
                     ),
                     at_ms: now_ms(),
+                    outcome: Some(Outcome {
+                        restored_revision: revision,
+                        restore_ms: progress.restore.as_millis() as u64,
+                        start_ms: progress.start.as_millis() as u64,
+                        rpo_revisions: Some(0),
+                        rpo_ms: None,
+                        objects,
+                    }),
                 })
                 .await?;
+            shared.metrics().finished("migration", "done");
             shared.set_hosted(shoot, true, "serving".into());
             handover::clear(&layout);
         }
@@ -230,7 +323,7 @@ async fn failover_step(
     shared: &Arc<Shared>,
     seed: &LocalSeed,
     op: &Operation,
-    verified: &mut BTreeSet<u64>,
+    ledger: &mut Ledger,
 ) -> Result<(), RingError> {
     let shoot = op.shoot();
     let OperationKind::Failover { epoch, .. } = &op.kind else {
@@ -254,6 +347,7 @@ async fn failover_step(
                     step: OperationStep::Restoring,
                     detail: format!("{} restores {shoot} from {}", shared.name(), bucket.url),
                     at_ms: now_ms(),
+                    outcome: None,
                 })
                 .await
         }
@@ -271,86 +365,149 @@ async fn failover_step(
                 restored: restored.is_some(),
                 leased: shared.holds_lease(shoot, *epoch),
                 serving: running.len() == Component::ALL.len(),
-                verified: verified.contains(&op.id),
+                verified: ledger.get(&op.id).is_some_and(|p| p.verified.is_some()),
             };
             let action = target_next(&view);
             tracing::info!(op = op.id, %shoot, ?action, "failover target");
-            match action {
-                TargetAction::Fetch | TargetAction::Restore => {
-                    let bins = seed::BinarySearch::standard(shared.bin_dir());
-                    let (etcd, etcdctl) = (bins.find("etcd")?, bins.find("etcdctl")?);
-                    let cancel = CancellationToken::new();
-                    let report = crate::backups::restore_from_bucket(
-                        &bucket, seed, shoot, &etcd, &etcdctl, &cancel,
-                    )
-                    .await?;
-                    let json = serde_json::to_string(&report)
-                        .map_err(|e| RingError::Encode(e.to_string()))?;
-                    seed::pki::write_private(&marker, format!("{}\n{json}", op.id).as_bytes())?;
-                    shared.set_hosted(
-                        shoot,
-                        false,
-                        format!("restored revision {}", report.reached_revision),
-                    );
-                }
-                TargetAction::AcquireLease => shared.renew_lease(shoot, *epoch).await?,
-                TargetAction::Start => {
-                    let spec = seed.spec_for(shoot, None)?;
-                    seed.start(&spec).await?;
-                    shared.set_hosted(
-                        shoot,
-                        true,
-                        format!("restored from the bucket; verifying (epoch {epoch})"),
-                    );
-                    shared.start_backup(seed, shoot);
-                }
-                TargetAction::Verify => {
-                    seed::wait_ready(seed, shoot, Duration::from_secs(120)).await?;
-                    verified.insert(op.id);
-                }
-                TargetAction::Complete => {
-                    let reached = restored.map_or(0, |r| r.reached_revision);
-                    let state = shared.node().view().state;
-                    let known = state.backups.get(shoot);
-                    let rpo = match known {
-                        Some(b) => {
-                            let lost = (b.revision as i64 - reached).max(0);
-                            format!(
-                                "the ring last knew revision {} durable ({} ms before the failover began); {lost} revisions lost",
-                                b.revision,
-                                op.created_at_ms.saturating_sub(b.at_ms)
-                            )
-                        }
-                        None => "no backup progress had been reported".into(),
-                    };
-                    shared
-                        .propose_cmd(RingCommand::AdvanceOperation {
-                            id: op.id,
-                            step: OperationStep::Done,
-                            detail: format!(
-                                "serving on {} at epoch {epoch}; restored revision {reached} from the bucket; {rpo}",
-                                shared.name()
-                            ),
-                            at_ms: now_ms(),
-                        })
-                        .await?;
-                    shared.set_hosted(shoot, true, "serving".into());
-                    let _ = std::fs::remove_file(&marker);
-                }
+            let began = Instant::now();
+            let result =
+                failover_action(shared, seed, op, &action, *epoch, &bucket, restored, ledger).await;
+            if action != TargetAction::Complete {
+                let progress = ledger.entry(op.id).or_default();
+                account(shared, progress, "failover", &action, began.elapsed());
             }
-            Ok(())
+            result
         }
         _ => Ok(()),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
+async fn failover_action(
+    shared: &Arc<Shared>,
+    seed: &LocalSeed,
+    op: &Operation,
+    action: &TargetAction,
+    epoch: u64,
+    bucket: &backup::BucketConfig,
+    restored: Option<backup::restore::RestoreReport>,
+    ledger: &mut Ledger,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let layout = seed.layout(shoot);
+    let marker = layout.dir.join("failover-restored");
+    match action {
+        TargetAction::Fetch | TargetAction::Restore => {
+            let bins = seed::BinarySearch::standard(shared.bin_dir());
+            let (etcd, etcdctl) = (bins.find("etcd")?, bins.find("etcdctl")?);
+            let cancel = CancellationToken::new();
+            let report =
+                crate::backups::restore_from_bucket(bucket, seed, shoot, &etcd, &etcdctl, &cancel)
+                    .await?;
+            let json =
+                serde_json::to_string(&report).map_err(|e| RingError::Encode(e.to_string()))?;
+            seed::pki::write_private(&marker, format!("{}\n{json}", op.id).as_bytes())?;
+            shared.set_hosted(
+                shoot,
+                false,
+                format!("restored revision {}", report.reached_revision),
+            );
+        }
+        TargetAction::AcquireLease => shared.renew_lease(shoot, epoch).await?,
+        TargetAction::Start => {
+            let spec = seed.spec_for(shoot, None)?;
+            seed.start(&spec).await?;
+            shared.set_hosted(
+                shoot,
+                true,
+                format!("restored from the bucket; verifying (epoch {epoch})"),
+            );
+            shared.start_backup(seed, shoot);
+        }
+        TargetAction::Verify => {
+            seed::wait_ready(seed, shoot, Duration::from_secs(120)).await?;
+            let spec = seed.spec_for(shoot, None)?;
+            let reached = restored.as_ref().map_or(0, |r| r.reached_revision);
+            let mut client = handover::etcd(&layout, &spec).await.map_err(migrate_err)?;
+            let objects = handover::count_objects(&mut client, reached)
+                .await
+                .map_err(|e| {
+                    RingError::Transport(format!("counting {shoot}'s objects at {reached}: {e}"))
+                })?;
+            ledger.entry(op.id).or_default().verified = Some(objects);
+        }
+        TargetAction::Complete => {
+            let reached = restored.as_ref().map_or(0, |r| r.reached_revision);
+            let state = shared.node().view().state;
+            let known = state.backups.get(shoot);
+            let progress = ledger.remove(&op.id).unwrap_or_default();
+            // the restore itself is measured by its report, which survives restarts
+            let restore_ms = restored
+                .as_ref()
+                .map_or(progress.restore.as_millis() as u64, |r| {
+                    (r.total_seconds * 1000.0) as u64
+                });
+            let (rpo, rpo_revisions, rpo_ms) = match known {
+                Some(b) => {
+                    let lost = (b.revision as i64 - reached).max(0);
+                    let age = op.created_at_ms.saturating_sub(b.at_ms);
+                    (
+                        format!(
+                            "the ring last knew revision {} durable ({age} ms before the failover began); {lost} revisions lost",
+                            b.revision
+                        ),
+                        Some(lost),
+                        Some(age),
+                    )
+                }
+                None => ("no backup progress had been reported".into(), None, None),
+            };
+            let objects = progress.verified.unwrap_or_default();
+            shared
+                .propose_cmd(RingCommand::AdvanceOperation {
+                    id: op.id,
+                    step: OperationStep::Done,
+                    detail: format!(
+                        "serving on {} at epoch {epoch}; restored revision {reached} from the bucket ({} objects); {rpo}",
+                        shared.name(),
+                        objects.values().sum::<u64>()
+                    ),
+                    at_ms: now_ms(),
+                    outcome: Some(Outcome {
+                        restored_revision: reached,
+                        restore_ms,
+                        start_ms: progress.start.as_millis() as u64,
+                        rpo_revisions,
+                        rpo_ms,
+                        objects,
+                    }),
+                })
+                .await?;
+            shared.metrics().finished("failover", "done");
+            if let (Some(lost), Some(age)) = (rpo_revisions, rpo_ms) {
+                shared.metrics().rpo(shoot, lost, age as f64 / 1000.0);
+            }
+            shared.set_hosted(shoot, true, "serving".into());
+            let _ = std::fs::remove_file(&marker);
+        }
+    }
+    Ok(())
+}
+
 async fn fail(shared: &Shared, op: &Operation, why: &str) -> Result<(), RingError> {
+    let kind = if op.is_migration() {
+        "migration"
+    } else {
+        "failover"
+    };
+    shared.metrics().finished(kind, "failed");
     shared
         .propose_cmd(RingCommand::AdvanceOperation {
             id: op.id,
             step: OperationStep::Failed,
             detail: why.to_string(),
             at_ms: now_ms(),
+            outcome: None,
         })
         .await
 }

@@ -113,6 +113,51 @@ pub struct Operation {
     pub detail: String,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// When the operation entered each step, oldest first.
+    #[serde(default)]
+    pub history: Vec<StepTime>,
+    /// What the executing member measured, set when the operation completes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+}
+
+/// When an operation entered a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepTime {
+    pub step: OperationStep,
+    pub at_ms: u64,
+}
+
+/// The figures of a finished move, as the target measured them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Outcome {
+    /// etcd revision the target serves from.
+    pub restored_revision: i64,
+    /// Restoring etcd's data (fetch + restore + replay of deltas).
+    pub restore_ms: u64,
+    /// Starting the control plane until `/readyz` answers and verification passed.
+    pub start_ms: u64,
+    /// Revisions the ring knew durable but the restore did not reach (failovers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpo_revisions: Option<i64>,
+    /// Age of the newest durable backup the ring knew of when the failover began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpo_ms: Option<u64>,
+    /// Objects per resource type that were verified after the move.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub objects: std::collections::BTreeMap<String, u64>,
+}
+
+impl Operation {
+    /// Milliseconds the operation spent in each step it has left, in order.
+    pub fn step_durations(&self) -> Vec<(OperationStep, u64)> {
+        self.history
+            .windows(2)
+            .map(|w| (w[0].step, w[1].at_ms.saturating_sub(w[0].at_ms)))
+            .collect()
+    }
 }
 
 impl Operation {
@@ -212,6 +257,9 @@ pub enum RingCommand {
         step: OperationStep,
         detail: String,
         at_ms: u64,
+        /// The executing member's figures (with `Done`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outcome: Option<Outcome>,
     },
     /// Record a member's newest durable backup of a shoot.
     ReportBackup {
@@ -396,7 +444,15 @@ impl RingState {
                     detail: "waiting for the old host's lease to expire".into(),
                     created_at_ms: *at_ms,
                     updated_at_ms: *at_ms,
+                    history: Vec::new(),
+                    outcome: None,
                 });
+                if let Some(op) = self.operations.last_mut() {
+                    op.history.push(StepTime {
+                        step: op.step,
+                        at_ms: *at_ms,
+                    });
+                }
                 Ok(())
             }
             RingCommand::StartMigration { shoot, to, at_ms } => {
@@ -438,7 +494,15 @@ impl RingState {
                     detail: format!("{from} stops the writers and takes the final snapshot"),
                     created_at_ms: *at_ms,
                     updated_at_ms: *at_ms,
+                    history: Vec::new(),
+                    outcome: None,
                 });
+                if let Some(op) = self.operations.last_mut() {
+                    op.history.push(StepTime {
+                        step: op.step,
+                        at_ms: *at_ms,
+                    });
+                }
                 Ok(())
             }
             RingCommand::HandoverReady {
@@ -469,6 +533,10 @@ impl RingState {
                 op.step = OperationStep::Restoring;
                 op.detail = format!("{to} restores revision {revision}");
                 op.updated_at_ms = *at_ms;
+                op.history.push(StepTime {
+                    step: op.step,
+                    at_ms: *at_ms,
+                });
                 let p = self
                     .placements
                     .get_mut(&shoot)
@@ -483,6 +551,7 @@ impl RingState {
                 step,
                 detail,
                 at_ms,
+                outcome,
             } => {
                 let op = self
                     .operations
@@ -492,9 +561,47 @@ impl RingState {
                 if op.step.is_finished() {
                     return Err(format!("operation {id} is already {:?}", op.step));
                 }
+                if op.step != *step {
+                    op.history.push(StepTime {
+                        step: *step,
+                        at_ms: *at_ms,
+                    });
+                }
                 op.step = *step;
                 op.detail = detail.clone();
                 op.updated_at_ms = *at_ms;
+                if outcome.is_some() {
+                    op.outcome = outcome.clone();
+                }
+                // A failed move whose placement already went to the target rolls
+                // back: the shoot returns to its source under a new epoch (the
+                // target's lease, if any, becomes stale). After a planned handover
+                // the source still has all the data and serves again; after a
+                // failed failover the source is the dead member, so the leader
+                // starts a new failover elsewhere.
+                let rollback = match &op.kind {
+                    OperationKind::Migration {
+                        shoot,
+                        from,
+                        revision: Some(_),
+                        ..
+                    }
+                    | OperationKind::Failover { shoot, from, .. }
+                        if *step == OperationStep::Failed =>
+                    {
+                        Some((shoot.clone(), from.clone(), op.target().to_string()))
+                    }
+                    _ => None,
+                };
+                if let Some((shoot, from, to)) = rollback {
+                    if let Some(p) = self.placements.get_mut(&shoot) {
+                        if p.host == to {
+                            p.host = from;
+                            p.epoch += 1;
+                            p.lease = None;
+                        }
+                    }
+                }
                 self.trim_operations();
                 Ok(())
             }
@@ -722,6 +829,7 @@ mod tests {
                 step,
                 detail: String::new(),
                 at_ms: 10_000,
+                outcome: None,
             })
             .unwrap();
         }
@@ -731,6 +839,7 @@ mod tests {
             step: OperationStep::Done,
             detail: "serving".into(),
             at_ms: 11_000,
+            outcome: None,
         })
         .unwrap();
         assert!(s.open_operation("b").is_none());
@@ -739,7 +848,8 @@ mod tests {
                 id: op.id,
                 step: OperationStep::Pending,
                 detail: String::new(),
-                at_ms: 12_000
+                at_ms: 12_000,
+                outcome: None
             })
             .is_err());
     }
@@ -779,6 +889,7 @@ mod tests {
                 step: OperationStep::Failed,
                 detail: String::new(),
                 at_ms: i,
+                outcome: None,
             })
             .unwrap();
         }

@@ -281,6 +281,20 @@ impl KubernetesSeed {
         render::namespace(&self.config.ring, shoot)
     }
 
+    /// Shoots this seed has local state for (one folder each under `state_dir/shoots`).
+    pub fn shoots(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.state_dir.join("shoots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::validate_shoot_name(n).is_ok())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The local cache of `shoot`'s PKI (restored from the Secret on every start).
     pub fn pki_cache(&self, shoot: &str) -> PathBuf {
         self.state_dir.join("shoots").join(shoot).join("pki")

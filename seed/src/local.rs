@@ -399,6 +399,25 @@ impl LocalSeed {
         Ok(())
     }
 
+    /// Deletes everything this seed keeps for `shoot` (data, PKI, logs). Refused
+    /// while any process supervises it, here or in another process.
+    pub async fn remove_data(&self, shoot: &str) -> Result<()> {
+        crate::validate_shoot_name(shoot)?;
+        if !self.running_components(shoot).await.is_empty() {
+            return Err(SeedError::AlreadyRunning {
+                shoot: shoot.to_string(),
+                pid: std::process::id(),
+            });
+        }
+        let layout = self.layout(shoot);
+        if !layout.dir.exists() {
+            return Ok(());
+        }
+        // holding the supervisor lock proves no other process runs the shoot
+        let _lock = acquire_lock(&layout, shoot)?;
+        std::fs::remove_dir_all(&layout.dir).map_err(SeedError::io(&layout.dir))
+    }
+
     /// The components this process supervises for `shoot`.
     pub async fn running_components(&self, shoot: &str) -> Vec<Component> {
         self.running

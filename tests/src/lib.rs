@@ -275,6 +275,11 @@ pub fn free_port_base() -> u16 {
 
 /// Writes a Ring config of members m1..mn on a free port range into `dir/ring.yaml`.
 pub fn ring_config(dir: &Path, n: usize) -> PathBuf {
+    ring_config_with(dir, n, "")
+}
+
+/// [`ring_config`] with `extra` YAML lines appended (e.g. `releaseGraceSeconds: 1`).
+pub fn ring_config_with(dir: &Path, n: usize, extra: &str) -> PathBuf {
     let members = (1..=n)
         .map(|i| format!("{{name: m{i}}}"))
         .collect::<Vec<_>>()
@@ -283,7 +288,7 @@ pub fn ring_config(dir: &Path, n: usize) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: test\nmembers: [{members}]\nports: {{base: {}}}\n",
+            "apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: test\nmembers: [{members}]\nports: {{base: {}}}\n{extra}\n",
             free_port_base()
         ),
     )
@@ -305,4 +310,28 @@ pub fn ringctl_in(dir: &Path, args: &[&str]) -> String {
 pub fn ring_slot() -> std::sync::MutexGuard<'static, ()> {
     static SLOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SLOT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The body of `GET path` from `address` (`host:port`), plain HTTP/1.0; panics
+/// with the reason after 10 s or on a non-200 answer.
+pub async fn http_get(address: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(address).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .unwrap_or_else(|_| panic!("GET http://{address}{path} took over 10 s"))
+        .unwrap_or_else(|e| panic!("GET http://{address}{path}: {e}"));
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "GET http://{address}{path}: {head}"
+    );
+    body.to_string()
 }

@@ -197,6 +197,15 @@ async fn restore_exactly(
     (report, restored)
 }
 
+/// The shoot's catalog, from the bucket listing.
+async fn catalog_of(bucket: &BucketConfig, shoot: &str) -> backup::Catalog {
+    Bucket::open(bucket, shoot, false)
+        .expect("bucket")
+        .catalog()
+        .await
+        .expect("catalog")
+}
+
 fn cli_env(s3: Option<&S3Server>) -> Vec<(&'static str, String)> {
     s3.map(S3Server::env).unwrap_or_default()
 }
@@ -279,11 +288,7 @@ async fn full_and_deltas_round_trip_through_s3_with_tls_and_encryption() {
         .contains("ring_backup_durable_revision{shoot=\"rt\"}"));
     b.stop().await;
 
-    let catalog = Bucket::open(&cfg.bucket, "rt", false)
-        .unwrap()
-        .catalog()
-        .await
-        .unwrap();
+    let catalog = catalog_of(&cfg.bucket, "rt").await;
     assert_eq!(catalog.fulls.len(), 1, "{catalog:?}");
     assert!(!catalog.deltas.is_empty(), "{catalog:?}");
     assert!(catalog
@@ -497,11 +502,7 @@ async fn compaction_during_the_delta_stream_takes_a_new_full_snapshot() {
     s3.restart();
     b.wait_durable(rev2).await;
     b.stop().await;
-    let after_stall = Bucket::open(&bucket, "cmp", false)
-        .unwrap()
-        .catalog()
-        .await
-        .unwrap();
+    let after_stall = catalog_of(&bucket, "cmp").await;
     assert_eq!(
         after_stall.fulls.len(),
         2,
@@ -516,11 +517,7 @@ async fn compaction_during_the_delta_stream_takes_a_new_full_snapshot() {
     b.wait_durable(rev4).await;
     b.stop().await;
 
-    let catalog = Bucket::open(&bucket, "cmp", false)
-        .unwrap()
-        .catalog()
-        .await
-        .unwrap();
+    let catalog = catalog_of(&bucket, "cmp").await;
     assert_eq!(catalog.fulls.len(), 3, "{catalog:?}");
     let gaps = catalog.gaps();
     assert!(
@@ -581,11 +578,7 @@ async fn compaction_during_the_delta_stream_takes_a_new_full_snapshot() {
         Some(&s3),
     );
     expect_success(&out);
-    let after = Bucket::open(&bucket, "cmp", false)
-        .unwrap()
-        .catalog()
-        .await
-        .unwrap();
+    let after = catalog_of(&bucket, "cmp").await;
     assert_eq!(after.fulls.len(), 1);
     assert_eq!(after.fulls[0], catalog.fulls[2]);
     assert!(after
@@ -679,11 +672,7 @@ async fn bucket_outage_keeps_pending_deltas_on_disk_and_loses_nothing() {
     let mut b = start(cfg.clone());
     b.wait_durable(rev3).await;
     b.stop().await;
-    let catalog = Bucket::open(&s3.bucket_config("ring"), "out", false)
-        .unwrap()
-        .catalog()
-        .await
-        .unwrap();
+    let catalog = catalog_of(&s3.bucket_config("ring"), "out").await;
     assert_eq!(catalog.latest_revision(), Some(rev3));
     assert!(catalog.gaps().is_empty(), "{:?}", catalog.gaps());
 }
@@ -704,11 +693,7 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
         revs.push(r);
     }
     b.stop().await;
-    let catalog = Bucket::open(&cfg.bucket, "bad", false)
-        .unwrap()
-        .catalog()
-        .await
-        .unwrap();
+    let catalog = catalog_of(&cfg.bucket, "bad").await;
     assert!(catalog.deltas.len() >= 3, "{catalog:?}");
     let shoot_dir = |variant: &str| work.path().join(variant).join("bad");
     let variant = |name: &str| -> (PathBuf, String) {
@@ -885,70 +870,47 @@ async fn hosted_control_plane_is_backed_up_and_restored_into_a_new_seed() {
         .expect("ready");
     let kubeconfig = seed_a.layout("bk-shoot").admin_kubeconfig();
     kubectl(&kubeconfig, &["create", "namespace", "team-a"]);
-    kubectl(
-        &kubeconfig,
-        &[
+    // Creates a ConfigMap; returns its resourceVersion (etcd's revision of the write).
+    let create = |name: &str, value: &str| -> i64 {
+        let literal = format!("--from-literal=v={value}");
+        let args = [
             "-n",
             "team-a",
             "create",
             "configmap",
-            "before",
-            "--from-literal=v=full",
-        ],
-    );
+            name,
+            literal.as_str(),
+        ];
+        let rv = kubectl(
+            &kubeconfig,
+            &[&args[..], &["-o", "jsonpath={.metadata.resourceVersion}"]].concat(),
+        );
+        rv.trim().parse().expect("resourceVersion")
+    };
+    create("before", "full");
 
     let bucket = format!("file://{}", sandbox.path().join("bucket").display());
+    let log = std::fs::File::create(sandbox.path().join("backup.log")).unwrap();
     let mut backup = std::process::Command::new(ringctl())
         .args([
-            "backup",
-            "start",
-            "--shoot",
-            "bk-shoot",
-            "--bucket",
-            &bucket,
-            "--delta-period-ms",
-            "200",
+            "backup", "start", "--shoot", "bk-shoot", "--bucket", &bucket,
         ])
+        .args(["--delta-period-ms", "200"])
         .arg("--state-dir")
         .arg(&state)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(log)
         .spawn()
         .expect("ringctl backup start");
     for i in 0..5 {
-        kubectl(
-            &kubeconfig,
-            &[
-                "-n",
-                "team-a",
-                "create",
-                "configmap",
-                &format!("after-{i}"),
-                &format!("--from-literal=v=delta-{i}"),
-            ],
-        );
+        create(&format!("after-{i}"), &format!("delta-{i}"));
     }
     kubectl(
         &kubeconfig,
         &["-n", "team-a", "delete", "configmap", "after-0"],
     );
-    let rv: i64 = kubectl(
-        &kubeconfig,
-        &[
-            "-n",
-            "team-a",
-            "create",
-            "configmap",
-            "last",
-            "--from-literal=v=last",
-            "-o",
-            "jsonpath={.metadata.resourceVersion}",
-        ],
-    )
-    .trim()
-    .parse()
-    .expect("resourceVersion");
+    let rv = create("last", "last");
     let list = || {
         ringctl_backup(
             &[
@@ -993,34 +955,28 @@ async fn hosted_control_plane_is_backed_up_and_restored_into_a_new_seed() {
         shoot_b.join("shoot.json"),
     )
     .unwrap();
-    let out = ringctl_backup(
-        &[
-            "restore",
-            "--shoot",
-            "bk-shoot",
-            "--bucket",
-            &bucket,
-            "--data-dir",
-            &shoot_b.join("etcd").display().to_string(),
-        ],
-        None,
-    );
-    let text = expect_success(&out);
+    let data_b = shoot_b.join("etcd").display().to_string();
+    let state_b_arg = state_b.display().to_string();
+    let restore_b = || {
+        ringctl_backup(
+            &[
+                "restore",
+                "--shoot",
+                "bk-shoot",
+                "--bucket",
+                &bucket,
+                "--data-dir",
+                &data_b,
+                "--state-dir",
+                &state_b_arg,
+            ],
+            None,
+        )
+    };
+    let text = expect_success(&restore_b());
     assert!(text.contains("verified"), "{text}");
-    let out = ringctl_backup(
-        &[
-            "restore",
-            "--shoot",
-            "bk-shoot",
-            "--bucket",
-            &bucket,
-            "--data-dir",
-            &shoot_b.join("etcd").display().to_string(),
-            "--state-dir",
-            &state_b.display().to_string(),
-        ],
-        None,
-    );
+    // a second restore into the same (now filled) data dir is refused
+    let out = restore_b();
     assert!(expect_clean_failure(&out).contains("not empty"));
 
     let seed_b = seed::LocalSeed::new(&state_b, binaries());

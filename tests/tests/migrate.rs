@@ -19,7 +19,8 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
     let _slot = ring_tests::ring_slot();
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
-    let config = ring_config(sandbox.path(), 3);
+    // the old host deletes m2's data 2 s after the move
+    let config = ring_config_with(sandbox.path(), 3, "releaseGraceSeconds: 2");
     ringctl_in(
         &dir,
         &["bootstrap", "--config", &config.display().to_string()],
@@ -81,9 +82,39 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
     let op: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(op["step"], "Done", "{op}");
     assert!(
-        op["detail"].as_str().unwrap().contains("HashKV verified"),
+        op["detail"].as_str().unwrap().contains("HashKV and"),
         "{op}"
     );
+    // the target verified the object count of every resource type and reports it
+    let outcome = &op["outcome"];
+    let final_rev = outcome["restoredRevision"].as_u64().unwrap_or(0);
+    let acked_before_handover = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, rv)| *rv <= final_rev)
+        .count() as u64;
+    let configmaps = outcome["objects"]["configmaps"].as_u64().unwrap_or(0);
+    assert!(
+        configmaps >= acked_before_handover && acked_before_handover >= 20,
+        "verified configmaps {configmaps}, acknowledged at or before revision {final_rev}: {acked_before_handover}: {op}"
+    );
+    assert!(
+        outcome["objects"]["namespaces"].as_u64().unwrap_or(0) >= 3,
+        "{op}"
+    );
+    assert!(
+        outcome["restoredRevision"].as_i64().unwrap_or(0) > 0,
+        "{op}"
+    );
+    assert_eq!(outcome["rpoRevisions"], 0, "{op}");
+    let steps: Vec<&str> = op["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["step"].as_str())
+        .collect();
+    assert_eq!(steps, ["Pending", "Restoring", "Done"], "{op}");
 
     // keep writing a little on the new host, then stop
     let n_before = acked.lock().unwrap().len();
@@ -155,10 +186,38 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
         (Some("m3"), Some(2)),
         "{p}"
     );
-    let old = processes_mentioning(&dir.join("members/m1/seed/shoots/m2"));
+    let old_dir = dir.join("members/m1/seed/shoots/m2");
+    let old = processes_mentioning(&old_dir);
     assert!(
         old.is_empty(),
         "the old host still runs m2's processes: {old:?}"
+    );
+    // after the grace, the old host deletes m2's data; the new host keeps its own
+    wait_for(
+        "m1 to delete m2's data after the grace",
+        Duration::from_secs(30),
+        || {
+            let gone = !old_dir.exists();
+            async move { gone.then_some(()) }
+        },
+    )
+    .await;
+    assert!(dir.join("members/m3/seed/shoots/m2/etcd").exists());
+    // the executors' metrics count the move and time its steps
+    let ring = bootstrap::RingLayout { dir: dir.clone() }
+        .read_config()
+        .unwrap()
+        .unwrap();
+    let metrics = http_get(&ring.metrics_address(2), "/metrics").await;
+    assert!(
+        metrics.contains(
+            "ringd_operations_finished_total{member=\"m3\",kind=\"migration\",outcome=\"done\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ringd_operation_step_seconds_count{member=\"m3\",kind=\"migration\",role=\"target\",step=\"restore\"}"),
+        "{metrics}"
     );
 
     // a migration to where it already is, or of an unknown shoot, is refused with a reason
@@ -349,6 +408,131 @@ async fn killed_seed_fails_over_from_the_bucket() {
     assert!(
         fresh.trim().parse::<u64>().unwrap() > last_rv,
         "resourceVersion went back"
+    );
+    ringctl_in(&dir, &["down"]);
+}
+
+/// kill -9 of the ringd leader while a failover is under way: once the quorum is
+/// back (the killed ringd restarts, as its service manager would restart it) a
+/// new leader term resumes the operation from the replicated state and the
+/// failover completes, with the data and the figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_mid_failover_completes_under_a_new_leader() {
+    let _slot = ring_tests::ring_slot();
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let config = ring_config(sandbox.path(), 3);
+    ringctl_in(
+        &dir,
+        &["bootstrap", "--config", &config.display().to_string()],
+    );
+    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let ring = layout.read_config().unwrap().unwrap();
+    let pki = layout.pki();
+    let rv: u64 = kubectl(
+        &kubeconfig,
+        &[
+            "create",
+            "configmap",
+            "kept",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    )
+    .trim()
+    .parse()
+    .unwrap();
+    let status_of = |i: usize| {
+        let c = ringd::client::AdminClient::connect(&ring.member_address(i), &pki);
+        async move { c.ok()?.status().await.ok() }
+    };
+    wait_for(
+        "a durable backup of the write",
+        Duration::from_secs(60),
+        || {
+            let s = status_of(2);
+            async move {
+                let s = s.await?;
+                let p = s.placements.iter().find(|p| p.shoot == "m2")?;
+                (p.last_backup_revision? >= rv).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // m1 hosts m2's control plane: kill m1's seed
+    let pid = layout.running_pid("m1").expect("m1 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // as soon as the failover is committed, kill whichever ringd leads
+    let (op, leader, term) = wait_for("a failover of m2", Duration::from_secs(30), || {
+        let (a, b) = (status_of(1), status_of(2));
+        async move {
+            for s in [a.await, b.await].into_iter().flatten() {
+                let op = s.operations.iter().find(|o| o.shoot() == "m2").cloned();
+                if let (Some(op), Some(leader)) = (op, s.leader.clone()) {
+                    if leader != "m1" {
+                        return Some((op, leader, s.term));
+                    }
+                }
+            }
+            None
+        }
+    })
+    .await;
+    assert!(!op.step.is_finished(), "caught too late: {op:?}");
+    let pid = layout.running_pid(&leader).expect("the leader runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for(
+        "the leader's ringd to be gone",
+        Duration::from_secs(10),
+        || {
+            let gone = layout.running_pid(&leader).is_none();
+            async move { gone.then_some(()) }
+        },
+    )
+    .await;
+    bootstrap::start_member(&layout, &ring_tests::ring::ringd_bin(), &leader).unwrap();
+
+    let survivor = ring
+        .members
+        .iter()
+        .position(|m| m.name != "m1" && m.name != leader)
+        .unwrap();
+    let mut client =
+        ringd::client::AdminClient::connect(&ring.member_address(survivor), &pki).unwrap();
+    let done = client
+        .wait_operation(op.id, Duration::from_secs(180), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(done.step, ringd::state::OperationStep::Done, "{done:?}");
+    let outcome = done
+        .outcome
+        .clone()
+        .expect("the target reports its figures");
+    assert!(outcome.restored_revision >= rv as i64, "{done:?}");
+    assert_eq!(outcome.rpo_revisions, Some(0), "{done:?}");
+    assert!(
+        outcome.objects.get("configmaps").copied().unwrap_or(0) >= 1,
+        "{done:?}"
+    );
+    let after = client.status().await.unwrap();
+    assert!(
+        after.term > term,
+        "no new leader term: {term} -> {}",
+        after.term
+    );
+    assert_eq!(
+        kubectl(&kubeconfig, &["get", "configmap", "kept", "-o", "name"]).trim(),
+        "configmap/kept"
     );
     ringctl_in(&dir, &["down"]);
 }

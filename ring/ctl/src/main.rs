@@ -202,7 +202,7 @@ enum BenchCommand {
     /// Planned migration time of a control plane with many objects (median of N moves).
     Migrate(MigrateBenchArgs),
     /// Failover RTO: kill -9 of a seed until the restored control plane answers (median of N).
-    Failover(MigrateBenchArgs),
+    Failover(FailoverBenchArgs),
     /// Full snapshot speed and memory vs etcdctl, restore of full + deltas vs etcdctl, backup lag.
     Backup(ringd::backup::BenchArgs),
 }
@@ -218,6 +218,15 @@ struct MigrateBenchArgs {
     /// First port of the throwaway ring.
     #[arg(long, default_value_t = 27300)]
     base_port: u16,
+}
+
+#[derive(Args)]
+struct FailoverBenchArgs {
+    #[command(flatten)]
+    common: MigrateBenchArgs,
+    /// ConfigMap creates per second during each failover (the RPO load); 0 for none.
+    #[arg(long, default_value_t = 100)]
+    rate: u64,
 }
 
 #[derive(Args)]
@@ -591,9 +600,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let result = bootstrap::failover_bench::failover_bench(
                 &dir,
                 &exe.with_file_name("ringd"),
-                args.base_port,
-                args.objects,
-                args.runs,
+                args.common.base_port,
+                args.common.objects,
+                args.common.runs,
+                args.rate,
             )
             .await;
             let _ = std::fs::remove_dir_all(&dir);

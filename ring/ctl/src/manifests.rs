@@ -123,6 +123,7 @@ pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
                 state_dir: format!("{DATA_DIR}/seed").into(),
                 bin_dir: None,
                 kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
+                release_grace_secs: ringd::config::default_release_grace_secs(),
             }),
             backup: ring
                 .bucket
