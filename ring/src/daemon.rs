@@ -814,7 +814,9 @@ async fn renew_leases(shared: Arc<Shared>, stop: CancellationToken) {
         return; // a member without a seed serves nothing and needs no lease
     }
     let lease = Duration::from_millis(shared.timing().lease_ms);
-    while pause(&stop, lease / 3).await {
+    let mut wait = lease / 3;
+    while pause(&stop, wait).await {
+        wait = lease / 3;
         let v = shared.node.view();
         for (shoot, epoch) in leased_shoots(&v.state, shared.name()) {
             // a migration target renews only once it acquired the new epoch's lease
@@ -826,6 +828,10 @@ async fn renew_leases(shared: Arc<Shared>, stop: CancellationToken) {
             }
             if let Err(e) = shared.renew_lease(&shoot, epoch).await {
                 tracing::warn!(%shoot, epoch, error = %e, "lease not renewed");
+                // A renewal lost with a dying leader: retry soon rather than a
+                // period later, so electing a new leader does not fence healthy
+                // control planes (found by the zombie-seed / kill-leader drills).
+                wait = Duration::from_millis(200);
             }
         }
     }
@@ -1013,8 +1019,14 @@ async fn release_moved(shared: &Shared, seed: &Hosting) {
             return;
         };
         let marker = state_dir.join("shoots").join(&shoot).join("released");
+        // an open operation that needs this seed's copy: a planned migration (its
+        // source hands the data over) or any move onto this member
+        let needed = v
+            .state
+            .open_operation(&shoot)
+            .is_some_and(|op| op.is_migration() || op.target() == me);
         if p.host == me
-            || v.state.open_operation(&shoot).is_some()
+            || needed
             || lock(&shared.hosted)
                 .get(&shoot)
                 .is_some_and(|h| h.serving || h.starting)
@@ -1030,6 +1042,13 @@ async fn release_moved(shared: &Shared, seed: &Hosting) {
         let since = match recorded {
             Some((epoch, at)) if epoch == p.epoch => at,
             _ => {
+                // Workloads in a cluster outlive a crashed ringd: fence them (idempotent)
+                // before anything else. Local processes died with their supervisor.
+                if let Hosting::Kubernetes(k) = seed {
+                    if let Err(e) = k.fence(&shoot).await {
+                        tracing::warn!(%shoot, error = %e, "cannot fence a moved control plane; it is deleted after the grace");
+                    }
+                }
                 if let Err(e) = std::fs::write(&marker, format!("{} {now}", p.epoch)) {
                     tracing::warn!(%shoot, error = %e, "cannot record the release of a moved control plane");
                 }

@@ -501,3 +501,111 @@ async fn readyz_is_asked_through_the_api_service_address() {
     local.stop("cp-via-svc").await.unwrap();
     cluster.stop("k8s-seed-c").await.unwrap();
 }
+
+/// A ring member configured with a Kubernetes seed: its ringd applies the control
+/// plane it hosts to the seed cluster, re-applies it unchanged after a restart,
+/// and once the control plane moved away (the member was declared dead and came
+/// back) fences it and deletes its objects after the release grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_move() {
+    let _slot = ring_slot();
+    let mut ring = ring_tests::ring::RingFixture::new(3, &[]);
+    let (_cluster, kc) = seed_cluster(&ring.sandbox, "k8s-ringd-seed").await;
+    let client = kube_client(&kc).await;
+    // m1 hosts control planes in the seed cluster (ring "kr"), data released 1 s after a move
+    let m1 = ring.members[0].config.clone();
+    let mut yaml: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&m1).unwrap()).unwrap();
+    let mut seed = serde_yaml::Mapping::new();
+    seed.insert(
+        "stateDir".into(),
+        ring.sandbox
+            .path()
+            .join("m1-k8s-state")
+            .display()
+            .to_string()
+            .into(),
+    );
+    seed.insert(
+        "kubernetes".into(),
+        serde_yaml::to_value(config("kr", &kc)).unwrap(),
+    );
+    seed.insert("releaseGraceSecs".into(), 1.into());
+    yaml["seed"] = serde_yaml::Value::Mapping(seed);
+    std::fs::write(&m1, serde_yaml::to_string(&yaml).unwrap()).unwrap();
+
+    ring.start_all();
+    let ns = "shoot--kr--m2";
+    ring.wait_status(0, "m1 applied m2's control plane", READY, |s| {
+        s.hosted.iter().any(|h| h.shoot == "m2" && h.serving)
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let apiserver = deployments
+        .get("kube-apiserver")
+        .await
+        .expect("kube-apiserver Deployment");
+    assert_eq!(apiserver.spec.as_ref().unwrap().replicas, Some(1));
+    let managers: Vec<String> = apiserver
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|f| f.manager.clone())
+        .collect();
+    assert!(managers.iter().any(|m| m == "ringd"), "{managers:?}");
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    sts.get("etcd").await.expect("etcd StatefulSet");
+    let generation = apiserver.metadata.generation;
+
+    // a graceful restart fences (no ringd renews the lease meanwhile), the next
+    // start applies the same objects again: scaled back up, nothing else changed
+    ring.stop(0);
+    let fenced = deployments.get("kube-apiserver").await.unwrap();
+    assert_eq!(fenced.spec.unwrap().replicas, Some(0), "fenced at shutdown");
+    ring.start(0);
+    wait_for("kube-apiserver scaled up again", READY, || {
+        let d = deployments.clone();
+        async move {
+            let d = d.get("kube-apiserver").await.ok()?;
+            (d.spec?.replicas == Some(1)).then_some(d.metadata.generation)
+        }
+    })
+    .await;
+    let again = deployments.get("kube-apiserver").await.unwrap();
+    assert!(
+        again.metadata.generation <= generation.map(|g| g + 2),
+        "re-applying changed more than the scale: {:?} -> {:?}",
+        generation,
+        again.metadata.generation
+    );
+
+    // m1 dies (kill -9: the workloads in the cluster outlive it) and the ring moves m2 away
+    ring.kill(0);
+    ring.wait_status(1, "m2 placed away from m1", READY, |s| {
+        s.placements
+            .iter()
+            .any(|p| p.shoot == "m2" && p.host != "m1" && p.epoch >= 2)
+    })
+    .await;
+    // m1 returns: it fences and, after the grace, deletes m2's objects (the
+    // seed cluster's garbage collector removes what the anchor owned)
+    ring.start(0);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    wait_for("m2's objects deleted from the seed cluster", GC, || {
+        let (d, c) = (deployments.clone(), configmaps.clone());
+        async move {
+            let gone = d.get_opt("kube-apiserver").await.ok()?.is_none();
+            let left = c
+                .list(&kube::api::ListParams::default().labels("ring.gardener.cloud/shoot=m2"))
+                .await
+                .ok()?
+                .items
+                .len();
+            (gone && left == 0).then_some(())
+        }
+    })
+    .await;
+    // and the member's local state for m2 is gone too
+    assert!(!ring.sandbox.path().join("m1-k8s-state/shoots/m2").exists());
+}
