@@ -127,6 +127,9 @@ pub struct Schedule {
     pub full_interval_secs: u64,
     /// ... or after this many bytes of deltas since the last one.
     pub full_after_delta_bytes: u64,
+    /// ... or after this many revisions since the last one (0: no limit). A
+    /// restore replays deltas one revision at a time, so this bounds its time.
+    pub full_after_revisions: u64,
     /// etcd's `HashKV` is recorded with a delta at most this often (0: never; full
     /// snapshots always record it). It costs one scan of etcd's database.
     pub hash_kv_interval_secs: u64,
@@ -141,6 +144,7 @@ impl Default for Schedule {
             delta_max_bytes: 4 << 20,
             full_interval_secs: 3600,
             full_after_delta_bytes: 256 << 20,
+            full_after_revisions: 0,
             hash_kv_interval_secs: 300,
             max_backoff_ms: 10_000,
         }

@@ -115,6 +115,8 @@ struct Chain {
     last_full_ms: i64,
     /// Delta bytes stored since it.
     delta_bytes: u64,
+    /// The revision the newest full snapshot holds.
+    last_full_revision: i64,
     /// When HashKV was last recorded with a delta.
     last_hash_ms: i64,
 }
@@ -286,6 +288,7 @@ impl Backup {
                     keys: snap.keys,
                     last_full_ms: snap.time_ms,
                     delta_bytes: 0,
+                    last_full_revision: snap.base_revision,
                     last_hash_ms: now_ms(),
                 }
             }
@@ -345,6 +348,7 @@ impl Backup {
             keys,
             last_full_ms: newest_full.time_ms,
             delta_bytes: 0,
+            last_full_revision: newest_full.first,
             last_hash_ms: now_ms(),
         }))
     }
@@ -439,6 +443,7 @@ impl Backup {
                             if let Some(c) = chain.as_mut() {
                                 c.last_full_ms = snap.time_ms;
                                 c.delta_bytes = 0;
+                                c.last_full_revision = snap.base_revision;
                             }
                         }
                         Ok(Err(e)) => {
@@ -496,7 +501,10 @@ impl Backup {
                     let now = now_ms();
                     if let Some(c) = chain.as_ref() {
                         let due = now - c.last_full_ms >= (schedule.full_interval_secs as i64) * 1000
-                            || c.delta_bytes >= schedule.full_after_delta_bytes;
+                            || c.delta_bytes >= schedule.full_after_delta_bytes
+                            || (schedule.full_after_revisions > 0
+                                && c.next_revision - 1 - c.last_full_revision
+                                    >= schedule.full_after_revisions as i64);
                         if due && full_task.is_none() && now >= next_full_attempt_ms {
                             let (client, endpoint, bucket, shoot, encoding) = (client.clone(), endpoint.clone(), self.bucket.clone(), self.config.shoot.clone(), self.encoding.clone());
                             full_task = Some(tokio::spawn(async move {

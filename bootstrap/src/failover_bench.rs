@@ -212,6 +212,8 @@ pub async fn failover_bench(
             let pid = layout
                 .running_pid(&host)
                 .ok_or_else(|| BootstrapError::Unsupported(format!("{host} does not run")))?;
+            // only operations started after the kill count (earlier runs left theirs)
+            let seen = admin.status().await?.operations.iter().map(|o| o.id).max();
             // the RPO load runs for 3 s before the kill and on through the failover
             let load = Load::start(api.clone(), run, rate);
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -248,7 +250,7 @@ pub async fn failover_bench(
                         .operations
                         .iter()
                         .rev()
-                        .find(|o| o.shoot() == "m2" && o.source() == host)
+                        .find(|o| o.shoot() == "m2" && o.source() == host && Some(o.id) > seen)
                     {
                         target = op.target().to_string();
                         decided.get_or_insert(killed.elapsed().as_secs_f64());
@@ -294,7 +296,7 @@ pub async fn failover_bench(
                 .operations
                 .iter()
                 .rev()
-                .find(|o| o.shoot() == "m2" && o.source() == host)
+                .find(|o| o.shoot() == "m2" && o.source() == host && Some(o.id) > seen)
                 .and_then(|o| o.outcome.clone())
                 .unwrap_or_default();
             out.push(FailoverFigures {

@@ -150,6 +150,10 @@ impl Backups {
                 cfg.clone(),
             );
             config.spool.dir = Some(layout.dir.join("backup-spool"));
+            // A failover replays every delta since the newest full snapshot, one
+            // revision at a time: a new full snapshot every 2000 revisions keeps
+            // that part of the RTO to a couple of seconds.
+            config.schedule.full_after_revisions = 2000;
             let runner = match backup::Backup::new(config) {
                 Ok(r) => r,
                 Err(e) => {

@@ -151,6 +151,26 @@ pub struct Outcome {
 }
 
 impl Operation {
+    /// A new operation in its first step.
+    pub fn new(
+        id: u64,
+        kind: OperationKind,
+        step: OperationStep,
+        detail: String,
+        at_ms: u64,
+    ) -> Self {
+        Operation {
+            id,
+            kind,
+            step,
+            detail,
+            created_at_ms: at_ms,
+            updated_at_ms: at_ms,
+            history: vec![StepTime { step, at_ms }],
+            outcome: None,
+        }
+    }
+
     /// Milliseconds the operation spent in each step it has left, in order.
     pub fn step_durations(&self) -> Vec<(OperationStep, u64)> {
         self.history
@@ -431,28 +451,19 @@ impl RingState {
                 let epoch = p.epoch;
                 let id = self.next_operation_id;
                 self.next_operation_id += 1;
-                self.operations.push(Operation {
+                self.operations.push(Operation::new(
                     id,
-                    kind: OperationKind::Failover {
+                    OperationKind::Failover {
                         shoot: shoot.clone(),
                         from,
                         to: to.clone(),
                         epoch,
                         not_before_ms: (*not_before_ms).max(old_lease_end),
                     },
-                    step: OperationStep::WaitingForLeaseExpiry,
-                    detail: "waiting for the old host's lease to expire".into(),
-                    created_at_ms: *at_ms,
-                    updated_at_ms: *at_ms,
-                    history: Vec::new(),
-                    outcome: None,
-                });
-                if let Some(op) = self.operations.last_mut() {
-                    op.history.push(StepTime {
-                        step: op.step,
-                        at_ms: *at_ms,
-                    });
-                }
+                    OperationStep::WaitingForLeaseExpiry,
+                    "waiting for the old host's lease to expire".into(),
+                    *at_ms,
+                ));
                 Ok(())
             }
             RingCommand::StartMigration { shoot, to, at_ms } => {
@@ -481,28 +492,19 @@ impl RingState {
                 let id = self.next_operation_id;
                 self.next_operation_id += 1;
                 let (from, epoch) = (p.host.clone(), p.epoch + 1);
-                self.operations.push(Operation {
+                self.operations.push(Operation::new(
                     id,
-                    kind: OperationKind::Migration {
+                    OperationKind::Migration {
                         shoot: shoot.clone(),
                         from: from.clone(),
                         to: to.clone(),
                         epoch,
                         revision: None,
                     },
-                    step: OperationStep::Pending,
-                    detail: format!("{from} stops the writers and takes the final snapshot"),
-                    created_at_ms: *at_ms,
-                    updated_at_ms: *at_ms,
-                    history: Vec::new(),
-                    outcome: None,
-                });
-                if let Some(op) = self.operations.last_mut() {
-                    op.history.push(StepTime {
-                        step: op.step,
-                        at_ms: *at_ms,
-                    });
-                }
+                    OperationStep::Pending,
+                    format!("{from} stops the writers and takes the final snapshot"),
+                    *at_ms,
+                ));
                 Ok(())
             }
             RingCommand::HandoverReady {

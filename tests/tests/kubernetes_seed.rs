@@ -8,6 +8,9 @@
 //! RBAC. `/readyz` through the API Service is checked against a local control plane
 //! that stands in for the kube-apiserver pod, with the PKI Ring put in the Secret.
 
+// Each test runs on its own runtime; `ring_slot` only serialises whole tests.
+#![allow(clippy::await_holding_lock)]
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

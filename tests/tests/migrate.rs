@@ -14,18 +14,65 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::Api;
 use ring_tests::*;
 
+/// A 3-member ring bootstrapped by `ringctl bootstrap` in a sandbox.
+struct Bootstrapped {
+    _sandbox: Sandbox,
+    dir: std::path::PathBuf,
+    layout: bootstrap::RingLayout,
+    ring: bootstrap::config::RingConfig,
+    pki: std::path::PathBuf,
+    /// The kubeconfig of shoot m2 (hosted by m1 at first).
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Bootstrapped {
+    /// Bootstraps m1..m3 with `extra` lines in the Ring config.
+    fn new(extra: &str) -> Self {
+        let sandbox = Sandbox::new();
+        let dir = sandbox.path().join("ring");
+        let config = ring_config_with(sandbox.path(), 3, extra);
+        ringctl_in(
+            &dir,
+            &["bootstrap", "--config", &config.display().to_string()],
+        );
+        let layout = bootstrap::RingLayout { dir: dir.clone() };
+        let ring = layout.read_config().unwrap().unwrap();
+        Bootstrapped {
+            pki: layout.pki(),
+            kubeconfig: dir.join("kubeconfigs/m2.kubeconfig"),
+            _sandbox: sandbox,
+            dir,
+            layout,
+            ring,
+        }
+    }
+
+    /// kill -9 of member `name`'s ringd (and with it what it runs); waits until it is gone.
+    async fn kill(&self, name: &str) {
+        let pid = self.layout.running_pid(name).expect("the member runs");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        wait_for(
+            &format!("{name}'s ringd to be gone"),
+            Duration::from_secs(10),
+            || {
+                let gone = self.layout.running_pid(name).is_none();
+                async move { gone.then_some(()) }
+            },
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planned_migration_under_writes_loses_no_acknowledged_write() {
     let _slot = ring_tests::ring_slot();
-    let sandbox = Sandbox::new();
-    let dir = sandbox.path().join("ring");
     // the old host deletes m2's data 2 s after the move
-    let config = ring_config_with(sandbox.path(), 3, "releaseGraceSeconds: 2");
-    ringctl_in(
-        &dir,
-        &["bootstrap", "--config", &config.display().to_string()],
-    );
-    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
+    let b = Bootstrapped::new("releaseGraceSeconds: 2");
+    let (dir, kubeconfig) = (b.dir.clone(), b.kubeconfig.clone());
     let before_kubeconfig = std::fs::read(&kubeconfig).unwrap();
 
     // A writer that records every create the API acknowledged, with its resourceVersion.
@@ -241,28 +288,18 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_crash_mid_migration_resumes_and_completes() {
     let _slot = ring_tests::ring_slot();
-    let sandbox = Sandbox::new();
-    let dir = sandbox.path().join("ring");
-    let config = ring_config(sandbox.path(), 3);
-    ringctl_in(
-        &dir,
-        &["bootstrap", "--config", &config.display().to_string()],
-    );
-    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
+    let b = Bootstrapped::new("");
+    let (dir, kubeconfig, ring, pki) = (&b.dir, &b.kubeconfig, &b.ring, &b.pki);
     kubectl(
-        &kubeconfig,
+        kubeconfig,
         &["create", "configmap", "survivor", "--from-literal=k=v"],
     );
-
-    let layout = bootstrap::RingLayout { dir: dir.clone() };
-    let ring = layout.read_config().unwrap().unwrap();
-    let pki = layout.pki();
-    let leader_status = ringd::client::AdminClient::connect(&ring.member_address(0), &pki)
+    let leader_status = ringd::client::AdminClient::connect(&ring.member_address(0), pki)
         .unwrap()
         .status()
         .await
         .unwrap();
-    let mut admin = ringd::client::AdminClient::connect_leader(&ring.member_address(0), &pki)
+    let mut admin = ringd::client::AdminClient::connect_leader(&ring.member_address(0), pki)
         .await
         .unwrap();
     assert!(leader_status
@@ -273,7 +310,7 @@ async fn target_crash_mid_migration_resumes_and_completes() {
 
     // wait for the handover, then kill the target's ringd (and with it whatever it runs)
     wait_for("the handover to m3", Duration::from_secs(60), || {
-        let mut c = ringd::client::AdminClient::connect(&ring.member_address(0), &pki).unwrap();
+        let mut c = ringd::client::AdminClient::connect(&ring.member_address(0), pki).unwrap();
         async move {
             let s = c.status().await.ok()?;
             s.operations
@@ -283,20 +320,10 @@ async fn target_crash_mid_migration_resumes_and_completes() {
         }
     })
     .await;
-    let pid = layout.running_pid("m3").expect("m3 runs");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    wait_for("m3's ringd to be gone", Duration::from_secs(10), || {
-        let gone = layout.running_pid("m3").is_none();
-        async move { gone.then_some(()) }
-    })
-    .await;
+    b.kill("m3").await;
 
     // bootstrap resumes the ring: it restarts m3, which resumes the migration
-    ringctl_in(&dir, &["bootstrap"]);
+    ringctl_in(dir, &["bootstrap"]);
     let op = admin
         .wait_operation(id, Duration::from_secs(120), |_, _| {})
         .await
@@ -304,12 +331,12 @@ async fn target_crash_mid_migration_resumes_and_completes() {
     assert_eq!(op.step, ringd::state::OperationStep::Done, "{op:?}");
     assert_eq!(
         kubectl(
-            &kubeconfig,
+            kubeconfig,
             &["get", "configmap", "survivor", "-o", "jsonpath={.data.k}"]
         ),
         "v"
     );
-    ringctl_in(&dir, &["down"]);
+    ringctl_in(dir, &["down"]);
 }
 
 /// kill -9 of the seed hosting a shoot's control plane in a 3-member ring: the
@@ -318,23 +345,14 @@ async fn target_crash_mid_migration_resumes_and_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_seed_fails_over_from_the_bucket() {
     let _slot = ring_tests::ring_slot();
-    let sandbox = Sandbox::new();
-    let dir = sandbox.path().join("ring");
-    let config = ring_config(sandbox.path(), 3);
-    ringctl_in(
-        &dir,
-        &["bootstrap", "--config", &config.display().to_string()],
-    );
-    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
-    let layout = bootstrap::RingLayout { dir: dir.clone() };
-    let ring = layout.read_config().unwrap().unwrap();
-    let pki = layout.pki();
+    let b = Bootstrapped::new("");
+    let (dir, kubeconfig, ring, pki) = (&b.dir, &b.kubeconfig, &b.ring, &b.pki);
 
     // writes, then wait until the ring knows a durable backup covering them
     let mut last_rv = 0u64;
     for i in 0..20 {
         let out = kubectl(
-            &kubeconfig,
+            kubeconfig,
             &[
                 "create",
                 "configmap",
@@ -349,7 +367,7 @@ async fn killed_seed_fails_over_from_the_bucket() {
         "a durable backup covering the writes",
         Duration::from_secs(60),
         || {
-            let c = ringd::client::AdminClient::connect(&ring.member_address(1), &pki);
+            let c = ringd::client::AdminClient::connect(&ring.member_address(1), pki);
             async move {
                 let s = c.ok()?.status().await.ok()?;
                 let rev = s
@@ -363,16 +381,11 @@ async fn killed_seed_fails_over_from_the_bucket() {
     )
     .await;
     // the control plane of m2 runs on m1: kill m1's seed (ringd and what it runs)
-    let pid = layout.running_pid("m1").expect("m1 runs");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    b.kill("m1").await;
 
-    let mut client = ringd::client::AdminClient::connect(&ring.member_address(1), &pki).unwrap();
+    let mut client = ringd::client::AdminClient::connect(&ring.member_address(1), pki).unwrap();
     let op = wait_for("a failover of m2", Duration::from_secs(30), || {
-        let c = ringd::client::AdminClient::connect(&ring.member_address(1), &pki);
+        let c = ringd::client::AdminClient::connect(&ring.member_address(1), pki);
         async move {
             let s = c.ok()?.status().await.ok()?;
             s.operations.iter().find(|o| o.shoot() == "m2").cloned()
@@ -393,10 +406,10 @@ async fn killed_seed_fails_over_from_the_bucket() {
 
     // the original kubeconfig answers, with every write
     for i in 0..20 {
-        kubectl(&kubeconfig, &["get", "configmap", &format!("before-{i}")]);
+        kubectl(kubeconfig, &["get", "configmap", &format!("before-{i}")]);
     }
     let fresh = kubectl(
-        &kubeconfig,
+        kubeconfig,
         &[
             "create",
             "configmap",
@@ -409,7 +422,7 @@ async fn killed_seed_fails_over_from_the_bucket() {
         fresh.trim().parse::<u64>().unwrap() > last_rv,
         "resourceVersion went back"
     );
-    ringctl_in(&dir, &["down"]);
+    ringctl_in(dir, &["down"]);
 }
 
 /// kill -9 of the ringd leader while a failover is under way: once the quorum is
@@ -419,19 +432,10 @@ async fn killed_seed_fails_over_from_the_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_mid_failover_completes_under_a_new_leader() {
     let _slot = ring_tests::ring_slot();
-    let sandbox = Sandbox::new();
-    let dir = sandbox.path().join("ring");
-    let config = ring_config(sandbox.path(), 3);
-    ringctl_in(
-        &dir,
-        &["bootstrap", "--config", &config.display().to_string()],
-    );
-    let kubeconfig = dir.join("kubeconfigs/m2.kubeconfig");
-    let layout = bootstrap::RingLayout { dir: dir.clone() };
-    let ring = layout.read_config().unwrap().unwrap();
-    let pki = layout.pki();
+    let b = Bootstrapped::new("");
+    let (dir, kubeconfig, layout, ring, pki) = (&b.dir, &b.kubeconfig, &b.layout, &b.ring, &b.pki);
     let rv: u64 = kubectl(
-        &kubeconfig,
+        kubeconfig,
         &[
             "create",
             "configmap",
@@ -444,7 +448,7 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
     .parse()
     .unwrap();
     let status_of = |i: usize| {
-        let c = ringd::client::AdminClient::connect(&ring.member_address(i), &pki);
+        let c = ringd::client::AdminClient::connect(&ring.member_address(i), pki);
         async move { c.ok()?.status().await.ok() }
     };
     wait_for(
@@ -462,12 +466,7 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
     .await;
 
     // m1 hosts m2's control plane: kill m1's seed
-    let pid = layout.running_pid("m1").expect("m1 runs");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    b.kill("m1").await;
     // as soon as the failover is committed, kill whichever ringd leads
     let (op, leader, term) = wait_for("a failover of m2", Duration::from_secs(30), || {
         let (a, b) = (status_of(1), status_of(2));
@@ -485,22 +484,8 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
     })
     .await;
     assert!(!op.step.is_finished(), "caught too late: {op:?}");
-    let pid = layout.running_pid(&leader).expect("the leader runs");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    wait_for(
-        "the leader's ringd to be gone",
-        Duration::from_secs(10),
-        || {
-            let gone = layout.running_pid(&leader).is_none();
-            async move { gone.then_some(()) }
-        },
-    )
-    .await;
-    bootstrap::start_member(&layout, &ring_tests::ring::ringd_bin(), &leader).unwrap();
+    b.kill(&leader).await;
+    bootstrap::start_member(layout, &ring_tests::ring::ringd_bin(), &leader).unwrap();
 
     let survivor = ring
         .members
@@ -508,7 +493,7 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
         .position(|m| m.name != "m1" && m.name != leader)
         .unwrap();
     let mut client =
-        ringd::client::AdminClient::connect(&ring.member_address(survivor), &pki).unwrap();
+        ringd::client::AdminClient::connect(&ring.member_address(survivor), pki).unwrap();
     let done = client
         .wait_operation(op.id, Duration::from_secs(180), |_, _| {})
         .await
@@ -531,8 +516,8 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
         after.term
     );
     assert_eq!(
-        kubectl(&kubeconfig, &["get", "configmap", "kept", "-o", "name"]).trim(),
+        kubectl(kubeconfig, &["get", "configmap", "kept", "-o", "name"]).trim(),
         "configmap/kept"
     );
-    ringctl_in(&dir, &["down"]);
+    ringctl_in(dir, &["down"]);
 }
