@@ -434,6 +434,16 @@ async fn failover_action(
                 .map_err(|e| {
                     RingError::Transport(format!("counting {shoot}'s objects at {reached}: {e}"))
                 })?;
+            // the per-type counts must add up to the keys the verified restore reached
+            if let Some(r) = restored.as_ref() {
+                let total: u64 = objects.values().sum();
+                if total != r.keys as u64 {
+                    return Err(RingError::Transport(format!(
+                        "{shoot} holds {total} keys at revision {reached} but the restore verified {}",
+                        r.keys
+                    )));
+                }
+            }
             ledger.entry(op.id).or_default().verified = Some(objects);
         }
         TargetAction::Complete => {
