@@ -101,7 +101,11 @@ impl Bucket {
                 if let Some(r) = &cfg.region {
                     b = b.with_region(r.clone());
                 }
-                if let Some(h) = cfg.allow_http {
+                // `with_client_options` above replaced what `from_env` read, so the
+                // documented default (`AWS_ALLOW_HTTP`) is applied here.
+                let env_allow = std::env::var("AWS_ALLOW_HTTP")
+                    .is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+                if let Some(h) = cfg.allow_http.or(env_allow.then_some(true)) {
                     b = b.with_allow_http(h);
                 }
                 b = with_options(b, &cfg.options, |b, k, v| b.with_config(k, v))?;

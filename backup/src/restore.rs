@@ -172,6 +172,11 @@ pub enum Outcome {
     FullTooNew {
         restored_revision: i64,
     },
+    /// The planned full snapshot failed its checks: plan again without it.
+    FullCorrupt {
+        object: String,
+        problem: String,
+    },
     Finalized,
 }
 
@@ -220,6 +225,10 @@ pub fn step(state: RestoreState, outcome: Outcome) -> Result<RestoreState> {
             },
             O::FullTooNew { .. },
         ) => {
+            excluded.push(plan.full.name);
+            S::Start { excluded }
+        }
+        (S::Planned { plan, mut excluded }, O::FullCorrupt { .. }) => {
             excluded.push(plan.full.name);
             S::Start { excluded }
         }
@@ -309,6 +318,8 @@ pub async fn restore(
     std::fs::create_dir_all(&work).map_err(io_at("creating", &work))?;
     let state_file = work.join("state.json");
     let mut state = load_state(&state_file, &fingerprint);
+    // the damage found in full snapshots this run, for the error if none is usable
+    let mut damaged: Vec<(String, String)> = Vec::new();
     if opts.data_dir.exists()
         && !is_empty_dir(&opts.data_dir)
         && !matches!(state, RestoreState::Done { .. })
@@ -324,7 +335,20 @@ pub async fn restore(
         }
         let outcome = match (&state, state.action()) {
             (RestoreState::Start { excluded }, _) => {
-                let plan = plan(opts, excluded).await?;
+                let plan = match plan(opts, excluded).await {
+                    Ok(plan) => plan,
+                    // every usable full snapshot is damaged: say what is wrong with them
+                    Err(e) if !damaged.is_empty() => {
+                        let (object, problem) = damaged.remove(0);
+                        return Err(BackupError::Corrupt {
+                            object,
+                            problem: format!(
+                                "{problem}; no other full snapshot to fall back on ({e})"
+                            ),
+                        });
+                    }
+                    Err(e) => return Err(e),
+                };
                 progress(&format!(
                     "plan: full snapshot {} (revision {}), {} deltas, target revision {}{}",
                     plan.full.name,
@@ -341,14 +365,28 @@ pub async fn restore(
             }
             (RestoreState::Planned { plan, .. }, _) => {
                 let t = Instant::now();
-                let full = download_full(opts, &plan.full.name, &work.join("snapshot.db")).await?;
-                progress(&format!(
-                    "downloaded and checked {} ({} MiB) in {:.1}s",
-                    plan.full.name,
-                    full.db_bytes >> 20,
-                    t.elapsed().as_secs_f64()
-                ));
-                Outcome::Downloaded(full)
+                match download_full(opts, &plan.full.name, &work.join("snapshot.db")).await {
+                    Ok(full) => {
+                        progress(&format!(
+                            "downloaded and checked {} ({} MiB) in {:.1}s",
+                            plan.full.name,
+                            full.db_bytes >> 20,
+                            t.elapsed().as_secs_f64()
+                        ));
+                        Outcome::Downloaded(full)
+                    }
+                    // A damaged full snapshot: plan again without it (an older
+                    // full snapshot and its deltas reach the same revision).
+                    Err(BackupError::Corrupt { object, problem }) => {
+                        let msg =
+                            format!("{object} is corrupt ({problem}): planning again without it");
+                        tracing::warn!("{msg}");
+                        progress(&msg);
+                        damaged.push((object.clone(), problem.clone()));
+                        Outcome::FullCorrupt { object, problem }
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             (RestoreState::Downloaded { .. }, _) => {
                 let data = work.join("data");
@@ -981,6 +1019,29 @@ mod tests {
             RestoreState::Start { excluded } => {
                 assert_eq!(excluded.len(), 2);
                 assert!(excluded[1].starts_with("full-00000000000000000045"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_corrupt_full_snapshot_is_excluded_and_planning_starts_over() {
+        let s = RestoreState::Planned {
+            plan: plan(45),
+            excluded: vec![],
+        };
+        let s = step(
+            s,
+            Outcome::FullCorrupt {
+                object: "full-x".into(),
+                problem: "checksum".into(),
+            },
+        )
+        .unwrap();
+        match &s {
+            RestoreState::Start { excluded } => {
+                assert_eq!(excluded.len(), 1);
+                assert!(excluded[0].starts_with("full-00000000000000000045"));
             }
             other => panic!("{other:?}"),
         }

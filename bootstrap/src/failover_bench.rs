@@ -177,7 +177,37 @@ pub async fn failover_bench(
         let mut out = Vec::new();
         for run in 0..runs {
             bootstrap(&opts, &Quiet).await?; // every member up, every control plane serving
-            let status = crate::ring_status(&layout, &config).await?;
+            // the placement as the leader knows it once it sees every member up (a
+            // member that just restarted may still hold an older view)
+            let status = {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let mut seen = None;
+                    for i in 0..config.members.len() {
+                        let (address, pki) = (config.member_address(i), layout.pki());
+                        if let Ok(mut c) = AdminClient::connect_leader(&address, &pki).await {
+                            if let Ok(s) = c.status().await {
+                                seen = Some(s);
+                                break;
+                            }
+                        }
+                    }
+                    let all_up = seen.as_ref().is_some_and(|s| {
+                        s.members
+                            .iter()
+                            .all(|m| m.state == ringd::state::MemberState::Up)
+                    });
+                    match seen {
+                        Some(s) if all_up || Instant::now() > deadline => break s,
+                        None if Instant::now() > deadline => {
+                            return Err(BootstrapError::Unsupported(
+                                "no member knows a leader after 60 s".into(),
+                            ))
+                        }
+                        _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            };
             let host = status
                 .placements
                 .iter()
@@ -231,7 +261,19 @@ pub async fn failover_bench(
                         step: format!("failover after killing {host}"),
                         waited_secs: 180,
                         detail: format!(
-                            "decided {decided:?}, restoring {restoring:?}, read {first_read:?}"
+                            "decided {decided:?}, restoring {restoring:?}, read {first_read:?}; the ring says: {}; last lines of the members' logs:\n{}",
+                            admin
+                                .status()
+                                .await
+                                .ok()
+                                .and_then(|s| serde_json::to_string(&(s.members, s.placements, s.operations)).ok())
+                                .unwrap_or_default(),
+                            config
+                                .members
+                                .iter()
+                                .map(|m| format!("--- {}\n{}", m.name, seed::ShootLayout::tail(&layout.log(&m.name), 15)))
+                                .collect::<Vec<_>>()
+                                .join("\n")
                         ),
                     });
                 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod failover_bench;
 pub mod migrate_bench;
 pub mod plan;
+pub mod restore;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

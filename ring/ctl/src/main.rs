@@ -56,6 +56,51 @@ enum Command {
     /// Back up a shoot's etcd to object storage (full + delta snapshots), list, verify, restore, gc.
     #[command(subcommand)]
     Backup(ringd::backup::BackupCommand),
+    /// Chaos drills: run drill files (scenarios/drills/*.yaml) against throwaway local rings.
+    #[command(subcommand)]
+    Drill(DrillCommand),
+    /// Disaster recovery: rebuild a lost local ring (every member and control plane) from its bucket.
+    Restore(RestoreArgs),
+}
+
+#[derive(Subcommand)]
+enum DrillCommand {
+    /// Run drills; each run prints a summary and writes a JSON result and an HTML report.
+    Run(DrillRunArgs),
+}
+
+#[derive(Args)]
+struct DrillRunArgs {
+    /// Drill files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Runs of each drill.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// RNG seed (overrides the drill files'; run i uses SEED+i-1).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Where the JSON results and HTML reports go.
+    #[arg(long, default_value = "drill-reports")]
+    report_dir: PathBuf,
+    /// Keep each run's ring, bucket and logs (in the temp dir) for inspection.
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    /// The lost ring's bucket URL (file:///..., s3://..., gs://..., az://...).
+    #[arg(long = "from-bucket")]
+    from_bucket: String,
+    /// The lost ring's config (members, ports) [default: the one in the ring dir].
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    dir: RingDirArgs,
+    /// Seconds the whole restore may take.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
 }
 
 #[derive(Args, Clone)]
@@ -587,6 +632,57 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 CancellationToken::new()
             };
             Ok(ringd::backup::run(cmd, format, shutdown).await?)
+        }
+        Command::Drill(DrillCommand::Run(args)) => {
+            init_tracing("warn");
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let opts = scenarios::DrillRunOptions {
+                files: args.files,
+                repeat: args.repeat,
+                seed: args.seed,
+                report_dir: args.report_dir,
+                runner: scenarios::runner::RunOptions {
+                    ringd: exe.with_file_name("ringd"),
+                    ringctl: exe,
+                    work_dir: std::env::temp_dir(),
+                    keep: args.keep,
+                },
+            };
+            let runs = scenarios::run_files(&opts, &|line| eprintln!("{line}")).await?;
+            if format != Format::Table {
+                print(&runs, format, String::new)?;
+            }
+            if !runs.all_passed() {
+                anyhow::bail!("drills failed: {:?} (passed, runs)", runs.tally);
+            }
+            Ok(())
+        }
+        Command::Restore(args) => {
+            init_tracing("warn");
+            let config = match &args.config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    Some(bootstrap::RingConfig::parse(
+                        &text,
+                        &path.display().to_string(),
+                    )?)
+                }
+                None => None,
+            };
+            let exe = std::env::current_exe().context("locating the ringctl executable")?;
+            let opts = bootstrap::restore::RestoreOptions {
+                config,
+                bucket_url: args.from_bucket,
+                dir: args.dir.dir(),
+                ringd: exe.with_file_name("ringd"),
+                timeout: Duration::from_secs(args.timeout),
+            };
+            let report = {
+                let progress = bootstrap::TerminalProgress::default();
+                bootstrap::restore::restore(&opts, &progress).await?
+            };
+            print(&report, format, || bootstrap::restore::render(&report))
         }
         Command::Bench(BenchCommand::Backup(args)) => {
             init_tracing("warn");

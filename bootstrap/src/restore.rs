@@ -1,0 +1,378 @@
+//! Disaster recovery: `ringctl restore --from-bucket URL [--config ring.yaml]`
+//! rebuilds a lost local ring from its backup bucket alone.
+//!
+//! It follows the bootstrap plan (config, a new ring CA and identities, member
+//! configs, ringd per member, quorum, control planes, kubeconfigs) with one more
+//! kind of step before any ringd starts: each shoot's identity (spec with its
+//! endpoint, PKI) and etcd data are restored from the bucket onto the member
+//! that hosts it in a fresh ring (its predecessor), up to the newest durable
+//! delta. When the ringds come up they find the restored shoots and serve them
+//! on their unchanged endpoints, so kubeconfigs from the lost ring keep working.
+//! The plan is pure over what is on disk (a restored shoot has a marker with its
+//! restore report), so a rerun after a crash resumes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ringd::RingError;
+use serde::{Deserialize, Serialize};
+
+use crate::config::RingConfig;
+use crate::plan::{self, Observed, Step};
+use crate::{BootstrapError, Progress, RingLayout};
+
+/// Name of the marker a restored shoot dir holds (with the restore report).
+pub const MARKER: &str = "restored-from-bucket.json";
+
+/// One step of rebuilding a ring from its bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreStep {
+    /// A step of the ordinary bootstrap plan.
+    Bootstrap(Step),
+    /// Restore `shoot` from the bucket into `host`'s seed (before any ringd starts).
+    RestoreShoot { shoot: String, host: String },
+}
+
+impl RestoreStep {
+    /// A short label for progress output and timings.
+    pub fn label(&self) -> String {
+        match self {
+            RestoreStep::Bootstrap(s) => s.label(),
+            RestoreStep::RestoreShoot { shoot, host } => {
+                format!("restore {shoot} from the bucket onto {host}")
+            }
+        }
+    }
+}
+
+/// The member that hosts `shoot` in a fresh ring: its predecessor in ring order.
+pub fn host_of(config: &RingConfig, shoot: &str) -> Option<String> {
+    let n = config.members.len();
+    let i = config.members.iter().position(|m| m.name == shoot)?;
+    Some(config.members[(i + n - 1) % n].name.clone())
+}
+
+/// The next step: the bootstrap plan, with every shoot restored before the
+/// first ringd starts.
+pub fn next_step(config: &RingConfig, o: &Observed, restored: &BTreeSet<String>) -> RestoreStep {
+    let step = plan::next_step(config, o);
+    if matches!(
+        step,
+        Step::WriteConfig | Step::IssuePki | Step::WriteMemberConfigs
+    ) {
+        return RestoreStep::Bootstrap(step);
+    }
+    if let Some(m) = config.members.iter().find(|m| !restored.contains(&m.name)) {
+        return RestoreStep::RestoreShoot {
+            shoot: m.name.clone(),
+            host: host_of(config, &m.name).unwrap_or_default(),
+        };
+    }
+    RestoreStep::Bootstrap(step)
+}
+
+/// Options of [`restore`].
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    /// The ring's shape (members, ports, timing); `None`: the one in the state dir.
+    pub config: Option<RingConfig>,
+    /// The bucket the lost ring backed up to.
+    pub bucket_url: String,
+    pub dir: PathBuf,
+    /// The ringd binary.
+    pub ringd: PathBuf,
+    /// Bound on the whole run.
+    pub timeout: Duration,
+}
+
+/// What one shoot's restore reached.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShootRestore {
+    pub shoot: String,
+    pub host: String,
+    pub revision: i64,
+    pub full: String,
+    pub deltas: usize,
+    pub verified: bool,
+    pub seconds: f64,
+}
+
+/// What `restore` did and where the ring stands.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreReport {
+    pub ring: String,
+    pub bucket: String,
+    pub state_dir: PathBuf,
+    pub shoots: Vec<ShootRestore>,
+    /// Wall time of each kind of step, in order, in seconds.
+    pub steps: Vec<(String, f64)>,
+    pub total_secs: f64,
+    pub status: ringd::status::RingStatus,
+    pub kubeconfigs: Vec<(String, PathBuf)>,
+}
+
+fn marker(layout: &RingLayout, shoot: &str, host: &str) -> PathBuf {
+    layout
+        .seed_dir(host)
+        .join("shoots")
+        .join(shoot)
+        .join(MARKER)
+}
+
+fn read_marker(layout: &RingLayout, shoot: &str, host: &str) -> Option<ShootRestore> {
+    let text = std::fs::read(marker(layout, shoot, host)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+async fn restore_shoot(
+    layout: &RingLayout,
+    bucket_url: &str,
+    shoot: &str,
+    host: &str,
+) -> Result<(), BootstrapError> {
+    if let Some(pid) = layout.running_pid(host) {
+        return Err(BootstrapError::Unsupported(format!(
+            "ringd {host} already runs (pid {pid}) but {shoot} was not restored onto it yet; \
+             stop it (`ringctl down`) and run the restore again"
+        )));
+    }
+    let started = Instant::now();
+    let search = seed::BinarySearch::standard(None);
+    let bins = search.control_plane().map_err(RingError::from)?;
+    let etcd = search.find("etcd").map_err(RingError::from)?;
+    let etcdctl = search.find("etcdctl").map_err(RingError::from)?;
+    let seed = seed::LocalSeed::new(layout.seed_dir(host), bins);
+    let bucket = backup::BucketConfig::url(bucket_url);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let report =
+        ringd::backups::restore_from_bucket(&bucket, &seed, shoot, &etcd, &etcdctl, &cancel)
+            .await?;
+    let done = ShootRestore {
+        shoot: shoot.to_string(),
+        host: host.to_string(),
+        revision: report.reached_revision,
+        full: report.full.clone(),
+        deltas: report.deltas,
+        verified: report.verified,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let json = serde_json::to_vec_pretty(&done).map_err(|e| RingError::Encode(e.to_string()))?;
+    seed::pki::write_private(&marker(layout, shoot, host), &json).map_err(RingError::from)?;
+    Ok(())
+}
+
+/// Rebuilds the ring described by the options from its bucket, or resumes an
+/// interrupted restore.
+pub async fn restore(
+    opts: &RestoreOptions,
+    progress: &dyn Progress,
+) -> Result<RestoreReport, BootstrapError> {
+    crate::config::check_bucket_url(&opts.bucket_url).map_err(|reason| BootstrapError::Config {
+        field: "--from-bucket".into(),
+        reason,
+    })?;
+    let layout = RingLayout {
+        dir: opts.dir.clone(),
+    };
+    let stored = layout.read_config()?;
+    let mut config = match (&opts.config, &stored) {
+        (Some(c), _) => c.clone(),
+        (None, Some(c)) => c.clone(),
+        (None, None) => {
+            return Err(BootstrapError::Config {
+                field: "--config".into(),
+                reason: format!(
+                    "{} holds no ring config: give the lost ring's config (--config ring.yaml: its members, ports and timing); the bucket holds every shoot's identity and data but not the ring's shape",
+                    opts.dir.display()
+                ),
+            })
+        }
+    };
+    config.bucket = Some(opts.bucket_url.clone());
+    config.validate()?;
+    if let Some(stored) = &stored {
+        if *stored != config {
+            return Err(BootstrapError::Conflict {
+                dir: opts.dir.clone(),
+                existing: stored.name.clone(),
+            });
+        }
+    }
+    let started = Instant::now();
+    let deadline = started + opts.timeout;
+    let mut steps: Vec<(String, f64)> = Vec::new();
+    let mut current: Option<(String, Instant)> = None;
+    let mut starts: BTreeMap<String, u32> = BTreeMap::new();
+    loop {
+        let observed = crate::observe(&layout, &config).await;
+        let restored: BTreeSet<String> = config
+            .members
+            .iter()
+            .filter(|m| {
+                host_of(&config, &m.name)
+                    .is_some_and(|h| read_marker(&layout, &m.name, &h).is_some())
+            })
+            .map(|m| m.name.clone())
+            .collect();
+        let step = next_step(&config, &observed, &restored);
+        if let RestoreStep::Bootstrap(Step::StartMember(m)) = &step {
+            let n = starts.entry(m.clone()).or_default();
+            *n += 1;
+            if *n > 2 {
+                return Err(BootstrapError::Unsupported(format!(
+                    "ringd {m} exits right after starting; {}",
+                    crate::stuck_detail(&layout, &config, &Step::StartMember(m.clone()))
+                )));
+            }
+        }
+        let label = step.label();
+        if current.as_ref().is_none_or(|(l, _)| *l != label) {
+            if let Some((l, t)) = current.take() {
+                progress.finished(&l, t.elapsed());
+                steps.push((l, t.elapsed().as_secs_f64()));
+            }
+            if step == RestoreStep::Bootstrap(Step::Done) {
+                break;
+            }
+            progress.step(&label);
+            current = Some((label.clone(), Instant::now()));
+        }
+        if Instant::now() >= deadline {
+            let inner = match &step {
+                RestoreStep::Bootstrap(s) => s.clone(),
+                RestoreStep::RestoreShoot { .. } => Step::Done,
+            };
+            return Err(BootstrapError::Timeout {
+                step: label,
+                waited_secs: opts.timeout.as_secs(),
+                detail: crate::stuck_detail(&layout, &config, &inner),
+            });
+        }
+        match &step {
+            RestoreStep::Bootstrap(s) => crate::execute(&layout, &config, &opts.ringd, s).await?,
+            RestoreStep::RestoreShoot { shoot, host } => {
+                restore_shoot(&layout, &opts.bucket_url, shoot, host).await?
+            }
+        }
+    }
+    let status = crate::ring_status(&layout, &config).await?;
+    let shoots = config
+        .members
+        .iter()
+        .filter_map(|m| read_marker(&layout, &m.name, &host_of(&config, &m.name)?))
+        .collect();
+    Ok(RestoreReport {
+        ring: config.name.clone(),
+        bucket: opts.bucket_url.clone(),
+        state_dir: opts.dir.clone(),
+        shoots,
+        steps,
+        total_secs: started.elapsed().as_secs_f64(),
+        status,
+        kubeconfigs: config
+            .members
+            .iter()
+            .map(|m| (m.name.clone(), layout.kubeconfig(&m.name)))
+            .collect(),
+    })
+}
+
+/// The report as text.
+pub fn render(r: &RestoreReport) -> String {
+    let mut out = format!(
+        "ring {} restored from {} in {:.1}s\n",
+        r.ring, r.bucket, r.total_secs
+    );
+    for s in &r.shoots {
+        out.push_str(&format!(
+            "  {:<10} on {:<10} revision {} ({} + {} deltas{}) in {:.1}s\n",
+            s.shoot,
+            s.host,
+            s.revision,
+            s.full,
+            s.deltas,
+            if s.verified { ", verified" } else { "" },
+            s.seconds
+        ));
+    }
+    out.push('\n');
+    out.push_str(&ringd::status::render(&r.status));
+    out.push_str("\nkubeconfigs (the lost ring's kubeconfigs keep working too):\n");
+    for (shoot, path) in &r.kubeconfigs {
+        out.push_str(&format!(
+            "  {shoot}: kubectl --kubeconfig {} get namespaces\n",
+            path.display()
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shoot_is_restored_onto_its_predecessor_before_any_ringd_starts() {
+        let c = RingConfig::default();
+        let mut o = Observed::default();
+        let mut restored = BTreeSet::new();
+        let mut seen = Vec::new();
+        loop {
+            let step = next_step(&c, &o, &restored);
+            seen.push(step.clone());
+            match step {
+                RestoreStep::RestoreShoot { shoot, host } => {
+                    assert!(o.running.is_empty(), "no ringd before every restore");
+                    assert_eq!(Some(host), host_of(&c, &shoot));
+                    restored.insert(shoot);
+                }
+                RestoreStep::Bootstrap(s) => match s {
+                    Step::WriteConfig => o.config_written = true,
+                    Step::IssuePki => o.pki_complete = true,
+                    Step::WriteMemberConfigs => o.member_configs_written = true,
+                    Step::StartMember(m) => {
+                        o.running.insert(m);
+                    }
+                    Step::AwaitQuorum => o.quorum = true,
+                    Step::AwaitControlPlanes(s) => o.ready.extend(s),
+                    Step::PublishKubeconfigs(s) => o.kubeconfigs.extend(s),
+                    Step::Done => break,
+                },
+            }
+        }
+        assert_eq!(
+            seen[3],
+            RestoreStep::RestoreShoot {
+                shoot: "m1".into(),
+                host: "m3".into()
+            }
+        );
+        assert_eq!(
+            seen[6],
+            RestoreStep::Bootstrap(Step::StartMember("m1".into()))
+        );
+        assert_eq!(seen.len(), 3 + 3 + 3 + 4);
+    }
+
+    #[test]
+    fn a_rerun_resumes_with_the_shoots_not_yet_restored() {
+        let c = RingConfig::default();
+        let o = Observed {
+            config_written: true,
+            pki_complete: true,
+            member_configs_written: true,
+            ..Default::default()
+        };
+        let restored: BTreeSet<String> = ["m1".to_string()].into();
+        assert_eq!(
+            next_step(&c, &o, &restored),
+            RestoreStep::RestoreShoot {
+                shoot: "m2".into(),
+                host: "m1".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,659 @@
+//! The drill file: a ring, a workload, a timeline of faults and the expectations,
+//! in one YAML document (unknown keys rejected, every field validated with its path).
+//!
+//! ```yaml
+//! apiVersion: ring.gardener.cloud/v1alpha1
+//! kind: Drill
+//! name: kill-seed
+//! seed: 7                       # the RNG seed: same seed, same chaos (override: --seed)
+//! ring: {members: 3, memberPrefix: ks}
+//! workload: {writersPerShoot: 1, ratePerSecond: 4}
+//! faults:
+//!   - at: 10s                   # since the workload started
+//!     action: {killSeed: {target: {hostOf: 2}}}
+//!   - when: {failoverStep: Done}
+//!     after: 3s
+//!     action: {heal: {}}
+//! expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ScenarioError;
+
+/// The `apiVersion` of drill files.
+pub const API_VERSION: &str = "ring.gardener.cloud/v1alpha1";
+
+/// One drill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Drill {
+    pub api_version: String,
+    pub kind: String,
+    /// The drill's name (a DNS label); reports are named after it.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Seed of the drill's random choices (object kinds, `random` targets, jitter).
+    pub seed: u64,
+    pub ring: RingSpec,
+    pub workload: Workload,
+    /// Executed in order; each waits for the previous one.
+    pub faults: Vec<Fault>,
+    pub expect: Expectations,
+}
+
+/// The ring the drill runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RingSpec {
+    /// Members (3..=7); each hosts its successor's control plane.
+    pub members: usize,
+    /// Members are named `<prefix>1..<prefix>n`. Shoot endpoints follow from the
+    /// names, so drills that may run side by side use different prefixes.
+    pub member_prefix: String,
+    /// Where the backups go.
+    #[serde(default)]
+    pub bucket: BucketKind,
+}
+
+/// The kind of backup bucket the runner provides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum BucketKind {
+    /// A folder next to the ring (`file://`), outside the ring's state dir.
+    #[default]
+    File,
+    /// An S3-compatible server (`s3s-fs`) the runner starts and can stop.
+    S3,
+}
+
+/// Kubernetes objects the writers create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ObjectKind {
+    ConfigMap,
+    Secret,
+}
+
+/// Writers creating and updating objects through every shoot's kube-apiserver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workload {
+    /// Writers per shoot (1..=8).
+    pub writers_per_shoot: u32,
+    /// Writes per second of each writer (0.1..=100).
+    pub rate_per_second: f64,
+    /// What the writers create [default: ConfigMap and Secret].
+    #[serde(default = "default_kinds")]
+    pub kinds: Vec<ObjectKind>,
+    /// Every n-th write updates the writer's counter object instead of creating one.
+    #[serde(default = "default_update_every")]
+    pub update_every: u32,
+    /// Writing after the last fault once the ring converged, before the check.
+    #[serde(default = "default_cooldown", with = "dur")]
+    pub cooldown: Duration,
+}
+
+fn default_kinds() -> Vec<ObjectKind> {
+    vec![ObjectKind::ConfigMap, ObjectKind::Secret]
+}
+fn default_update_every() -> u32 {
+    4
+}
+fn default_cooldown() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// When a fault fires and what it does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Fault {
+    /// Time since the workload started.
+    #[serde(default, with = "opt_dur", skip_serializing_if = "Option::is_none")]
+    pub at: Option<Duration>,
+    /// A condition on the ring, polled after the previous fault.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "serde_yaml::with::singleton_map"
+    )]
+    pub when: Option<When>,
+    /// A delay after `at` / `when` (or after the previous fault when neither is given).
+    #[serde(default, with = "opt_dur", skip_serializing_if = "Option::is_none")]
+    pub after: Option<Duration>,
+    #[serde(with = "serde_yaml::with::singleton_map_recursive")]
+    pub action: Action,
+}
+
+/// A condition a fault waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum When {
+    /// A failover started after the newest kill (killSeed, loseRing) reached this
+    /// step (or a later one).
+    FailoverStep(Step),
+    /// Every member hosts its successor again and every control plane is ready.
+    Converged,
+}
+
+/// Steps of a failover, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Step {
+    WaitingForLeaseExpiry,
+    Pending,
+    Restoring,
+    Done,
+}
+
+/// Which member a fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Target {
+    /// The current Raft leader.
+    Leader,
+    /// The member at this 1-based ring position.
+    Member(usize),
+    /// The member hosting the control plane of the shoot at this 1-based ring position.
+    HostOf(usize),
+    /// The target of the newest failover.
+    FailoverTarget,
+    /// The member the previous kill hit.
+    LastKilled,
+    /// A live member, chosen with the drill's RNG.
+    Random,
+}
+
+/// What a fault does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Action {
+    /// kill -9 of a seed: its ringd and the process group of every process it hosts.
+    KillSeed { target: Target },
+    /// Starts a killed member's ringd again (its old control planes must stay fenced).
+    RestartSeed { target: Target },
+    /// Takes a full snapshot of a shoot (1-based ring position) now, as
+    /// `ringctl backup snapshot` does, next to the continuous backup.
+    FullSnapshot { shoot: usize },
+    /// Flips a byte in the newest full snapshot of a shoot (1-based ring position)
+    /// in the bucket.
+    CorruptNewestSnapshot { shoot: usize },
+    /// Stops the S3 server for a while (the ring keeps running).
+    StopBucket {
+        #[serde(with = "dur")]
+        r#for: Duration,
+    },
+    /// Loses the whole ring: every member killed, every member dir deleted; the
+    /// bucket survives.
+    LoseRing {},
+    /// `ringctl restore --from-bucket URL --config ring.yaml`.
+    RestoreFromBucket {},
+    /// Restarts every dead member and moves every control plane back to its
+    /// member's predecessor (planned migrations: no acknowledged write may be lost).
+    Heal {},
+}
+
+impl Action {
+    /// A short name for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::KillSeed { .. } => "killSeed",
+            Action::RestartSeed { .. } => "restartSeed",
+            Action::FullSnapshot { .. } => "fullSnapshot",
+            Action::CorruptNewestSnapshot { .. } => "corruptNewestSnapshot",
+            Action::StopBucket { .. } => "stopBucket",
+            Action::LoseRing {} => "loseRing",
+            Action::RestoreFromBucket {} => "restoreFromBucket",
+            Action::Heal {} => "heal",
+        }
+    }
+}
+
+/// How many acknowledged writes may be lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LostWrites {
+    /// None at all.
+    None,
+    /// Only writes newer than the last durable delta in the bucket when their
+    /// control plane was killed.
+    BeyondDurable,
+}
+
+/// What must hold for the drill to pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Expectations {
+    /// The longest time any shoot's API may be unavailable.
+    pub max_rto_secs: f64,
+    pub lost_writes: LostWrites,
+    /// No shoot ever has control-plane processes on two seeds at once.
+    #[serde(default = "yes")]
+    pub no_double_serving: bool,
+    /// The ring ends with every member hosting its successor, all ready.
+    #[serde(default = "yes")]
+    pub converge: bool,
+    /// Bound on the whole drill after the workload started.
+    #[serde(default = "default_deadline")]
+    pub deadline_secs: u64,
+    /// Texts some member's ringd must have logged during the drill (evidence,
+    /// e.g. that a corrupt snapshot was detected).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logged: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_deadline() -> u64 {
+    600
+}
+
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> ScenarioError {
+    ScenarioError::Drill {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl Drill {
+    /// Parses and validates a drill file's text; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<Drill, ScenarioError> {
+        let drill: Drill = serde_yaml::from_str(text).map_err(|e| ScenarioError::Drill {
+            field: source.to_string(),
+            reason: e.to_string(),
+        })?;
+        drill.validate().map_err(|e| match e {
+            ScenarioError::Drill { field, reason } => ScenarioError::Drill {
+                field: format!("{source}: {field}"),
+                reason,
+            },
+            other => other,
+        })?;
+        Ok(drill)
+    }
+
+    /// Reads, parses and validates a drill file.
+    pub fn load(path: &std::path::Path) -> Result<Drill, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            what: format!("reading drill file {}", path.display()),
+            source,
+        })?;
+        Drill::parse(&text, &path.display().to_string())
+    }
+
+    /// Checks every field; errors name the field and what is wrong.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        if self.api_version != API_VERSION {
+            return Err(bad(
+                "apiVersion",
+                format!("must be {API_VERSION}, not {:?}", self.api_version),
+            ));
+        }
+        if self.kind != "Drill" {
+            return Err(bad("kind", format!("must be Drill, not {:?}", self.kind)));
+        }
+        seed::validate_shoot_name(&self.name).map_err(|e| bad("name", e.to_string()))?;
+        let n = self.ring.members;
+        if !(3..=7).contains(&n) {
+            return Err(bad(
+                "ring.members",
+                format!("must be between 3 and 7 (a quorum must survive one loss), not {n}"),
+            ));
+        }
+        seed::validate_shoot_name(&format!("{}{n}", self.ring.member_prefix)).map_err(|e| {
+            bad(
+                "ring.memberPrefix",
+                format!("members would be named {}1..: {e}", self.ring.member_prefix),
+            )
+        })?;
+        let w = &self.workload;
+        if !(1..=8).contains(&w.writers_per_shoot) {
+            return Err(bad("workload.writersPerShoot", "must be between 1 and 8"));
+        }
+        if !(0.1..=100.0).contains(&w.rate_per_second) {
+            return Err(bad(
+                "workload.ratePerSecond",
+                format!(
+                    "must be between 0.1 and 100 writes per second, not {}",
+                    w.rate_per_second
+                ),
+            ));
+        }
+        if w.kinds.is_empty() {
+            return Err(bad(
+                "workload.kinds",
+                "name at least one of ConfigMap, Secret",
+            ));
+        }
+        if w.update_every < 2 {
+            return Err(bad(
+                "workload.updateEvery",
+                "must be at least 2 (every n-th write is an update)",
+            ));
+        }
+        if self.faults.is_empty() {
+            return Err(bad("faults", "a drill needs at least one fault"));
+        }
+        let deadline = Duration::from_secs(self.expect.deadline_secs);
+        let mut last_at = Duration::ZERO;
+        for (i, f) in self.faults.iter().enumerate() {
+            let field = |f: &str| format!("faults[{i}].{f}");
+            if f.at.is_some() && f.when.is_some() {
+                return Err(bad(
+                    field("at"),
+                    "give either `at` (a time) or `when` (a condition), not both",
+                ));
+            }
+            if let Some(at) = f.at {
+                if at < last_at {
+                    return Err(bad(
+                        field("at"),
+                        format!(
+                            "{} is before an earlier fault's time {}; faults run in order",
+                            fmt_dur(at),
+                            fmt_dur(last_at)
+                        ),
+                    ));
+                }
+                if at >= deadline {
+                    return Err(bad(
+                        field("at"),
+                        format!(
+                            "{} is not before the drill's deadline of {}s (expect.deadlineSecs)",
+                            fmt_dur(at),
+                            self.expect.deadline_secs
+                        ),
+                    ));
+                }
+                last_at = at;
+            }
+            if f.after.is_some_and(|a| a >= deadline) {
+                return Err(bad(
+                    field("after"),
+                    "is not shorter than the drill's deadline (expect.deadlineSecs)",
+                ));
+            }
+            let position = |p: usize, what: &str| {
+                if p == 0 || p > n {
+                    Err(bad(
+                        field(&format!("action.{}.{what}", f.action.name())),
+                        format!("ring positions are 1..{n}, not {p}"),
+                    ))
+                } else {
+                    Ok(())
+                }
+            };
+            match &f.action {
+                Action::KillSeed { target } | Action::RestartSeed { target } => match target {
+                    Target::Member(p) => position(*p, "target.member")?,
+                    Target::HostOf(p) => position(*p, "target.hostOf")?,
+                    _ => {}
+                },
+                Action::FullSnapshot { shoot } => position(*shoot, "shoot")?,
+                Action::CorruptNewestSnapshot { shoot } => {
+                    position(*shoot, "shoot")?;
+                    if self.ring.bucket != BucketKind::File {
+                        return Err(bad(
+                            field("action.corruptNewestSnapshot"),
+                            "damages an object in a file:// bucket: set ring.bucket: file",
+                        ));
+                    }
+                }
+                Action::StopBucket { r#for } => {
+                    if self.ring.bucket != BucketKind::S3 {
+                        return Err(bad(
+                            field("action.stopBucket"),
+                            "only an S3 bucket can be stopped: set ring.bucket: s3",
+                        ));
+                    }
+                    if r#for.is_zero() {
+                        return Err(bad(field("action.stopBucket.for"), "must be positive"));
+                    }
+                }
+                Action::RestoreFromBucket {} => {
+                    if !self.faults[..i]
+                        .iter()
+                        .any(|f| matches!(f.action, Action::LoseRing {}))
+                    {
+                        return Err(bad(
+                            field("action.restoreFromBucket"),
+                            "restores a lost ring: put a loseRing fault before it",
+                        ));
+                    }
+                }
+                Action::LoseRing {} | Action::Heal {} => {}
+            }
+        }
+        if self.expect.max_rto_secs.is_nan() || self.expect.max_rto_secs <= 0.0 {
+            return Err(bad("expect.maxRtoSecs", "must be positive"));
+        }
+        if let Some(i) = self.expect.logged.iter().position(|t| t.trim().is_empty()) {
+            return Err(bad(format!("expect.logged[{i}]"), "must not be empty"));
+        }
+        if self.expect.deadline_secs < 30 {
+            return Err(bad("expect.deadlineSecs", "must be at least 30"));
+        }
+        Ok(())
+    }
+
+    /// The member names, in ring order.
+    pub fn members(&self) -> Vec<String> {
+        (1..=self.ring.members)
+            .map(|i| format!("{}{i}", self.ring.member_prefix))
+            .collect()
+    }
+}
+
+/// Formats a duration the way drill files write them.
+pub fn fmt_dur(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// Parses `500ms`, `10s`, `1.5s` or `2m`.
+pub fn parse_dur(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => return Err(format!("{s:?} has no unit: write e.g. 500ms, 10s or 2m")),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: write e.g. 500ms, 10s or 2m"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (use ms, s or m)")),
+    };
+    if !secs.is_finite() || secs > 86_400.0 {
+        return Err(format!("{s:?} is out of range (at most a day)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+mod dur {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::fmt_dur(*d))
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_dur(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+mod opt_dur {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&super::fmt_dur(*d)),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = Option::<String>::deserialize(d)?;
+        text.map(|t| super::parse_dur(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: ring.gardener.cloud/v1alpha1
+kind: Drill
+name: kill-seed
+seed: 7
+ring: {members: 3, memberPrefix: ks}
+workload: {writersPerShoot: 1, ratePerSecond: 4}
+faults:
+  - at: 10s
+    action: {killSeed: {target: {hostOf: 2}}}
+  - when: {failoverStep: Done}
+    after: 3s
+    action: {heal: {}}
+expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
+";
+
+    #[test]
+    fn a_good_drill_parses_with_defaults() {
+        let d = Drill::parse(GOOD, "kill-seed.yaml").unwrap();
+        assert_eq!(d.members(), ["ks1", "ks2", "ks3"]);
+        assert_eq!(d.faults[0].at, Some(Duration::from_secs(10)));
+        assert_eq!(
+            d.faults[0].action,
+            Action::KillSeed {
+                target: Target::HostOf(2)
+            }
+        );
+        assert_eq!(d.faults[1].when, Some(When::FailoverStep(Step::Done)));
+        assert_eq!(
+            d.workload.kinds,
+            [ObjectKind::ConfigMap, ObjectKind::Secret]
+        );
+        assert!(d.expect.no_double_serving && d.expect.converge);
+        // round trip
+        let text = serde_yaml::to_string(&d).unwrap();
+        assert_eq!(Drill::parse(&text, "x").unwrap(), d);
+    }
+
+    #[test]
+    fn every_shipped_drill_file_is_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("drills");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let d = Drill::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                path.file_stem().unwrap().to_str().unwrap(),
+                d.name,
+                "file named after the drill"
+            );
+            n += 1;
+        }
+        assert!(n >= 2, "drill files in {}", dir.display());
+    }
+
+    #[test]
+    fn bad_drills_give_errors_naming_the_field() {
+        let cases = [
+            (
+                GOOD.replace("seed: 7\n", "seed: 7\ncolour: red\n"),
+                "unknown field `colour`",
+            ),
+            (
+                GOOD.replace("{killSeed: {target: {hostOf: 2}}}", "{nuke: {}}"),
+                "unknown variant `nuke`",
+            ),
+            (GOOD.replace("at: 10s", "at: -3s"), "faults[0]"),
+            (GOOD.replace("at: 10s", "at: soon"), "is not a duration"),
+            (GOOD.replace("at: 10s", "at: 10"), "has no unit"),
+            (GOOD.replace("at: 10s", "at: 10h"), "unknown unit \"h\""),
+            (
+                GOOD.replace("at: 10s", "at: 700s"),
+                "faults[0].at: 700s is not before the drill's deadline",
+            ),
+            (
+                GOOD.replace("hostOf: 2", "hostOf: 4"),
+                "faults[0].action.killSeed.target.hostOf: ring positions are 1..3, not 4",
+            ),
+            (
+                GOOD.replace("{hostOf: 2}", "{hostof: 2}"),
+                "unknown variant `hostof`",
+            ),
+            (
+                GOOD.replace("members: 3", "members: 2"),
+                "ring.members: must be between 3 and 7",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks", "memberPrefix: KS"),
+                "ring.memberPrefix",
+            ),
+            (
+                GOOD.replace("kind: Drill", "kind: Ring"),
+                "kind: must be Drill",
+            ),
+            (
+                GOOD.replace("ratePerSecond: 4", "ratePerSecond: 0"),
+                "workload.ratePerSecond",
+            ),
+            (
+                GOOD.replace("failoverStep: Done", "failoverStep: Finished"),
+                "unknown variant `Finished`",
+            ),
+            (
+                GOOD.replace("  - when: {failoverStep: Done}\n", "  - at: 5s\n"),
+                "faults[1].at: 5s is before an earlier fault's time 10s",
+            ),
+            (
+                GOOD.replace(
+                    "  - when: {failoverStep: Done}\n",
+                    "  - at: 20s\n    when: converged\n",
+                ),
+                "either `at`",
+            ),
+            (
+                GOOD.replace("{heal: {}}", "{restoreFromBucket: {}}"),
+                "faults[1].action.restoreFromBucket: restores a lost ring",
+            ),
+            (
+                GOOD.replace("{heal: {}}", "{stopBucket: {for: 5s}}"),
+                "only an S3 bucket can be stopped",
+            ),
+            (
+                GOOD.replace("lostWrites: beyondDurable", "lostWrites: some"),
+                "unknown variant `some`",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = Drill::parse(&text, "d.yaml")
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(got.contains(want), "want {want:?} in {got:?}");
+            assert!(got.contains("d.yaml"), "names the file: {got}");
+        }
+    }
+
+    #[test]
+    fn durations_parse_and_print() {
+        assert_eq!(parse_dur("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_dur("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_dur("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_dur("").is_err());
+        assert!(parse_dur("s").is_err());
+        assert_eq!(fmt_dur(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(fmt_dur(Duration::from_secs(3)), "3s");
+    }
+}

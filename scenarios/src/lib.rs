@@ -1,0 +1,149 @@
+//! Declarative chaos drills for Ring.
+//!
+//! A drill file ([`drill::Drill`], `scenarios/drills/*.yaml`) names a ring size,
+//! a workload of writers creating and updating ConfigMaps and Secrets through
+//! every shoot's kube-apiserver, a timeline of faults (kill -9 of a seed or of
+//! the leader, a returning zombie seed, a corrupted snapshot, a stopped bucket,
+//! losing the whole ring and restoring it from the bucket) and expectations
+//! (RTO bound, no acknowledged write lost beyond the last durable delta, never
+//! two control planes of one shoot, the ring converges). [`runner::run`]
+//! bootstraps a throwaway local ring, runs the drill with a seeded RNG and
+//! returns a [`result::RunResult`]; [`report`] renders it as a terminal summary
+//! and a self-contained HTML report with an SVG timeline.
+
+pub mod drill;
+pub mod procs;
+pub mod report;
+pub mod result;
+pub mod rng;
+pub mod runner;
+pub mod s3;
+pub mod workload;
+
+pub use drill::Drill;
+pub use result::RunResult;
+
+/// Errors of drills.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The drill file is wrong (permanent).
+    #[error("drill {field}: {reason}")]
+    Drill { field: String, reason: String },
+    /// A file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Setting up or operating the drill's ring failed.
+    #[error("{0}")]
+    Ring(#[from] bootstrap::BootstrapError),
+    /// Something the drill needs is missing or did not happen in time.
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl ScenarioError {
+    /// Whether running the drill again may succeed (the drill file is fine).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, ScenarioError::Drill { .. })
+    }
+}
+
+/// Options of [`run_files`] (`ringctl drill run`).
+#[derive(Debug, Clone)]
+pub struct DrillRunOptions {
+    pub files: Vec<std::path::PathBuf>,
+    /// Runs of each drill.
+    pub repeat: usize,
+    /// Overrides the drill files' seeds; run i uses seed + i - 1.
+    pub seed: Option<u64>,
+    /// Where each run's JSON result and HTML report go.
+    pub report_dir: std::path::PathBuf,
+    pub runner: runner::RunOptions,
+}
+
+/// What [`run_files`] produced: every run's result and report files.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrillRuns {
+    pub runs: Vec<RunResult>,
+    pub reports: Vec<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Drill → (passed, runs).
+    pub tally: std::collections::BTreeMap<String, (usize, usize)>,
+}
+
+impl DrillRuns {
+    /// Whether every run passed.
+    pub fn all_passed(&self) -> bool {
+        self.runs.iter().all(|r| r.passed)
+    }
+}
+
+/// Loads every drill file (all are validated before the first run), runs each
+/// `repeat` times, prints a summary per run through `say` and writes
+/// `<report-dir>/<drill>-<run>.json` and `.html`.
+pub async fn run_files(
+    opts: &DrillRunOptions,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<DrillRuns, ScenarioError> {
+    let drills = opts
+        .files
+        .iter()
+        .map(|f| Drill::load(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    if opts.repeat == 0 {
+        return Err(ScenarioError::Drill {
+            field: "--repeat".into(),
+            reason: "must be at least 1".into(),
+        });
+    }
+    std::fs::create_dir_all(&opts.report_dir).map_err(|source| ScenarioError::Io {
+        what: format!("creating {}", opts.report_dir.display()),
+        source,
+    })?;
+    let mut out = DrillRuns {
+        runs: Vec::new(),
+        reports: Vec::new(),
+        tally: Default::default(),
+    };
+    for drill in &drills {
+        for i in 1..=opts.repeat {
+            let seed = opts.seed.unwrap_or(drill.seed).wrapping_add(i as u64 - 1);
+            let result = runner::run(drill, i, seed, &opts.runner, say).await?;
+            let base = opts.report_dir.join(format!("{}-{i}", drill.name));
+            let (json, html) = (base.with_extension("json"), base.with_extension("html"));
+            let write = |path: &std::path::Path, text: &[u8]| {
+                std::fs::write(path, text).map_err(|source| ScenarioError::Io {
+                    what: format!("writing {}", path.display()),
+                    source,
+                })
+            };
+            let text = serde_json::to_vec_pretty(&result)
+                .map_err(|e| ScenarioError::Setup(format!("encoding the result: {e}")))?;
+            write(&json, &text)?;
+            write(&html, report::html(&result).as_bytes())?;
+            say(&format!(
+                "{}  report: {}\n",
+                report::summary(&result),
+                html.display()
+            ));
+            let t = out.tally.entry(drill.name.clone()).or_default();
+            t.1 += 1;
+            if result.passed {
+                t.0 += 1;
+            }
+            out.runs.push(result);
+            out.reports.push((json, html));
+        }
+    }
+    if out.runs.len() > 1 {
+        let mut line = String::from("drills:");
+        for (name, (passed, n)) in &out.tally {
+            line.push_str(&format!(" {name} {passed}/{n} passed;"));
+        }
+        say(line.trim_end_matches(';'));
+    }
+    Ok(out)
+}

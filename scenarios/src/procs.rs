@@ -1,0 +1,223 @@
+//! The drill ring's processes, found through `/proc` by the paths in their
+//! command lines (every process of a member names `<ring>/members/<member>/`),
+//! and killed by pid and process group — only processes of the drill's own ring.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+/// Live (not zombie) processes whose command line contains `needle`, with their
+/// command name (`/proc/<pid>/comm`) and command line (NULs as spaces).
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, String, String)> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains(needle) || !seed::process::pid_alive(pid) {
+            continue;
+        }
+        let comm = std::fs::read_to_string(entry.path().join("comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        out.push((pid, comm, cmdline));
+    }
+    out
+}
+
+/// The prefix every process of member `m` of the ring in `ring_dir` names.
+pub fn member_needle(ring_dir: &Path, member: &str) -> String {
+    format!("{}/members/{member}/", ring_dir.display())
+}
+
+/// Shoot → members on which control-plane processes of the shoot (etcd or
+/// kube-apiserver) are alive right now.
+pub fn control_planes(ring_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let needle = format!("{}/members/", ring_dir.display());
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (_, comm, cmdline) in processes_mentioning(&needle) {
+        if comm != "etcd" && comm != "kube-apiserver" {
+            continue;
+        }
+        if let Some((member, shoot)) = parse_member_shoot(&cmdline, &needle) {
+            out.entry(shoot).or_default().insert(member);
+        }
+    }
+    out
+}
+
+/// `(member, shoot)` from the first `<needle><member>/seed/shoots/<shoot>/` in a command line.
+pub fn parse_member_shoot(cmdline: &str, needle: &str) -> Option<(String, String)> {
+    let rest = &cmdline[cmdline.find(needle)? + needle.len()..];
+    let (member, rest) = rest.split_once('/')?;
+    let rest = rest.strip_prefix("seed/shoots/")?;
+    let shoot = rest.split(['/', ' ']).next()?;
+    (!member.is_empty() && !shoot.is_empty()).then(|| (member.to_string(), shoot.to_string()))
+}
+
+/// What a kill did.
+#[derive(Debug, Clone, Default)]
+pub struct Killed {
+    pub ringd: Option<u32>,
+    pub process_groups: usize,
+    pub processes: usize,
+}
+
+/// kill -9 of member `m`: its ringd, then the process group of every process it
+/// runs (the control planes it hosts); waits (bounded) until none is left.
+pub async fn kill_member(ring_dir: &Path, member: &str) -> Killed {
+    let needle = member_needle(ring_dir, member);
+    let mut killed = Killed::default();
+    for round in 0..50 {
+        let procs = processes_mentioning(&needle);
+        if procs.is_empty() {
+            break;
+        }
+        let pids: BTreeSet<u32> = procs.iter().map(|(p, _, _)| *p).collect();
+        if round == 0 {
+            killed.processes = pids.len();
+            killed.ringd = procs
+                .iter()
+                .find(|(_, comm, _)| comm == "ringd")
+                .map(|(p, _, _)| *p);
+        }
+        // ringd first, so it cannot restart what it supervises
+        if let Some(p) = killed.ringd {
+            let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+        }
+        for pid in &pids {
+            match nix::unistd::getpgid(Some(Pid::from_raw(*pid as i32))) {
+                // a group led by one of the member's own processes
+                Ok(pg) if pids.contains(&(pg.as_raw() as u32)) => {
+                    if killpg(pg, Signal::SIGKILL).is_ok() && round == 0 {
+                        killed.process_groups += 1;
+                    }
+                }
+                _ => {
+                    let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    killed
+}
+
+/// SIGKILL to every process mentioning `dir` (teardown); waits up to `timeout`.
+pub fn kill_all_mentioning(dir: &Path, timeout: Duration) -> usize {
+    let needle = dir.display().to_string();
+    let deadline = Instant::now() + timeout;
+    let mut n = 0;
+    loop {
+        let procs = processes_mentioning(&needle);
+        if procs.is_empty() || Instant::now() >= deadline {
+            return n;
+        }
+        for (pid, _, _) in procs {
+            if kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
+                n += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Log lines worth a place on a drill's timeline.
+pub const NOTABLE: [&str; 3] = [
+    "is corrupt",
+    "fencing the control plane",
+    "cannot start the control plane",
+];
+
+/// `(ms since the Unix epoch, line)` of every line of a ringd log (ANSI colours
+/// removed) that contains one of `patterns`, at most `max`.
+pub fn notable_lines(log: &str, patterns: &[&str], max: usize) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    for raw in log.lines() {
+        if out.len() >= max {
+            break;
+        }
+        if !patterns.iter().any(|p| raw.contains(p)) {
+            continue;
+        }
+        let mut line = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                // skip the escape sequence up to its final letter
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                line.push(c);
+            }
+        }
+        let Some((time, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        if let Ok(ms) = backup::catalog::parse_rfc3339(time) {
+            out.push((ms, rest.trim().to_string()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_and_shoot_come_from_the_seed_path() {
+        let needle = "/tmp/x/ring/members/";
+        let cmd = "etcd --name ks2 --data-dir /tmp/x/ring/members/ks1/seed/shoots/ks2/etcd --x";
+        assert_eq!(
+            parse_member_shoot(cmd, needle),
+            Some(("ks1".into(), "ks2".into()))
+        );
+        let cmd =
+            "kube-apiserver --tls-cert-file=/tmp/x/ring/members/ks3/seed/shoots/ks1/pki/a.crt";
+        assert_eq!(
+            parse_member_shoot(cmd, needle),
+            Some(("ks3".into(), "ks1".into()))
+        );
+        assert_eq!(
+            parse_member_shoot("ringd --config /tmp/x/ring/members/ks1/ringd.yaml", needle),
+            None
+        );
+        assert_eq!(parse_member_shoot("etcd --data-dir /else", needle), None);
+    }
+
+    #[test]
+    fn notable_log_lines_lose_their_colours_and_keep_their_time() {
+        let log = "\u{1b}[2m2026-11-23T16:06:05.454Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m backup: full-1 is corrupt (checksum): planning again\n\
+                   2026-11-23T16:06:06Z  INFO nothing to see\n";
+        let got = notable_lines(log, &NOTABLE, 10);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].1,
+            "WARN backup: full-1 is corrupt (checksum): planning again"
+        );
+        assert_eq!(got[0].0 % 1000, 454);
+    }
+}

@@ -1,0 +1,1085 @@
+//! Running a drill: a throwaway local ring under a temp dir, the workload, an
+//! observer (ring status, leader changes, operation steps, and a double-serving
+//! checker polling every seed's processes), the faults in order, convergence,
+//! and the final check of every acknowledged write.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bootstrap::config::{MemberSpec, Ports, RingConfig, SeedSpec};
+use bootstrap::{BootstrapOptions, RingLayout};
+use ringd::state::{OperationKind, OperationStep};
+use ringd::status::RingStatus;
+use tokio_util::sync::CancellationToken;
+
+use crate::drill::{Action, BucketKind, Drill, Step, Target, When};
+use crate::procs;
+use crate::result::{
+    account, intervals, rto, verdict, DoubleServing, Event, EventKind, LossPoint, RunResult,
+    ShootFigures,
+};
+use crate::rng::Rng;
+use crate::s3::S3Server;
+use crate::workload::{read_back, Probes, Writers};
+use crate::ScenarioError;
+
+/// How members are isolated in drills run by this runner.
+pub const ISOLATION: &str =
+    "loopback: members share the host's network namespace; every shoot has its own 127.x address";
+
+/// Where the runner finds its binaries and puts its temp dirs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The ringd binary started for each member.
+    pub ringd: PathBuf,
+    /// The ringctl binary (`ringctl restore --from-bucket` runs through it).
+    pub ringctl: PathBuf,
+    /// Parent of the run's temp dir.
+    pub work_dir: PathBuf,
+    /// Keep the run's temp dir (ring, bucket, logs) for inspection.
+    pub keep: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ScenarioError {
+    let what = what.into();
+    move |source| ScenarioError::Io { what, source }
+}
+
+/// A port base with free member and metrics ports (base+1..=base+7, base+101..=base+107),
+/// below the ephemeral range so outgoing connections cannot take them meanwhile.
+pub fn free_port_base(salt: u64) -> Result<u16, ScenarioError> {
+    let seed = u64::from(std::process::id()) << 20 ^ (now_ms() % 1_000_000) ^ salt;
+    for attempt in 0..500u64 {
+        let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(7919)) % 12_000) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if (1..=7).all(|i| free(base + i) && free(base + 100 + i)) {
+            return Ok(base);
+        }
+    }
+    Err(ScenarioError::Setup(
+        "no free port range for the drill's ring".into(),
+    ))
+}
+
+/// Whether the ring is back to its shape: every member up and hosting its
+/// successor's ready control plane, no operation open.
+pub fn converged(s: &RingStatus, members: &[String]) -> bool {
+    let n = members.len();
+    s.leader.is_some()
+        && members.iter().all(|m| {
+            s.members
+                .iter()
+                .any(|x| x.name == *m && x.state == ringd::state::MemberState::Up)
+        })
+        && s.operations.iter().all(|o| o.step.is_finished())
+        && (0..n).all(|i| {
+            let shoot = &members[(i + 1) % n];
+            s.placements
+                .iter()
+                .any(|p| p.shoot == *shoot && p.host == members[i] && p.ready == Some(true))
+        })
+}
+
+fn step_rank(s: OperationStep) -> Option<Step> {
+    match s {
+        OperationStep::WaitingForLeaseExpiry => Some(Step::WaitingForLeaseExpiry),
+        OperationStep::Pending => Some(Step::Pending),
+        OperationStep::Restoring => Some(Step::Restoring),
+        OperationStep::Done => Some(Step::Done),
+        OperationStep::Failed => None,
+    }
+}
+
+/// Whether a failover created at or after `since_ms` reached `step` (or later).
+pub fn failover_reached(s: &RingStatus, since_ms: u64, step: Step) -> bool {
+    s.operations.iter().any(|o| {
+        matches!(o.kind, OperationKind::Failover { .. })
+            && o.created_at_ms + 1000 >= since_ms
+            && step_rank(o.step).is_some_and(|r| r >= step)
+    })
+}
+
+/// The ring's status as its leader sees it (a just-restarted member's own view
+/// may lag behind), bounded to 3 s.
+async fn leader_view(layout: &RingLayout, config: &RingConfig) -> Option<RingStatus> {
+    let s = tokio::time::timeout(
+        Duration::from_secs(3),
+        bootstrap::ring_status(layout, config),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    (s.leader.as_deref() == Some(s.member.as_str())).then_some(s)
+}
+
+/// What the observer tasks share with the runner.
+#[derive(Default)]
+struct Observed {
+    status: Option<RingStatus>,
+    events: Vec<Event>,
+    double: Vec<DoubleServing>,
+}
+
+struct Observer {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    state: Arc<Mutex<Observed>>,
+}
+
+impl Observer {
+    fn start(ring_dir: PathBuf, layout: RingLayout, config: RingConfig, t0: Instant) -> Observer {
+        let stop = CancellationToken::new();
+        let state: Arc<Mutex<Observed>> = Arc::default();
+        // the double-serving checker: every seed's processes, every 200 ms
+        let checker = {
+            let (stop, state) = (stop.clone(), state.clone());
+            tokio::spawn(async move {
+                let mut last: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+                loop {
+                    let dir = ring_dir.clone();
+                    let now = tokio::task::spawn_blocking(move || procs::control_planes(&dir))
+                        .await
+                        .unwrap_or_default();
+                    let t = t0.elapsed().as_secs_f64();
+                    {
+                        let mut st = lock(&state);
+                        let shoots: BTreeSet<&String> = now.keys().chain(last.keys()).collect();
+                        for shoot in shoots {
+                            let members = now.get(shoot).cloned().unwrap_or_default();
+                            if last.get(shoot).cloned().unwrap_or_default() != members {
+                                st.events.push(Event {
+                                    t,
+                                    kind: EventKind::Serving {
+                                        shoot: shoot.clone(),
+                                        members: members.iter().cloned().collect(),
+                                    },
+                                });
+                            }
+                            if members.len() > 1 {
+                                st.double.push(DoubleServing {
+                                    t,
+                                    shoot: shoot.clone(),
+                                    members: members.into_iter().collect(),
+                                });
+                            }
+                        }
+                    }
+                    last = now;
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            })
+        };
+        // the ring's view: leader changes and operation steps
+        let watcher = {
+            let (stop, state) = (stop.clone(), state.clone());
+            tokio::spawn(async move {
+                let mut leader: Option<Option<String>> = None;
+                let mut seen: BTreeSet<(u64, String)> = BTreeSet::new();
+                loop {
+                    let status = tokio::time::timeout(
+                        Duration::from_secs(3),
+                        bootstrap::ring_status(&layout, &config),
+                    )
+                    .await;
+                    let t = t0.elapsed().as_secs_f64();
+                    {
+                        let mut st = lock(&state);
+                        // no answer within the bound (members restarting) is no
+                        // evidence of a leaderless ring; only an answer saying so is
+                        if let Ok(Ok(s)) = status {
+                            if leader.as_ref() != Some(&s.leader) {
+                                leader = Some(s.leader.clone());
+                                st.events.push(Event {
+                                    t,
+                                    kind: EventKind::Leader {
+                                        leader: s.leader.clone(),
+                                    },
+                                });
+                            }
+                            for o in &s.operations {
+                                let step = format!("{:?}", o.step);
+                                if seen.insert((o.id, step.clone())) {
+                                    st.events.push(Event {
+                                        t,
+                                        kind: EventKind::Operation {
+                                            id: o.id,
+                                            kind: if o.is_migration() {
+                                                "migration".into()
+                                            } else {
+                                                "failover".into()
+                                            },
+                                            shoot: o.shoot().into(),
+                                            from: o.source().into(),
+                                            to: o.target().into(),
+                                            step,
+                                            detail: o.detail.clone(),
+                                        },
+                                    });
+                                }
+                            }
+                            // only the leader's view is complete (placements, health)
+                            if s.leader.as_deref() == Some(s.member.as_str()) {
+                                st.status = Some(s);
+                            }
+                        }
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                    }
+                }
+            })
+        };
+        Observer {
+            stop,
+            tasks: vec![checker, watcher],
+            state,
+        }
+    }
+
+    fn status(&self) -> Option<RingStatus> {
+        lock(&self.state).status.clone()
+    }
+
+    fn push(&self, t: f64, kind: EventKind) {
+        lock(&self.state).events.push(Event { t, kind });
+    }
+
+    async fn stop(self) -> Observed {
+        self.stop.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        std::mem::take(&mut *lock(&self.state))
+    }
+}
+
+/// Kills whatever the run started and removes its temp dir when dropped.
+struct Teardown {
+    dir: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        procs::kill_all_mentioning(&self.dir, Duration::from_secs(15));
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+struct Quiet;
+impl bootstrap::Progress for Quiet {
+    fn step(&self, _: &str) {}
+    fn finished(&self, _: &str, _: Duration) {}
+}
+
+/// The newest durable revision of `shoot` in the bucket and the age of the
+/// newest object (seconds), from the bucket listing alone. While the bucket is
+/// unreachable (an outage) this retries until `deadline`: a killed seed cannot
+/// add anything meanwhile, so the listing afterwards is what was durable.
+async fn durable(
+    bucket: &backup::BucketConfig,
+    shoot: &str,
+    deadline: Instant,
+) -> (Option<i64>, Option<f64>) {
+    loop {
+        if let Ok(b) = backup::Bucket::open(bucket, shoot, false) {
+            if let Ok(c) = b.catalog().await {
+                let newest = c.entries().map(|e| e.time_ms).max();
+                return (
+                    c.latest_revision(),
+                    newest.map(|ms| (now_ms() as i64 - ms).max(0) as f64 / 1000.0),
+                );
+            }
+        }
+        if Instant::now() >= deadline {
+            return (None, None);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+struct Run<'a> {
+    drill: &'a Drill,
+    opts: &'a RunOptions,
+    members: Vec<String>,
+    config: RingConfig,
+    config_file: PathBuf,
+    layout: RingLayout,
+    bucket: backup::BucketConfig,
+    bucket_dir: PathBuf,
+    t0: Instant,
+    deadline: Instant,
+    rng: Rng,
+    last_killed: Option<String>,
+    /// When the newest kill (killSeed, loseRing) happened (ms since the Unix epoch).
+    last_kill_ms: u64,
+    losses: BTreeMap<String, Vec<LossPoint>>,
+    s3: Option<Arc<Mutex<S3Server>>>,
+    say: &'a (dyn Fn(&str) + Sync),
+}
+
+impl Run<'_> {
+    fn t(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    fn bootstrap_options(&self, config: Option<RingConfig>) -> BootstrapOptions {
+        BootstrapOptions {
+            config,
+            dir: self.layout.dir.clone(),
+            ringd: self.opts.ringd.clone(),
+            timeout: self.remaining().min(Duration::from_secs(300)),
+        }
+    }
+
+    fn resolve(&mut self, target: Target, obs: &Observer) -> Result<String, ScenarioError> {
+        let status = obs.status();
+        let need = |what: &str| ScenarioError::Setup(format!("no {what} known to the ring"));
+        Ok(match target {
+            Target::Member(p) => self.members[p - 1].clone(),
+            Target::Leader => status
+                .and_then(|s| s.leader)
+                .ok_or_else(|| need("leader"))?,
+            Target::HostOf(p) => {
+                let shoot = &self.members[p - 1];
+                status
+                    .and_then(|s| {
+                        s.placements
+                            .iter()
+                            .find(|x| x.shoot == *shoot)
+                            .map(|x| x.host.clone())
+                    })
+                    .ok_or_else(|| need(&format!("host of {shoot}")))?
+            }
+            Target::FailoverTarget => status
+                .and_then(|s| {
+                    s.operations
+                        .iter()
+                        .rev()
+                        .find(|o| !o.is_migration())
+                        .map(|o| o.target().to_string())
+                })
+                .ok_or_else(|| need("failover"))?,
+            Target::LastKilled => self
+                .last_killed
+                .clone()
+                .ok_or_else(|| need("killed member"))?,
+            Target::Random => {
+                let live: Vec<String> = self
+                    .members
+                    .iter()
+                    .filter(|m| self.layout.running_pid(m).is_some())
+                    .cloned()
+                    .collect();
+                if live.is_empty() {
+                    return Err(need("live member"));
+                }
+                live[self.rng.below(live.len())].clone()
+            }
+        })
+    }
+
+    /// Records the loss of `shoots`' control planes, with what the bucket had durable.
+    async fn record_losses(&mut self, shoots: &[String], obs: &Observer) {
+        let at_ms = self.t0.elapsed().as_millis() as u64;
+        let t = self.t();
+        for shoot in shoots {
+            let (rev, age) = durable(&self.bucket, shoot, self.deadline).await;
+            self.losses
+                .entry(shoot.clone())
+                .or_default()
+                .push(LossPoint {
+                    at_ms,
+                    durable_revision: rev.unwrap_or(0),
+                });
+            obs.push(
+                t,
+                EventKind::Loss {
+                    shoot: shoot.clone(),
+                    durable_revision: rev,
+                    durable_age_secs: age,
+                },
+            );
+        }
+    }
+
+    async fn wait_when(&self, when: When, obs: &Observer) -> Result<(), ScenarioError> {
+        loop {
+            let s = obs.status();
+            let ok = s.as_ref().is_some_and(|s| match when {
+                When::FailoverStep(step) => failover_reached(s, self.last_kill_ms, step),
+                When::Converged => converged(s, &self.members),
+            });
+            if ok {
+                return Ok(());
+            }
+            if self.remaining().is_zero() {
+                return Err(ScenarioError::Setup(format!(
+                    "timed out waiting for {when:?} (expect.deadlineSecs {})",
+                    self.drill.expect.deadline_secs
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn act(&mut self, action: &Action, obs: &Observer) -> Result<String, ScenarioError> {
+        match action {
+            Action::KillSeed { target } => {
+                let m = self.resolve(*target, obs)?;
+                let hosted: Vec<String> = obs
+                    .status()
+                    .map(|s| {
+                        s.placements
+                            .iter()
+                            .filter(|p| p.host == m)
+                            .map(|p| p.shoot.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.last_kill_ms = now_ms();
+                let k = procs::kill_member(&self.layout.dir, &m).await;
+                self.last_killed = Some(m.clone());
+                self.record_losses(&hosted, obs).await;
+                Ok(format!(
+                    "kill -9 {m} (hosting {}): ringd {}, {} process groups, {} processes",
+                    hosted.join(", "),
+                    k.ringd.map_or("-".into(), |p| p.to_string()),
+                    k.process_groups,
+                    k.processes
+                ))
+            }
+            Action::RestartSeed { target } => {
+                let m = self.resolve(*target, obs)?;
+                bootstrap::start_member(&self.layout, &self.opts.ringd, &m)?;
+                Ok(format!("started ringd {m} again"))
+            }
+            Action::FullSnapshot { shoot } => {
+                let shoot = self.members[shoot - 1].clone();
+                let host = obs
+                    .status()
+                    .and_then(|s| {
+                        s.placements
+                            .iter()
+                            .find(|p| p.shoot == shoot)
+                            .map(|p| p.host.clone())
+                    })
+                    .ok_or_else(|| ScenarioError::Setup(format!("no host of {shoot} known")))?;
+                let shoot_layout = seed::ShootLayout {
+                    dir: self.layout.seed_dir(&host).join("shoots").join(&shoot),
+                };
+                let spec = shoot_layout.read_spec().ok().flatten().ok_or_else(|| {
+                    ScenarioError::Setup(format!("{host} holds no spec of {shoot}"))
+                })?;
+                let config = backup::BackupConfig::new(
+                    shoot.clone(),
+                    backup::EtcdConfig::for_local_shoot(&shoot_layout, &spec),
+                    self.bucket.clone(),
+                );
+                let snap = backup::snapshot_once(&config)
+                    .await
+                    .map_err(|e| ScenarioError::Setup(format!("full snapshot of {shoot}: {e}")))?;
+                Ok(format!(
+                    "full snapshot of {shoot} on {host} at revision {}",
+                    snap.base_revision
+                ))
+            }
+            Action::CorruptNewestSnapshot { shoot } => {
+                let shoot = &self.members[shoot - 1];
+                let dir = self.bucket_dir.join(shoot);
+                let newest = std::fs::read_dir(&dir)
+                    .map_err(io(format!("listing {}", dir.display())))?
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("full-"))
+                    .max()
+                    .ok_or_else(|| {
+                        ScenarioError::Setup(format!("{} holds no full snapshot", dir.display()))
+                    })?;
+                let path = dir.join(&newest);
+                let mut data =
+                    std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+                if data.is_empty() {
+                    return Err(ScenarioError::Setup(format!("{} is empty", path.display())));
+                }
+                let at = self.rng.below(data.len());
+                data[at] ^= 0xff;
+                std::fs::write(&path, &data).map_err(io(format!("writing {}", path.display())))?;
+                Ok(format!("flipped byte {at} of {shoot}/{newest}"))
+            }
+            Action::StopBucket { r#for } => {
+                let server = self.s3.clone().ok_or_else(|| {
+                    ScenarioError::Setup("stopBucket needs ring.bucket: s3".into())
+                })?;
+                let port = {
+                    let mut s = lock(&server);
+                    s.stop();
+                    s.port
+                };
+                let (outage, state, t0) = (*r#for, obs.state.clone(), self.t0);
+                tokio::spawn(async move {
+                    tokio::time::sleep(outage).await;
+                    let back = tokio::task::spawn_blocking(move || lock(&server).restart()).await;
+                    let detail = match back {
+                        Ok(Ok(())) => format!(
+                            "the S3 server is back after {}",
+                            crate::drill::fmt_dur(outage)
+                        ),
+                        Ok(Err(e)) => format!("failed: {e}"),
+                        Err(e) => format!("failed: {e}"),
+                    };
+                    lock(&state).events.push(Event {
+                        t: t0.elapsed().as_secs_f64(),
+                        kind: EventKind::Fault {
+                            action: "bucketBack".into(),
+                            detail,
+                            member: None,
+                        },
+                    });
+                });
+                Ok(format!(
+                    "stopped the S3 server on port {port} for {}",
+                    crate::drill::fmt_dur(outage)
+                ))
+            }
+            Action::LoseRing {} => {
+                self.last_kill_ms = now_ms();
+                let mut killed = 0;
+                for m in self.members.clone() {
+                    killed += procs::kill_member(&self.layout.dir, &m).await.processes;
+                }
+                std::fs::remove_dir_all(&self.layout.dir)
+                    .map_err(io(format!("removing {}", self.layout.dir.display())))?;
+                let shoots = self.members.clone();
+                self.record_losses(&shoots, obs).await;
+                Ok(format!(
+                    "killed every member ({killed} processes) and deleted {}; the bucket {} survives",
+                    self.layout.dir.display(),
+                    self.bucket.url
+                ))
+            }
+            Action::RestoreFromBucket {} => {
+                let started = Instant::now();
+                let log = self.config_file.with_file_name("restore.log");
+                let mut cmd = tokio::process::Command::new(&self.opts.ringctl);
+                cmd.args(["restore", "--from-bucket", &self.bucket.url, "--config"])
+                    .arg(&self.config_file)
+                    .arg("--ring-dir")
+                    .arg(&self.layout.dir)
+                    .stdin(std::process::Stdio::null())
+                    .kill_on_drop(true);
+                let out = tokio::time::timeout(self.remaining(), cmd.output())
+                    .await
+                    .map_err(|_| {
+                        ScenarioError::Setup(
+                            "ringctl restore did not finish before the drill's deadline".into(),
+                        )
+                    })?
+                    .map_err(io(format!("running {}", self.opts.ringctl.display())))?;
+                let mut text = out.stdout.clone();
+                text.extend_from_slice(&out.stderr);
+                let _ = std::fs::write(&log, &text);
+                if !out.status.success() {
+                    return Err(ScenarioError::Setup(format!(
+                        "ringctl restore --from-bucket failed: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )));
+                }
+                Ok(format!(
+                    "ringctl restore --from-bucket {} rebuilt the ring in {:.1}s",
+                    self.bucket.url,
+                    started.elapsed().as_secs_f64()
+                ))
+            }
+            Action::Heal {} => {
+                let started = Instant::now();
+                // every dead member back (bootstrap resumes the ring)
+                bootstrap::bootstrap(&self.bootstrap_options(None), &Quiet).await?;
+                // re-link: each member hosts its successor (planned migrations)
+                let n = self.members.len();
+                let mut moved = Vec::new();
+                loop {
+                    let status = leader_view(&self.layout, &self.config)
+                        .await
+                        .ok_or("no leader view");
+                    let misplaced = status.as_ref().ok().and_then(|s| {
+                        (0..n).find_map(|i| {
+                            let shoot = &self.members[(i + 1) % n];
+                            let want = &self.members[i];
+                            s.placements
+                                .iter()
+                                .any(|p| p.shoot == *shoot && p.host != *want)
+                                .then(|| (shoot.clone(), want.clone()))
+                        })
+                    });
+                    let Some((shoot, to)) = misplaced else {
+                        if status.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    };
+                    if self.remaining().is_zero() {
+                        return Err(ScenarioError::Setup(format!(
+                            "heal: {shoot} still not on {to} at the deadline"
+                        )));
+                    }
+                    let limit = self.remaining().min(Duration::from_secs(180));
+                    match bootstrap::migrate_and_wait(
+                        &self.layout,
+                        &self.config,
+                        &shoot,
+                        &to,
+                        limit,
+                    )
+                    .await
+                    {
+                        Ok(()) => moved.push(format!("{shoot}->{to}")),
+                        Err(e) => {
+                            (self.say)(&format!("  heal: moving {shoot} to {to}: {e}; retrying"));
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
+                    }
+                }
+                Ok(format!(
+                    "restarted dead members and re-linked the ring in {:.1}s (moved: {})",
+                    started.elapsed().as_secs_f64(),
+                    if moved.is_empty() {
+                        "nothing".into()
+                    } else {
+                        moved.join(", ")
+                    }
+                ))
+            }
+        }
+    }
+}
+
+/// Runs one drill on a fresh ring; `run` numbers it, `seed` seeds its RNG, `say`
+/// gets progress lines. The ring and its temp dir are gone when this returns.
+pub async fn run(
+    drill: &Drill,
+    run: usize,
+    seed: u64,
+    opts: &RunOptions,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<RunResult, ScenarioError> {
+    drill.validate()?;
+    let dir = opts.work_dir.join(format!(
+        "ring-drill-{}-{}-{}",
+        drill.name,
+        std::process::id(),
+        now_ms()
+    ));
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+    let dir = dir
+        .canonicalize()
+        .map_err(io(format!("resolving {}", dir.display())))?;
+    let _teardown = Teardown {
+        dir: dir.clone(),
+        keep: opts.keep,
+    };
+    let members = drill.members();
+    let bucket_dir = dir.join("bucket");
+    std::fs::create_dir_all(&bucket_dir).map_err(io("creating the bucket folder"))?;
+    let (bucket_url, bucket, s3) = if drill.ring.bucket == BucketKind::S3 {
+        let server = S3Server::start(&dir.join("s3"))?;
+        // ringd and ringctl, started by this process, reach it through the environment
+        for (k, v) in server.env() {
+            std::env::set_var(k, v);
+        }
+        (
+            server.url(),
+            server.bucket_config(),
+            Some(Arc::new(Mutex::new(server))),
+        )
+    } else {
+        let url = format!("file://{}", bucket_dir.display());
+        (url.clone(), backup::BucketConfig::url(url), None)
+    };
+    let config = RingConfig {
+        name: drill.name.clone(),
+        members: members
+            .iter()
+            .map(|m| MemberSpec {
+                name: m.clone(),
+                seed: SeedSpec::Local,
+            })
+            .collect(),
+        bucket: Some(bucket_url.clone()),
+        ports: Ports {
+            address: "127.0.0.1".into(),
+            base: free_port_base(seed ^ run as u64)?,
+        },
+        ..RingConfig::default()
+    };
+    let config_file = dir.join("ring.yaml");
+    let yaml = serde_yaml::to_string(&config).map_err(|e| ScenarioError::Setup(e.to_string()))?;
+    std::fs::write(&config_file, yaml).map_err(io("writing ring.yaml"))?;
+    let layout = RingLayout {
+        dir: dir.join("ring"),
+    };
+
+    say(&format!(
+        "drill {} run {run} (seed {seed}): bootstrapping ring {} in {}",
+        drill.name,
+        members.join(" "),
+        dir.display()
+    ));
+    let setup = Instant::now();
+    let boot = BootstrapOptions {
+        config: Some(config.clone()),
+        dir: layout.dir.clone(),
+        ringd: opts.ringd.clone(),
+        timeout: Duration::from_secs(300),
+    };
+    bootstrap::bootstrap(&boot, &Quiet).await?;
+    // every shoot backed up before the chaos begins
+    let backed_up = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = bootstrap::ring_status(&layout, &config).await?;
+        if members.iter().all(|m| {
+            s.placements
+                .iter()
+                .any(|p| p.shoot == *m && p.last_backup_revision.is_some())
+        }) {
+            break;
+        }
+        if Instant::now() >= backed_up {
+            return Err(ScenarioError::Setup(
+                "not every shoot reported a durable backup within 120s".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let setup_secs = setup.elapsed().as_secs_f64();
+    // the kubeconfigs as the ring first published them: they must keep working
+    let kc_dir = dir.join("kubeconfigs");
+    std::fs::create_dir_all(&kc_dir).map_err(io("creating the kubeconfig folder"))?;
+    let mut shoots = Vec::new();
+    for m in &members {
+        let to = kc_dir.join(format!("{m}.kubeconfig"));
+        std::fs::copy(layout.kubeconfig(m), &to)
+            .map_err(io(format!("copying {m}'s kubeconfig")))?;
+        shoots.push((m.clone(), to));
+    }
+
+    let rng = Rng::new(seed);
+    let t0 = Instant::now();
+    let started_at_ms = now_ms();
+    let obs = Observer::start(layout.dir.clone(), layout.clone(), config.clone(), t0);
+    let probes = Probes::start(&shoots, Duration::from_millis(250), t0);
+    let writers = Writers::start(&shoots, &drill.workload, &rng.fork(1), t0);
+    let mut r = Run {
+        drill,
+        opts,
+        members: members.clone(),
+        config: config.clone(),
+        config_file,
+        layout: layout.clone(),
+        bucket,
+        bucket_dir,
+        t0,
+        deadline: t0 + Duration::from_secs(drill.expect.deadline_secs),
+        rng: rng.fork(2),
+        last_killed: None,
+        last_kill_ms: started_at_ms,
+        losses: BTreeMap::new(),
+        s3,
+        say,
+    };
+    let mut failures = Vec::new();
+    let mut first_fault: Option<f64> = None;
+    let mut last_fault_t = 0.0;
+    for (i, f) in drill.faults.iter().enumerate() {
+        let waited: Result<(), ScenarioError> = async {
+            if let Some(at) = f.at {
+                tokio::time::sleep_until((t0 + at).into()).await;
+            }
+            if let Some(when) = f.when {
+                r.wait_when(when, &obs).await?;
+            }
+            if let Some(after) = f.after {
+                tokio::time::sleep(after).await;
+            }
+            Ok(())
+        }
+        .await;
+        // a fault is placed on the timeline when it began
+        let t = r.t();
+        let outcome = match waited {
+            Ok(()) => r.act(&f.action, &obs).await,
+            Err(e) => Err(e),
+        };
+        first_fault.get_or_insert(t);
+        last_fault_t = r.t();
+        let member = matches!(f.action, Action::KillSeed { .. })
+            .then(|| r.last_killed.clone())
+            .flatten();
+        match outcome {
+            Ok(detail) => {
+                say(&format!("  {t:>6.1}s  fault {}: {detail}", f.action.name()));
+                obs.push(
+                    t,
+                    EventKind::Fault {
+                        action: f.action.name().into(),
+                        detail,
+                        member,
+                    },
+                );
+            }
+            Err(e) => {
+                say(&format!(
+                    "  {t:>6.1}s  fault {} FAILED: {e}",
+                    f.action.name()
+                ));
+                obs.push(
+                    t,
+                    EventKind::Fault {
+                        action: f.action.name().into(),
+                        detail: format!("failed: {e}"),
+                        member,
+                    },
+                );
+                failures.push(format!("faults[{i}] ({}): {e}", f.action.name()));
+                break;
+            }
+        }
+    }
+    // convergence: the ring's shape and every API answering
+    let mut converged_secs = None;
+    if failures.is_empty() {
+        while !r.remaining().is_zero() {
+            let shape = obs.status().is_some_and(|s| converged(&s, &members));
+            if shape && members.iter().all(|m| probes.up(m)) {
+                converged_secs = Some(r.t() - last_fault_t);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        say(&format!(
+            "  {:>6.1}s  {}",
+            r.t(),
+            converged_secs.map_or(
+                "the ring did not converge before the deadline".to_string(),
+                |c| format!("converged {c:.1}s after the last fault")
+            )
+        ));
+        tokio::time::sleep(drill.workload.cooldown).await;
+    }
+    // notable lines of every member's ringd log
+    let mut patterns: Vec<&str> = procs::NOTABLE.to_vec();
+    patterns.extend(drill.expect.logged.iter().map(String::as_str));
+    for m in &members {
+        if let Ok(text) = std::fs::read_to_string(layout.log(m)) {
+            for (ms, line) in procs::notable_lines(&text, &patterns, 10) {
+                obs.push(
+                    (ms - started_at_ms as i64) as f64 / 1000.0,
+                    EventKind::Log {
+                        member: m.clone(),
+                        line,
+                    },
+                );
+            }
+        }
+    }
+    let logs = writers.stop().await;
+    let samples = probes.stop().await;
+    let observed = obs.stop().await;
+    let duration_secs = t0.elapsed().as_secs_f64();
+
+    // read back every shoot through its original kubeconfig
+    let mut figures = Vec::new();
+    for (shoot, kubeconfig) in &shoots {
+        let log = logs.get(shoot).cloned().unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let present = loop {
+            match read_back(shoot, kubeconfig).await {
+                Ok(p) => break Some(p),
+                Err(e) if Instant::now() >= deadline => {
+                    failures.push(format!("shoot {shoot}: cannot read back its objects: {e}"));
+                    break None;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        };
+        let losses = r.losses.get(shoot).cloned().unwrap_or_default();
+        let (lost, excused, examples) = match &present {
+            Some(p) => account(&log.acks, p, &losses),
+            None => (0, 0, vec![]),
+        };
+        let shoot_samples = samples.get(shoot).cloned().unwrap_or_default();
+        let (available, outages) = intervals(&shoot_samples);
+        let loss_events: Vec<(Option<i64>, Option<f64>)> = observed
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Loss {
+                    shoot: s,
+                    durable_revision,
+                    durable_age_secs,
+                } if s == shoot => Some((*durable_revision, *durable_age_secs)),
+                _ => None,
+            })
+            .collect();
+        let rpo_revisions = losses
+            .iter()
+            .map(|l| {
+                let newest = log
+                    .acks
+                    .iter()
+                    .filter(|a| a.at_ms <= l.at_ms)
+                    .map(|a| a.resource_version)
+                    .max()
+                    .unwrap_or(0);
+                (newest - l.durable_revision).max(0)
+            })
+            .max();
+        figures.push(ShootFigures {
+            shoot: shoot.clone(),
+            available,
+            outages,
+            rto_secs: rto(&shoot_samples, first_fault.unwrap_or(0.0)),
+            acked_writes: log.acks.len() as u64,
+            failed_writes: log.failures,
+            lost_writes: lost,
+            lost_beyond_durable: excused,
+            lost_examples: examples,
+            rpo_revisions,
+            rpo_secs: loss_events
+                .iter()
+                .filter_map(|(_, a)| *a)
+                .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a)))),
+        });
+    }
+    let mut events = observed.events;
+    events.sort_by(|a, b| a.t.total_cmp(&b.t));
+    let mut result = RunResult {
+        drill: drill.name.clone(),
+        run,
+        seed,
+        passed: false,
+        failures,
+        started_at_ms,
+        duration_secs,
+        setup_secs,
+        members,
+        bucket: bucket_url,
+        isolation: ISOLATION.into(),
+        events,
+        shoots: figures,
+        double_serving: observed.double,
+        converged_secs,
+    };
+    let more = verdict(&drill.expect, &result);
+    result.failures.extend(more);
+    result.passed = result.failures.is_empty();
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringd::state::{MemberState, Operation};
+    use ringd::status::{MemberStatus, PlacementStatus};
+
+    fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
+        RingStatus {
+            member: "a1".into(),
+            id: 1,
+            role: "Leader".into(),
+            leader: Some("a1".into()),
+            term: 1,
+            commit_index: 1,
+            applied_index: 1,
+            quorum_contact: true,
+            members: ["a1", "a2", "a3"]
+                .iter()
+                .map(|m| MemberStatus {
+                    name: m.to_string(),
+                    id: 1,
+                    address: String::new(),
+                    state: MemberState::Up,
+                    voter: true,
+                    leader: *m == "a1",
+                    last_report_ms_ago: None,
+                })
+                .collect(),
+            placements: hosts
+                .iter()
+                .map(|(shoot, host)| PlacementStatus {
+                    shoot: shoot.to_string(),
+                    host: host.to_string(),
+                    epoch: 1,
+                    lease_expires_in_ms: None,
+                    last_backup_age_ms: None,
+                    last_backup_revision: None,
+                    ready: Some(ready),
+                })
+                .collect(),
+            hosted: vec![],
+            operations: vec![],
+        }
+    }
+
+    #[test]
+    fn converged_means_every_member_hosts_its_successor() {
+        let members: Vec<String> = ["a1", "a2", "a3"].iter().map(|s| s.to_string()).collect();
+        let good = [("a2", "a1"), ("a3", "a2"), ("a1", "a3")];
+        assert!(converged(&status(&good, true), &members));
+        assert!(!converged(&status(&good, false), &members), "not ready");
+        let moved = [("a2", "a3"), ("a3", "a2"), ("a1", "a3")];
+        assert!(!converged(&status(&moved, true), &members));
+        let mut s = status(&good, true);
+        s.members[1].state = MemberState::Down;
+        assert!(!converged(&s, &members), "a member is down");
+    }
+
+    #[test]
+    fn failover_steps_count_once_reached_and_only_after_the_fault() {
+        let mut s = status(&[], true);
+        // built from JSON, as `ringctl status -o json` shows it
+        let op = |step: &str, created_at_ms: u64| -> Operation {
+            serde_json::from_value(serde_json::json!({
+                "id": 1, "kind": "failover", "shoot": "a2", "from": "a1", "to": "a3",
+                "epoch": 2, "not_before_ms": 0, "step": step, "detail": "",
+                "createdAtMs": created_at_ms, "updatedAtMs": created_at_ms,
+            }))
+            .unwrap()
+        };
+        s.operations.push(op("Restoring", 10_000));
+        assert!(failover_reached(&s, 9_000, Step::Pending));
+        assert!(failover_reached(&s, 9_000, Step::Restoring));
+        assert!(!failover_reached(&s, 9_000, Step::Done));
+        assert!(
+            !failover_reached(&s, 20_000, Step::Pending),
+            "an older failover"
+        );
+        s.operations[0] = op("Failed", 10_000);
+        assert!(!failover_reached(&s, 9_000, Step::WaitingForLeaseExpiry));
+    }
+}

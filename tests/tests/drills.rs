@@ -1,0 +1,223 @@
+//! The essential chaos drills through the real `ringctl drill run` binary:
+//! `kill-seed` (kill -9 of a seed, failover from the bucket, re-link) and
+//! `full-ring-dr` (the whole ring lost, `ringctl restore --from-bucket`).
+//! Each run's JSON result is checked: passed, RTO measured, never two control
+//! planes of one shoot, no acknowledged write lost beyond the durable delta.
+
+// Each test runs on its own runtime; `ring_slot` only serialises whole tests.
+#![allow(clippy::await_holding_lock)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ring_tests::*;
+
+fn drill_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios/drills")
+        .join(format!("{name}.yaml"))
+}
+
+/// Runs one drill once; returns its JSON result and the HTML report's text.
+fn run_drill(name: &str, reports: &Path) -> (serde_json::Value, String) {
+    // the drills need the control-plane binaries: fail with the setup hint if missing
+    let _ = binaries();
+    let mut cmd = Command::new(ringctl());
+    cmd.args(["drill", "run"])
+        .arg(drill_file(name))
+        .arg("--report-dir")
+        .arg(reports);
+    let out = run_bounded(&mut cmd, Duration::from_secs(900));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let json = reports.join(format!("{name}-1.json"));
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("no result {}: {e}; ringctl said:\n{stderr}", json.display()));
+    let result: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        out.status.success(),
+        "ringctl drill run {name} failed ({}):\n{stderr}",
+        out.status
+    );
+    assert!(stderr.contains(&format!("drill {name} run 1")), "{stderr}");
+    let html = std::fs::read_to_string(reports.join(format!("{name}-1.html"))).unwrap();
+    (result, html)
+}
+
+/// The checks every drill result must pass.
+fn check_common(r: &serde_json::Value, html: &str) {
+    assert_eq!(r["passed"], true, "failures: {}", r["failures"]);
+    assert_eq!(r["failures"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        r["doubleServing"].as_array().unwrap().len(),
+        0,
+        "two control planes of one shoot at once: {}",
+        r["doubleServing"]
+    );
+    assert!(
+        r["convergedSecs"].is_number(),
+        "converged: {}",
+        r["convergedSecs"]
+    );
+    for s in r["shoots"].as_array().unwrap() {
+        assert_eq!(s["lostWrites"], 0, "lost writes that had to survive: {s}");
+        assert!(s["ackedWrites"].as_u64().unwrap() > 0, "{s}");
+        assert!(s["rtoSecs"].is_number(), "RTO measured: {s}");
+    }
+    // the checker saw where every control plane ran
+    let serving = r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "serving")
+        .count();
+    assert!(serving >= 3, "serving events: {serving}");
+    assert!(html.contains("<svg") && html.contains("API available"));
+}
+
+fn shoot<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    r["shoots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["shoot"] == name)
+        .unwrap_or_else(|| panic!("no shoot {name} in {r}"))
+}
+
+fn events<'a>(r: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
+    r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .collect()
+}
+
+#[test]
+fn kill_seed_drill_fails_over_from_the_bucket_and_relinks() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill("kill-seed", sandbox.path());
+    check_common(&r, &html);
+    // ks2's control plane ran on ks1, which was killed: it was down, then back
+    let ks2 = shoot(&r, "ks2");
+    assert!(ks2["rtoSecs"].as_f64().unwrap() > 0.0, "{ks2}");
+    assert!(!ks2["outages"].as_array().unwrap().is_empty());
+    let faults = events(&r, "fault");
+    assert!(
+        faults[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("kill -9 ks1"),
+        "{faults:?}"
+    );
+    let ops = events(&r, "operation");
+    assert!(
+        ops.iter().any(|o| o["kind"] == "failover"
+            && o["shoot"] == "ks2"
+            && o["to"] == "ks3"
+            && o["step"] == "Done"),
+        "{ops:?}"
+    );
+    assert!(
+        ops.iter()
+            .any(|o| o["kind"] == "migration" && o["to"] == "ks1" && o["step"] == "Done"),
+        "re-linked by a planned migration: {ops:?}"
+    );
+    assert!(!events(&r, "loss").is_empty());
+}
+
+#[test]
+fn full_ring_dr_drill_restores_every_shoot_from_the_bucket() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill("full-ring-dr", sandbox.path());
+    check_common(&r, &html);
+    for name in ["dr1", "dr2", "dr3"] {
+        let s = shoot(&r, name);
+        assert!(
+            s["rtoSecs"].as_f64().unwrap() > 0.0,
+            "every shoot was down: {s}"
+        );
+    }
+    let faults = events(&r, "fault");
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert!(
+        faults[1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("restore --from-bucket"),
+        "{faults:?}"
+    );
+    assert_eq!(events(&r, "loss").len(), 3);
+}
+
+/// Bad input to `ringctl drill run` and `ringctl restore` gets a clear error
+/// naming what is wrong (exit code 1, no panic), before any process starts.
+#[test]
+fn bad_drill_files_and_restore_arguments_get_clear_errors() {
+    let sandbox = Sandbox::new();
+    let bad = sandbox.path().join("bad.yaml");
+    let good = std::fs::read_to_string(drill_file("kill-seed")).unwrap();
+    let cases = [
+        (
+            good.replace("seed: 1001", "seed: 1001\nchaos: max"),
+            "unknown field `chaos`",
+        ),
+        (
+            good.replace("at: 8s", "at: 8 seconds"),
+            "faults[0]: \"8 seconds\": unknown unit",
+        ),
+        (
+            good.replace("{killSeed: {target: {hostOf: 2}}}", "{meteorStrike: {}}"),
+            "unknown variant `meteorStrike`",
+        ),
+    ];
+    for (text, want) in cases {
+        std::fs::write(&bad, text).unwrap();
+        let out = ringctl_cmd(
+            [
+                "drill".as_ref(),
+                "run".as_ref(),
+                bad.as_os_str(),
+                "--report-dir".as_ref(),
+                sandbox.path().as_os_str(),
+            ],
+            &[],
+        );
+        let err = expect_clean_failure(&out);
+        assert!(
+            err.contains(want) && err.contains("bad.yaml"),
+            "want {want:?} in {err}"
+        );
+    }
+    let dir = sandbox.path().join("ring");
+    let out = ringctl_cmd(
+        [
+            "restore".as_ref(),
+            "--from-bucket".as_ref(),
+            "ftp://somewhere".as_ref(),
+            "--ring-dir".as_ref(),
+            dir.as_os_str(),
+        ],
+        &[],
+    );
+    assert!(expect_clean_failure(&out)
+        .contains("--from-bucket: \"ftp://somewhere\": unsupported scheme"));
+    let out = ringctl_cmd(
+        [
+            "restore".as_ref(),
+            "--from-bucket".as_ref(),
+            "file:///nonexistent-bucket".as_ref(),
+            "--ring-dir".as_ref(),
+            dir.as_os_str(),
+        ],
+        &[],
+    );
+    let err = expect_clean_failure(&out);
+    assert!(
+        err.contains("give the lost ring's config (--config ring.yaml"),
+        "{err}"
+    );
+    assert!(!dir.join("ring.yaml").exists(), "nothing written");
+}
