@@ -112,30 +112,10 @@ impl Drop for Sandbox {
 
 /// Live processes (not zombies) whose command line contains `needle`.
 pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
-    let needle = needle.as_os_str().as_encoded_bytes();
-    let me = std::process::id();
-    let mut pids = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me || !seed::process::pid_alive(pid) {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            if cmdline.windows(needle.len()).any(|w| w == needle) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
+    scenarios::procs::processes_mentioning(&needle.to_string_lossy())
+        .into_iter()
+        .map(|(pid, _, _)| pid)
+        .collect()
 }
 
 /// Polls `check` until it returns `Some`, panicking with `what` after `timeout`.
