@@ -95,6 +95,26 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
 }
 
 #[cfg(test)]
+impl Observed {
+    /// What the executor would observe after `step` succeeded; false at `Done`.
+    pub(crate) fn pretend(&mut self, step: Step) -> bool {
+        match step {
+            Step::WriteConfig => self.config_written = true,
+            Step::IssuePki => self.pki_complete = true,
+            Step::WriteMemberConfigs => self.member_configs_written = true,
+            Step::StartMember(m) => {
+                self.running.insert(m);
+            }
+            Step::AwaitQuorum => self.quorum = true,
+            Step::AwaitControlPlanes(s) => self.ready.extend(s),
+            Step::PublishKubeconfigs(s) => self.kubeconfigs.extend(s),
+            Step::Done => return false,
+        }
+        true
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -110,17 +130,8 @@ mod tests {
         loop {
             let step = next_step(&c, &o);
             seen.push(step.clone());
-            match step {
-                Step::WriteConfig => o.config_written = true,
-                Step::IssuePki => o.pki_complete = true,
-                Step::WriteMemberConfigs => o.member_configs_written = true,
-                Step::StartMember(m) => {
-                    o.running.insert(m);
-                }
-                Step::AwaitQuorum => o.quorum = true,
-                Step::AwaitControlPlanes(s) => o.ready.extend(s),
-                Step::PublishKubeconfigs(s) => o.kubeconfigs.extend(s),
-                Step::Done => break,
+            if !o.pretend(step) {
+                break;
             }
         }
         assert_eq!(seen.len(), 3 + 3 + 4);

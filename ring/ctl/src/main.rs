@@ -415,6 +415,21 @@ fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
     Ok(token)
 }
 
+/// The Ring config at `path`, parsed and validated, if a path was given.
+fn read_ring_config(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<bootstrap::RingConfig>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(bootstrap::RingConfig::parse(
+        &text,
+        &path.display().to_string(),
+    )?))
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let format = cli.output;
     match cli.command {
@@ -476,17 +491,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bootstrap(args) => {
             init_tracing("warn");
-            let config = match &args.config {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    Some(bootstrap::RingConfig::parse(
-                        &text,
-                        &path.display().to_string(),
-                    )?)
-                }
-                None => None,
-            };
+            let config = read_ring_config(args.config.as_deref())?;
             let exe = std::env::current_exe().context("locating the ringctl executable")?;
             let opts = bootstrap::BootstrapOptions {
                 config,
@@ -659,17 +664,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Restore(args) => {
             init_tracing("warn");
-            let config = match &args.config {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    Some(bootstrap::RingConfig::parse(
-                        &text,
-                        &path.display().to_string(),
-                    )?)
-                }
-                None => None,
-            };
+            let config = read_ring_config(args.config.as_deref())?;
             let exe = std::env::current_exe().context("locating the ringctl executable")?;
             let opts = bootstrap::restore::RestoreOptions {
                 config,
