@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::config::RingdConfig;
+use crate::config::{RingdConfig, SeedConfig};
 use crate::decide::{decide, DecisionTiming, LeaderView};
 use crate::identity::{IdentityFiles, IdentityPem};
 use crate::metrics::Metrics;
@@ -132,8 +132,6 @@ pub struct Shared {
     node: NodeHandle,
     directory: Directory,
     identity: IdentityPem,
-    /// The local seed (backups, migrations, restores run only on local seeds).
-    seed: Option<Arc<LocalSeed>>,
     /// How control planes are hosted here, local or Kubernetes.
     hosting: Option<Hosting>,
     metrics: Metrics,
@@ -158,6 +156,12 @@ impl Shared {
     /// The Raft node.
     pub fn node(&self) -> &NodeHandle {
         &self.node
+    }
+
+    /// The local seed, if control planes run here as local processes (only those
+    /// are backed up, migrated and restored).
+    pub fn local_seed(&self) -> Option<&Arc<LocalSeed>> {
+        self.hosting.as_ref().and_then(Hosting::local)
     }
 
     /// This member's Prometheus metrics.
@@ -449,11 +453,12 @@ pub async fn start(
     directory.insert(&config.name, config.id, &config.listen);
 
     let hosting = match &config.seed {
-        Some(sc) if sc.kubernetes.is_some() => {
-            let kc = sc.kubernetes.as_ref().ok_or_else(|| RingError::Config {
-                field: "seed.kubernetes".into(),
-                reason: "missing".into(),
-            })?;
+        Some(
+            sc @ SeedConfig {
+                kubernetes: Some(kc),
+                ..
+            },
+        ) => {
             let k = seed::KubernetesSeed::connect(kc, &sc.state_dir).await?;
             Some(Hosting::Kubernetes(Arc::new(k)))
         }
@@ -469,7 +474,6 @@ pub async fn start(
         }
         None => None,
     };
-    let seed = hosting.as_ref().and_then(|h| h.local().cloned());
 
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
@@ -500,7 +504,6 @@ pub async fn start(
         node: node.clone(),
         directory: directory.clone(),
         identity: identity.clone(),
-        seed,
         hosting,
         metrics: Metrics::new(&config.name),
         reports: Mutex::new(BTreeMap::new()),
@@ -556,7 +559,7 @@ pub async fn start(
         let (shared, stop) = (shared.clone(), stop.clone());
         tasks.spawn(async move { crate::metrics::serve(l, shared_metrics(shared), stop).await });
     }
-    if let Some(seed) = shared.seed.clone() {
+    if let Some(seed) = shared.local_seed().cloned() {
         let (shared, stop) = (shared.clone(), stop.clone());
         tasks.spawn(async move {
             crate::migration::run(shared, seed, stop).await;
@@ -970,10 +973,13 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
 /// handover) are not supported yet, so every such operation is failed at once
 /// with the reason; the leader then picks another target.
 async fn refuse_moves(shared: Arc<Shared>, stop: CancellationToken) {
+    let me = shared.name();
+    let detail = format!(
+        "{me} hosts control planes in a Kubernetes cluster; moving a control plane onto a Kubernetes seed (restore or handover) is not supported yet"
+    );
     while pause(&stop, Duration::from_secs(1)).await {
         let v = shared.node.view();
         for op in v.state.operations.iter().filter(|o| !o.step.is_finished()) {
-            let me = shared.name();
             let involved = op.target() == me
                 || (op.is_migration()
                     && op.source() == me
@@ -981,14 +987,10 @@ async fn refuse_moves(shared: Arc<Shared>, stop: CancellationToken) {
             if !involved {
                 continue;
             }
-            let detail = format!(
-                "{} hosts control planes in a Kubernetes cluster; moving a control plane onto a Kubernetes seed (restore or handover) is not supported yet",
-                shared.name()
-            );
             let cmd = RingCommand::AdvanceOperation {
                 id: op.id,
                 step: crate::state::OperationStep::Failed,
-                detail,
+                detail: detail.clone(),
                 at_ms: now_ms(),
                 outcome: None,
             };
@@ -1004,19 +1006,15 @@ async fn refuse_moves(shared: Arc<Shared>, stop: CancellationToken) {
 /// in `<shoot dir>/released`, so the clock survives restarts). The data of a
 /// shoot that is still placed here, in an open operation, or running is kept.
 async fn release_moved(shared: &Shared, seed: &Hosting) {
-    let grace_ms = shared
-        .config
-        .seed
-        .as_ref()
-        .map_or(u64::MAX, |s| s.release_grace_secs.saturating_mul(1000));
+    let Some(sc) = shared.config.seed.as_ref() else {
+        return;
+    };
+    let (grace_ms, state_dir) = (sc.release_grace_secs.saturating_mul(1000), &sc.state_dir);
     let v = shared.node.view();
     let me = shared.name();
     for shoot in seed.shoots() {
         let Some(p) = v.state.placements.get(&shoot) else {
             continue; // not (or not yet) a shoot of this ring: leave it alone
-        };
-        let Some(state_dir) = shared.config.seed.as_ref().map(|s| &s.state_dir) else {
-            return;
         };
         let marker = state_dir.join("shoots").join(&shoot).join("released");
         // an open operation that needs this seed's copy: a planned migration (its
@@ -1293,8 +1291,8 @@ impl RingAdmin for AdminService {
         }
         let seed = self
             .shared
-            .seed
-            .clone()
+            .local_seed()
+            .cloned()
             .ok_or_else(|| Status::failed_precondition("this member has no seed"))?;
         let layout = seed.layout(&r.shoot);
         let files =

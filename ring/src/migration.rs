@@ -247,7 +247,6 @@ async fn migration_target_action(
     ledger: &mut Ledger,
 ) -> Result<(), RingError> {
     let shoot = op.shoot();
-    let epoch = &epoch;
     let layout = seed.layout(shoot);
     match action {
         TargetAction::Fetch => fetch(shared, &layout, op, from).await?,
@@ -261,7 +260,7 @@ async fn migration_target_action(
                 return Err(migrate_err(e));
             }
         }
-        TargetAction::AcquireLease => shared.renew_lease(shoot, *epoch).await?,
+        TargetAction::AcquireLease => shared.renew_lease(shoot, epoch).await?,
         TargetAction::Start => {
             let spec = seed.spec_for(shoot, None)?;
             seed.start(&spec).await?;
