@@ -401,9 +401,17 @@ impl RunningDaemon {
             }
         }
         if let Some(hosting) = &self.shared.hosting {
+            // a start still in flight would bring a control plane up after the
+            // stop below: let it finish first (bounded), then stop it too
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline
+                && lock(&self.shared.hosted).values().any(|h| h.starting)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let shoots: Vec<String> = lock(&self.shared.hosted)
                 .iter()
-                .filter(|(_, h)| h.serving)
+                .filter(|(_, h)| h.serving || h.starting)
                 .map(|(s, _)| s.clone())
                 .collect();
             for shoot in shoots {
