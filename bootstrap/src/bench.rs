@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{MemberSpec, RingConfig, SeedSpec};
+use crate::config::{MemberSpec, RingConfig};
 use crate::{bootstrap, down, BootstrapError, BootstrapOptions, Progress};
 
 /// One bootstrap's figures.
@@ -72,13 +72,13 @@ pub async fn bootstrap_bench(
     let mut out = Vec::new();
     for &n in sizes {
         let ring_dir: PathBuf = dir.join(format!("ring-{n}"));
+        let _kill = crate::KillRingOnDrop(crate::RingLayout {
+            dir: ring_dir.clone(),
+        });
         let config = RingConfig {
             name: format!("bench{n}"),
             members: (1..=n)
-                .map(|i| MemberSpec {
-                    name: format!("m{i}"),
-                    seed: SeedSpec::Local,
-                })
+                .map(|i| MemberSpec::local(format!("m{i}")))
                 .collect(),
             ports: crate::config::Ports {
                 address: "127.0.0.1".into(),

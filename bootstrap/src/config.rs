@@ -42,6 +42,26 @@ pub struct MemberSpec {
     pub name: String,
     #[serde(default)]
     pub seed: SeedSpec,
+    /// The IP this member's ringd listens on and is reached at [default: `ports.address`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// A network namespace (`ip netns`, under /run/netns) this member's ringd and
+    /// every control plane it hosts run in: members on one machine separated like
+    /// hosts on a network (used by the partition drill). The namespace must exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+}
+
+impl MemberSpec {
+    /// A member on a local seed, reached at the ring's `ports.address`.
+    pub fn local(name: impl Into<String>) -> Self {
+        MemberSpec {
+            name: name.into(),
+            seed: SeedSpec::Local,
+            address: None,
+            netns: None,
+        }
+    }
 }
 
 /// Where the members' ringd listen.
@@ -92,10 +112,7 @@ impl Default for RingConfig {
             name: "demo".into(),
             members: ["m1", "m2", "m3"]
                 .iter()
-                .map(|n| MemberSpec {
-                    name: n.to_string(),
-                    seed: SeedSpec::Local,
-                })
+                .map(|n| MemberSpec::local(*n))
                 .collect(),
             bucket: None,
             ports: Ports::default(),
@@ -151,6 +168,35 @@ impl RingConfig {
                     format!("{:?} is already members[{j}]", m.name),
                 ));
             }
+            if let Some(a) = &m.address {
+                a.parse::<std::net::IpAddr>().map_err(|e| {
+                    bad(
+                        format!("members[{i}].address"),
+                        format!("{a:?} is not an IP address ({e})"),
+                    )
+                })?;
+            }
+            if let Some(ns) = &m.netns {
+                let ok = !ns.is_empty()
+                    && ns.len() <= 64
+                    && ns != "."
+                    && ns != ".."
+                    && ns
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                if !ok {
+                    return Err(bad(
+                        format!("members[{i}].netns"),
+                        format!("{ns:?} is not a network namespace name (letters, digits, '-', '_', '.'; at most 64)"),
+                    ));
+                }
+                if m.seed != SeedSpec::Local {
+                    return Err(bad(
+                        format!("members[{i}].netns"),
+                        "only a member on a local seed runs in a network namespace",
+                    ));
+                }
+            }
             if let SeedSpec::Kubernetes { kubeconfig, .. } = &m.seed {
                 if kubeconfig.is_empty() {
                     return Err(bad(
@@ -186,20 +232,36 @@ impl RingConfig {
         Ok(())
     }
 
+    /// The IP member `i` listens on: its own `address`, else `ports.address`.
+    pub fn member_ip(&self, i: usize) -> &str {
+        self.members
+            .get(i)
+            .and_then(|m| m.address.as_deref())
+            .unwrap_or(&self.ports.address)
+    }
+
+    /// The IP member `i` listens on, parsed (for its certificate).
+    pub fn member_ip_addr(&self, i: usize) -> Result<std::net::IpAddr, BootstrapError> {
+        let ip = self.member_ip(i);
+        ip.parse().map_err(|e| {
+            let field = match self.members.get(i).and_then(|m| m.address.as_ref()) {
+                Some(_) => format!("members[{i}].address"),
+                None => "ports.address".into(),
+            };
+            bad(field, format!("{ip:?} is not an IP address ({e})"))
+        })
+    }
+
     /// `host:port` of member `i`'s ringd.
     pub fn member_address(&self, i: usize) -> String {
-        format!(
-            "{}:{}",
-            self.ports.address,
-            self.ports.base as usize + 1 + i
-        )
+        format!("{}:{}", self.member_ip(i), self.ports.base as usize + 1 + i)
     }
 
     /// `host:port` of member `i`'s metrics.
     pub fn metrics_address(&self, i: usize) -> String {
         format!(
             "{}:{}",
-            self.ports.address,
+            self.member_ip(i),
             self.ports.base as usize + 101 + i
         )
     }
@@ -242,6 +304,31 @@ mod tests {
     }
 
     #[test]
+    fn a_member_may_have_its_own_address_and_network_namespace() {
+        let c = RingConfig::parse(
+            &yaml(
+                "members: [{name: a, address: 198.18.0.1, netns: ring-a}, {name: b}, {name: c}]\n",
+            ),
+            "ring.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.member_address(0), "198.18.0.1:17101");
+        assert_eq!(c.metrics_address(0), "198.18.0.1:17201");
+        assert_eq!(c.member_address(1), "127.0.0.1:17102");
+        assert_eq!(c.members[0].netns.as_deref(), Some("ring-a"));
+        assert_eq!(
+            c.member_ip_addr(0).unwrap(),
+            "198.18.0.1".parse::<std::net::IpAddr>().unwrap()
+        );
+        // a member without them is written as before
+        let text = serde_yaml::to_string(&RingConfig::default()).unwrap();
+        assert!(
+            !text.contains("netns") && !text.contains("address: null"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn bad_configs_give_precise_errors() {
         let three = "members: [{name: a}, {name: b}, {name: c}]\n";
         let cases = [
@@ -277,6 +364,18 @@ mod tests {
             (
                 yaml(&format!("{three}timing: {{leaseMs: 10}}\n")),
                 "timing.leaseMs",
+            ),
+            (
+                yaml("members: [{name: a}, {name: b, address: 10.0.0.300}, {name: c}]\n"),
+                "config members[1].address: \"10.0.0.300\" is not an IP address",
+            ),
+            (
+                yaml("members: [{name: a, netns: ../x}, {name: b}, {name: c}]\n"),
+                "config members[0].netns: \"../x\" is not a network namespace name",
+            ),
+            (
+                yaml("members: [{name: a}, {name: b}, {name: c, netns: n, seed: {kind: kubernetes, kubeconfig: k}}]\n"),
+                "config members[2].netns: only a member on a local seed",
             ),
         ];
         for (text, want) in cases {

@@ -152,6 +152,29 @@ impl RingLayout {
     }
 }
 
+/// Kills every member of a throwaway local ring when dropped (kill -9 of each
+/// ringd; the control planes it runs follow through their parent-death signal):
+/// a benchmark interrupted mid-way (its future dropped) leaves nothing running.
+/// The orderly path is still [`down`].
+pub struct KillRingOnDrop(pub RingLayout);
+
+impl Drop for KillRingOnDrop {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.0.dir.join("members")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = self.0.running_pid(&name) {
+                // SAFETY: plain syscall on a pid we checked is this ring's ringd.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
 /// How bootstrap reports progress.
 pub trait Progress: Send + Sync {
     /// A step starts (or continues).
@@ -395,17 +418,8 @@ async fn execute(
         Step::IssuePki => {
             let pki = RingPki::new(layout.pki());
             pki.ensure_admin()?;
-            let ip: std::net::IpAddr =
-                config
-                    .ports
-                    .address
-                    .parse()
-                    .map_err(|e| BootstrapError::Config {
-                        field: "ports.address".into(),
-                        reason: format!("{e}"),
-                    })?;
-            for m in &config.members {
-                pki.ensure_member(&m.name, ip)?;
+            for (i, m) in config.members.iter().enumerate() {
+                pki.ensure_member(&m.name, config.member_ip_addr(i)?)?;
             }
         }
         Step::WriteMemberConfigs => write_member_configs(layout, config)?,
@@ -527,6 +541,27 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
     let err = log
         .try_clone()
         .map_err(io(format!("opening {}", log_path.display())))?;
+    // a member in a network namespace: ringd (and all it hosts) runs inside it
+    let netns = match layout.read_config()? {
+        Some(config) => config
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .and_then(|m| m.netns.clone()),
+        None => None,
+    };
+    let netns = netns
+        .map(|ns| {
+            let path = Path::new("/run/netns").join(&ns);
+            std::fs::File::open(&path).map_err(|e| BootstrapError::Config {
+                field: format!("members[{name}].netns"),
+                reason: format!(
+                    "cannot open network namespace {} ({e}); create it with `ip netns add {ns}` (needs root)",
+                    path.display()
+                ),
+            })
+        })
+        .transpose()?;
     let mut cmd = std::process::Command::new(ringd);
     cmd.arg("--config")
         .arg(layout.ringd_config(name))
@@ -538,11 +573,18 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(err);
-    // SAFETY: setsid is async-signal-safe; the member outlives this command.
+    let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+    // SAFETY: setsid and setns are async-signal-safe syscalls; the member outlives
+    // this command; the namespace file stays open until spawn returns.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = netns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -550,6 +592,7 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
     let child = cmd
         .spawn()
         .map_err(io(format!("starting {}", ringd.display())))?;
+    drop(netns);
     seed::pki::write_private(&layout.pid_file(name), child.id().to_string().as_bytes())
         .map_err(RingError::from)?;
     // Not waited for: once this command exits, init reaps the member.
@@ -563,19 +606,24 @@ pub async fn ring_status(
     config: &RingConfig,
 ) -> Result<RingStatus, BootstrapError> {
     let mut last = None;
+    // a member that knows no leader (e.g. one just reconnected after a partition)
+    // is asked last: another member may know the ring's leader
+    let mut leaderless = None;
     for i in 0..config.members.len() {
         match AdminClient::connect(&config.member_address(i), &layout.pki()) {
             Ok(mut c) => match c.status().await {
                 Ok(s) => {
-                    if let Some(leader) = &s.leader {
-                        if *leader != s.member {
-                            if let Some(j) = config.members.iter().position(|m| m.name == *leader) {
-                                if let Ok(mut lc) =
-                                    AdminClient::connect(&config.member_address(j), &layout.pki())
-                                {
-                                    if let Ok(ls) = lc.status().await {
-                                        return Ok(ls);
-                                    }
+                    let Some(leader) = s.leader.clone() else {
+                        leaderless.get_or_insert(s);
+                        continue;
+                    };
+                    if leader != s.member {
+                        if let Some(j) = config.members.iter().position(|m| m.name == leader) {
+                            if let Ok(mut lc) =
+                                AdminClient::connect(&config.member_address(j), &layout.pki())
+                            {
+                                if let Ok(ls) = lc.status().await {
+                                    return Ok(ls);
                                 }
                             }
                         }
@@ -586,6 +634,9 @@ pub async fn ring_status(
             },
             Err(e) => last = Some(e),
         }
+    }
+    if let Some(s) = leaderless {
+        return Ok(s);
     }
     Err(last
         .map(BootstrapError::Ring)
@@ -623,21 +674,9 @@ pub async fn join(
     })?;
     let index = config.members.len();
     let mut grown = config.clone();
-    grown.members.push(config::MemberSpec {
-        name: name.to_string(),
-        seed: config::SeedSpec::Local,
-    });
+    grown.members.push(config::MemberSpec::local(name));
     grown.validate()?;
-    let ip: std::net::IpAddr =
-        config
-            .ports
-            .address
-            .parse()
-            .map_err(|e| BootstrapError::Config {
-                field: "ports.address".into(),
-                reason: format!("{e}"),
-            })?;
-    RingPki::new(layout.pki()).ensure_member(name, ip)?;
+    RingPki::new(layout.pki()).ensure_member(name, grown.member_ip_addr(index)?)?;
     // The live ring's members and Raft ids (ids are never reused, so not the ring order).
     let status = ring_status(&layout, &config).await?;
     let leader = status

@@ -63,6 +63,9 @@ pub async fn migrate_bench(
         ..RingConfig::default()
     };
     let ring_dir = dir.join("ring");
+    let _kill = crate::KillRingOnDrop(crate::RingLayout {
+        dir: ring_dir.clone(),
+    });
     let opts = BootstrapOptions {
         config: Some(config.clone()),
         dir: ring_dir.clone(),

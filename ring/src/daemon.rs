@@ -364,6 +364,37 @@ impl Shared {
     }
 }
 
+/// How long a starting ringd waits for a previous process of the same member to
+/// let go of the Raft store: a ringd killed with -9 holds its file lock until
+/// its last thread has exited, which can outlast its pid (e.g. during an fsync).
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(15);
+
+/// Opens the member's Raft store, waiting (bounded) while another process holds it.
+async fn open_store(
+    config: &RingdConfig,
+    shutdown: &CancellationToken,
+) -> Result<DiskStorage, RingError> {
+    let path = config.data_dir.join("raft.redb");
+    let deadline = Instant::now() + STORE_LOCK_WAIT;
+    let mut logged = false;
+    loop {
+        match DiskStorage::open(&path, &config.initial_voters()) {
+            Err(RingError::StoreLocked(p)) if Instant::now() < deadline => {
+                if !logged {
+                    tracing::warn!(store = %p, "the Raft store is still open in another process; waiting for it to exit");
+                    logged = true;
+                }
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return Err(RingError::StoreLocked(p)),
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A started daemon.
 pub struct RunningDaemon {
     /// Where gRPC is served.
@@ -441,7 +472,7 @@ pub async fn start(
         key: config.tls.key.clone(),
     })?;
     seed::pki::create_private_dir(&config.data_dir)?;
-    let store = DiskStorage::open(&config.data_dir.join("raft.redb"), &config.initial_voters())?;
+    let store = open_store(&config, &shutdown).await?;
     let t = config.timing;
     let election_ticks = (t.election_timeout_ms / t.tick_ms).max(5) as usize;
     let tuning = RaftTuning {
@@ -857,6 +888,12 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
     // Stop serving this long before the lease ends (SIGKILL is immediate).
     let fence_early = Duration::from_millis(lease_ms / 6);
     let mut next_release = Instant::now();
+    // What this seed holds from before a restart is reconciled (and shown in the
+    // status) too, not only what the ring places here now: a returning seed
+    // whose control plane moved away says so ("moved to …") instead of nothing.
+    for shoot in hosting.shoots() {
+        lock(&shared.hosted).entry(shoot).or_default();
+    }
     while pause(&stop, Duration::from_millis(200)).await {
         if Instant::now() >= next_release {
             next_release = Instant::now() + Duration::from_secs(5);

@@ -58,6 +58,11 @@ pub enum RingError {
     #[error("raft store: {0}")]
     Storage(String),
 
+    /// Another process holds the Raft store open (another ringd of this member,
+    /// or one killed a moment ago whose threads are still exiting).
+    #[error("raft store {0} is open in another process: stop the other ringd of this member (see its ringd.pid) and start again")]
+    StoreLocked(String),
+
     /// Output could not be encoded.
     #[error("cannot encode output: {0}")]
     Encode(String),
@@ -68,7 +73,7 @@ impl RingError {
     pub fn is_retryable(&self) -> bool {
         match self {
             RingError::Seed(e) => e.is_retryable(),
-            RingError::Io { .. } | RingError::Transport(_) => true,
+            RingError::Io { .. } | RingError::Transport(_) | RingError::StoreLocked(_) => true,
             RingError::Propose(e) => e.is_retryable(),
             RingError::Config { .. } => false,
             RingError::Encode(_) | RingError::Storage(_) | RingError::Raft(_) => false,

@@ -73,8 +73,11 @@ impl DiskStorage {
     /// Opens (or creates) the store at `path`. A new store starts with
     /// `initial_voters` as its configuration (empty for a member that joins later).
     pub fn open(path: &Path, initial_voters: &[u64]) -> Result<Self, RingError> {
-        let db = Database::create(path).map_err(|e| {
-            RingError::Storage(format!("opening Raft store {}: {e}", path.display()))
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                RingError::StoreLocked(path.display().to_string())
+            }
+            e => RingError::Storage(format!("opening Raft store {}: {e}", path.display())),
         })?;
         let mut core = Core::default();
         {
@@ -482,6 +485,21 @@ mod tests {
                 .len(),
             4
         );
+    }
+
+    #[test]
+    fn a_store_open_elsewhere_is_reported_as_locked_and_retryable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.redb");
+        let first = DiskStorage::open(&path, &[1]).unwrap();
+        let err = DiskStorage::open(&path, &[1])
+            .err()
+            .expect("the second open fails");
+        assert!(matches!(err, RingError::StoreLocked(_)), "{err}");
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("other ringd"), "{err}");
+        drop(first);
+        DiskStorage::open(&path, &[1]).expect("free again once the first is closed");
     }
 
     #[test]

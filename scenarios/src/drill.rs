@@ -57,6 +57,21 @@ pub struct RingSpec {
     /// Where the backups go.
     #[serde(default)]
     pub bucket: BucketKind,
+    /// How members are separated on this machine.
+    #[serde(default)]
+    pub network: NetworkKind,
+}
+
+/// How the drill's members are separated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NetworkKind {
+    /// All members share the host's network namespace (loopback); links cannot be cut.
+    #[default]
+    Loopback,
+    /// Every member in its own network namespace on a bridge the runner creates
+    /// (needs root); `partition` cuts a member's link.
+    Namespaces,
 }
 
 /// The kind of backup bucket the runner provides.
@@ -173,6 +188,10 @@ pub enum Action {
     KillSeed { target: Target },
     /// Starts a killed member's ringd again (its old control planes must stay fenced).
     RestartSeed { target: Target },
+    /// Cuts a member off from every other member and from the runner (its link
+    /// on the drill network goes down; it keeps running). Needs `ring.network:
+    /// namespaces`. `heal` reconnects it.
+    Partition { target: Target },
     /// Takes a full snapshot of a shoot (1-based ring position) now, as
     /// `ringctl backup snapshot` does, next to the continuous backup.
     FullSnapshot { shoot: usize },
@@ -189,8 +208,9 @@ pub enum Action {
     LoseRing {},
     /// `ringctl restore --from-bucket URL --config ring.yaml`.
     RestoreFromBucket {},
-    /// Restarts every dead member and moves every control plane back to its
-    /// member's predecessor (planned migrations: no acknowledged write may be lost).
+    /// Reconnects partitioned members, restarts every dead member and moves every
+    /// control plane back to its member's predecessor (planned migrations: no
+    /// acknowledged write may be lost).
     Heal {},
 }
 
@@ -200,6 +220,7 @@ impl Action {
         match self {
             Action::KillSeed { .. } => "killSeed",
             Action::RestartSeed { .. } => "restartSeed",
+            Action::Partition { .. } => "partition",
             Action::FullSnapshot { .. } => "fullSnapshot",
             Action::CorruptNewestSnapshot { .. } => "corruptNewestSnapshot",
             Action::StopBucket { .. } => "stopBucket",
@@ -308,6 +329,12 @@ impl Drill {
                 format!("members would be named {}1..: {e}", self.ring.member_prefix),
             )
         })?;
+        if self.ring.network == NetworkKind::Namespaces && self.ring.bucket == BucketKind::S3 {
+            return Err(bad(
+                "ring.bucket",
+                "the S3 server listens on the host's loopback, which member namespaces do not reach: use ring.bucket: file with ring.network: namespaces",
+            ));
+        }
         let w = &self.workload;
         if !(1..=8).contains(&w.writers_per_shoot) {
             return Err(bad("workload.writersPerShoot", "must be between 1 and 8"));
@@ -385,13 +412,31 @@ impl Drill {
                     Ok(())
                 }
             };
+            if matches!(f.action, Action::Partition { .. })
+                && self.ring.network != NetworkKind::Namespaces
+            {
+                return Err(bad(
+                    field("action.partition"),
+                    "cuts a member's network link: set ring.network: namespaces (needs root)",
+                ));
+            }
             match &f.action {
-                Action::KillSeed { target } | Action::RestartSeed { target } => match target {
+                Action::KillSeed { target }
+                | Action::RestartSeed { target }
+                | Action::Partition { target } => match target {
                     Target::Member(p) => position(*p, "target.member")?,
                     Target::HostOf(p) => position(*p, "target.hostOf")?,
                     _ => {}
                 },
-                Action::FullSnapshot { shoot } => position(*shoot, "shoot")?,
+                Action::FullSnapshot { shoot } => {
+                    position(*shoot, "shoot")?;
+                    if self.ring.network == NetworkKind::Namespaces {
+                        return Err(bad(
+                            field("action.fullSnapshot"),
+                            "reads etcd on the shoot's loopback address, which only its seed's namespace reaches: use ring.network: loopback",
+                        ));
+                    }
+                }
                 Action::CorruptNewestSnapshot { shoot } => {
                     position(*shoot, "shoot")?;
                     if self.ring.bucket != BucketKind::File {
@@ -634,6 +679,23 @@ expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
             (
                 GOOD.replace("lostWrites: beyondDurable", "lostWrites: some"),
                 "unknown variant `some`",
+            ),
+            (
+                GOOD.replace("{killSeed: {target", "{partition: {target"),
+                "faults[0].action.partition: cuts a member's network link: set ring.network: namespaces",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: namespaces, bucket: s3}"),
+                "ring.bucket: the S3 server listens on the host's loopback",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: bridged}"),
+                "unknown variant `bridged`",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: namespaces}")
+                    .replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
+                "faults[1].action.fullSnapshot: reads etcd on the shoot's loopback address",
             ),
         ];
         for (text, want) in cases {

@@ -12,6 +12,7 @@
 //! and a self-contained HTML report with an SVG timeline.
 
 pub mod drill;
+pub mod netns;
 pub mod procs;
 pub mod report;
 pub mod result;

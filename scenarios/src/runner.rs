@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bootstrap::config::{MemberSpec, Ports, RingConfig, SeedSpec};
+use bootstrap::config::{MemberSpec, Ports, RingConfig};
 use bootstrap::{BootstrapOptions, RingLayout};
 use ringd::state::{OperationKind, OperationStep};
 use ringd::status::RingStatus;
 use tokio_util::sync::CancellationToken;
 
-use crate::drill::{Action, BucketKind, Drill, Step, Target, When};
+use crate::drill::{Action, BucketKind, Drill, NetworkKind, Step, Target, When};
+use crate::netns::Network;
 use crate::procs;
 use crate::result::{
     account, intervals, rto, verdict, DoubleServing, Event, EventKind, LossPoint, RunResult,
@@ -25,7 +26,7 @@ use crate::s3::S3Server;
 use crate::workload::{read_back, Probes, Writers};
 use crate::ScenarioError;
 
-/// How members are isolated in drills run by this runner.
+/// How members are isolated in drills on `network: loopback`.
 pub const ISOLATION: &str =
     "loopback: members share the host's network namespace; every shoot has its own 127.x address";
 
@@ -286,6 +287,19 @@ impl Drop for Teardown {
     }
 }
 
+/// The shoots `member` hosts, as the ring last reported.
+fn hosted_by(obs: &Observer, member: &str) -> Vec<String> {
+    obs.status()
+        .map(|s| {
+            s.placements
+                .iter()
+                .filter(|p| p.host == member)
+                .map(|p| p.shoot.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 struct Quiet;
 impl bootstrap::Progress for Quiet {
     fn step(&self, _: &str) {}
@@ -331,8 +345,12 @@ struct Run<'a> {
     deadline: Instant,
     rng: Rng,
     last_killed: Option<String>,
-    /// When the newest kill (killSeed, loseRing) happened (ms since the Unix epoch).
+    /// When the newest kill (killSeed, loseRing, partition) happened (ms since the Unix epoch).
     last_kill_ms: u64,
+    /// The member the newest partition cut off.
+    last_partitioned: Option<String>,
+    /// The drill network (`ring.network: namespaces`).
+    network: Option<Arc<Network>>,
     losses: BTreeMap<String, Vec<LossPoint>>,
     s3: Option<Arc<Mutex<S3Server>>>,
     say: &'a (dyn Fn(&str) + Sync),
@@ -451,16 +469,7 @@ impl Run<'_> {
         match action {
             Action::KillSeed { target } => {
                 let m = self.resolve(*target, obs)?;
-                let hosted: Vec<String> = obs
-                    .status()
-                    .map(|s| {
-                        s.placements
-                            .iter()
-                            .filter(|p| p.host == m)
-                            .map(|p| p.shoot.clone())
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let hosted = hosted_by(obs, &m);
                 self.last_kill_ms = now_ms();
                 let k = procs::kill_member(&self.layout.dir, &m).await;
                 self.last_killed = Some(m.clone());
@@ -477,6 +486,23 @@ impl Run<'_> {
                 let m = self.resolve(*target, obs)?;
                 bootstrap::start_member(&self.layout, &self.opts.ringd, &m)?;
                 Ok(format!("started ringd {m} again"))
+            }
+            Action::Partition { target } => {
+                let network = self.network.clone().ok_or_else(|| {
+                    ScenarioError::Setup("partition needs ring.network: namespaces".into())
+                })?;
+                let m = self.resolve(*target, obs)?;
+                let hosted = hosted_by(obs, &m);
+                self.last_kill_ms = now_ms();
+                network.cut(&m)?;
+                self.last_partitioned = Some(m.clone());
+                // what it hosts may move away: writes it acknowledges from now on
+                // count as lost only beyond what reached the bucket
+                self.record_losses(&hosted, obs).await;
+                Ok(format!(
+                    "cut {m} (hosting {}) off from the other members and the runner",
+                    hosted.join(", ")
+                ))
             }
             Action::FullSnapshot { shoot } => {
                 let shoot = self.members[shoot - 1].clone();
@@ -617,6 +643,10 @@ impl Run<'_> {
             }
             Action::Heal {} => {
                 let started = Instant::now();
+                let reconnected = match &self.network {
+                    Some(n) => n.heal()?,
+                    None => Vec::new(),
+                };
                 // every dead member back (bootstrap resumes the ring)
                 bootstrap::bootstrap(&self.bootstrap_options(None), &Quiet).await?;
                 // re-link: each member hosts its successor (planned migrations)
@@ -666,7 +696,12 @@ impl Run<'_> {
                     }
                 }
                 Ok(format!(
-                    "restarted dead members and re-linked the ring in {:.1}s (moved: {})",
+                    "{}restarted dead members and re-linked the ring in {:.1}s (moved: {})",
+                    if reconnected.is_empty() {
+                        String::new()
+                    } else {
+                        format!("reconnected {}; ", reconnected.join(", "))
+                    },
                     started.elapsed().as_secs_f64(),
                     if moved.is_empty() {
                         "nothing".into()
@@ -708,6 +743,7 @@ pub async fn run(
     std::fs::create_dir_all(&bucket_dir).map_err(io("creating the bucket folder"))?;
     let (bucket_url, bucket, s3) = if drill.ring.bucket == BucketKind::S3 {
         let server = S3Server::start(&dir.join("s3"))?;
+        server.create_bucket(crate::s3::BUCKET)?;
         // ringd and ringctl, started by this process, reach it through the environment
         for (k, v) in server.env() {
             std::env::set_var(k, v);
@@ -721,13 +757,41 @@ pub async fn run(
         let url = format!("file://{}", bucket_dir.display());
         (url.clone(), backup::BucketConfig::url(url), None)
     };
+    // members in their own network namespaces, shoot APIs forwarded into them
+    let forwarding = CancellationToken::new();
+    let _forwarding = forwarding.clone().drop_guard();
+    let network = match drill.ring.network {
+        NetworkKind::Loopback => None,
+        NetworkKind::Namespaces => {
+            let net = Arc::new(Network::create(&members, (seed ^ run as u64) as u8)?);
+            for m in &members {
+                let ep = seed::ShootEndpoint::for_shoot(m);
+                net.forward(
+                    std::net::SocketAddr::from((ep.address, ep.api_port)),
+                    forwarding.clone(),
+                )
+                .await?;
+            }
+            Some(net)
+        }
+    };
+    let isolation = network
+        .as_ref()
+        .map_or_else(|| ISOLATION.to_string(), |n| n.describe());
     let config = RingConfig {
         name: drill.name.clone(),
         members: members
             .iter()
-            .map(|m| MemberSpec {
-                name: m.clone(),
-                seed: SeedSpec::Local,
+            .map(|m| {
+                let mut spec = MemberSpec::local(m);
+                if let Some(h) = network
+                    .as_ref()
+                    .and_then(|n| n.hosts().iter().find(|h| h.member == *m))
+                {
+                    spec.address = Some(h.address.to_string());
+                    spec.netns = Some(h.netns.clone());
+                }
+                spec
             })
             .collect(),
         bucket: Some(bucket_url.clone()),
@@ -808,6 +872,8 @@ pub async fn run(
         rng: rng.fork(2),
         last_killed: None,
         last_kill_ms: started_at_ms,
+        last_partitioned: None,
+        network: network.clone(),
         losses: BTreeMap::new(),
         s3,
         say,
@@ -837,9 +903,11 @@ pub async fn run(
         };
         first_fault.get_or_insert(t);
         last_fault_t = r.t();
-        let member = matches!(f.action, Action::KillSeed { .. })
-            .then(|| r.last_killed.clone())
-            .flatten();
+        let member = match f.action {
+            Action::KillSeed { .. } => r.last_killed.clone(),
+            Action::Partition { .. } => r.last_partitioned.clone(),
+            _ => None,
+        };
         match outcome {
             Ok(detail) => {
                 say(&format!("  {t:>6.1}s  fault {}: {detail}", f.action.name()));
@@ -989,7 +1057,7 @@ pub async fn run(
         setup_secs,
         members,
         bucket: bucket_url,
-        isolation: ISOLATION.into(),
+        isolation,
         events,
         shoots: figures,
         double_serving: observed.double,

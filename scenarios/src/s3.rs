@@ -1,7 +1,7 @@
-//! The S3 bucket of drills with `ring.bucket: s3`: a real S3-compatible server
-//! (`s3s-fs`, installed by `scripts/setup`) on a loopback port, storing under the
-//! run's dir. It can be stopped (an outage) and started again on the same port
-//! and data.
+//! A real S3-compatible server (`s3s-fs`, installed by `scripts/setup`) on a
+//! loopback port, storing under a dir: the bucket of drills with `ring.bucket:
+//! s3`, and the S3 server of the end-to-end tests. It can be stopped (an outage)
+//! and started again on the same port and data.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::ScenarioError;
 
-/// The drill server's credentials (it accepts only these).
+/// The server's credentials (it accepts only these).
 pub const ACCESS_KEY: &str = "ring-drill-access";
 /// See [`ACCESS_KEY`].
 pub const SECRET_KEY: &str = "ring-drill-secret-key";
@@ -42,9 +42,10 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts a server storing under `dir` (which gets `data/<BUCKET>` and `server.log`).
+    /// Starts a server storing under `dir` (which gets `data/` and `server.log`);
+    /// it has no bucket yet ([`S3Server::create_bucket`]).
     pub fn start(dir: &Path) -> Result<S3Server, ScenarioError> {
-        let data = dir.join("data").join(BUCKET);
+        let data = dir.join("data");
         std::fs::create_dir_all(&data).map_err(|source| ScenarioError::Io {
             what: format!("creating {}", data.display()),
             source,
@@ -111,20 +112,40 @@ impl S3Server {
         Ok(false)
     }
 
+    /// Creates a bucket (a folder of the server's root).
+    pub fn create_bucket(&self, name: &str) -> Result<(), ScenarioError> {
+        let dir = self.bucket_dir(name);
+        std::fs::create_dir_all(&dir).map_err(|source| ScenarioError::Io {
+            what: format!("creating bucket {}", dir.display()),
+            source,
+        })
+    }
+
+    /// Where the server keeps a bucket's objects (for faults that damage them).
+    pub fn bucket_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("data").join(name)
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The bucket URL the ring backs up to.
+    /// The drill's bucket URL (the ring backs up under `backups/`).
     pub fn url(&self) -> String {
         format!("s3://{BUCKET}/backups")
     }
 
-    /// The bucket as the backup library reaches it (explicit endpoint and keys).
+    /// The drill's bucket as the backup library reaches it.
     pub fn bucket_config(&self) -> backup::BucketConfig {
+        self.bucket_config_for(BUCKET)
+    }
+
+    /// `s3://<bucket>/backups` on this server as the backup library reaches it
+    /// (explicit endpoint and keys).
+    pub fn bucket_config_for(&self, bucket: &str) -> backup::BucketConfig {
         backup::BucketConfig {
-            url: self.url(),
+            url: format!("s3://{bucket}/backups"),
             endpoint: Some(self.endpoint()),
             region: Some("us-east-1".into()),
             allow_http: Some(true),
@@ -136,16 +157,22 @@ impl S3Server {
         }
     }
 
-    /// The environment through which ringd and ringctl (children of the runner)
-    /// reach this server with a plain `s3://` URL.
-    pub fn env(&self) -> Vec<(&'static str, String)> {
+    /// The credentials and region (for a client given the endpoint explicitly).
+    pub fn credentials_env(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("AWS_ENDPOINT_URL", self.endpoint()),
             ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
             ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
             ("AWS_REGION", "us-east-1".into()),
-            ("AWS_ALLOW_HTTP", "true".into()),
         ]
+    }
+
+    /// The environment through which ringd and ringctl (children of the runner)
+    /// reach this server with a plain `s3://` URL.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = self.credentials_env();
+        env.push(("AWS_ENDPOINT_URL", self.endpoint()));
+        env.push(("AWS_ALLOW_HTTP", "true".into()));
+        env
     }
 
     /// Stops the server (an outage); the data stays.

@@ -43,7 +43,8 @@ pub fn ringctl() -> PathBuf {
 }
 
 /// A temp state dir for a seed; on drop, every process whose command line
-/// mentions the dir (supervisors and components) is killed, then the dir removed.
+/// mentions the dir (supervisors and components) is killed, then the dir removed
+/// (kept, and its path printed, when the test failed).
 pub struct Sandbox {
     dir: tempfile::TempDir,
 }
@@ -107,6 +108,11 @@ impl Drop for Sandbox {
             }
         }
         let _ = self.wait_no_processes(Duration::from_secs(10));
+        // a failed test keeps its sandbox (logs, state, pid files) for a post-mortem
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!("test failed: sandbox kept at {}", self.path().display());
+        }
     }
 }
 

@@ -152,6 +152,76 @@ fn full_ring_dr_drill_restores_every_shoot_from_the_bucket() {
     assert_eq!(events(&r, "loss").len(), 3);
 }
 
+/// SIGTERM to `ringctl drill run` mid-drill stops and removes its throwaway ring
+/// (every ringd and control plane) instead of leaving it running.
+#[test]
+fn an_interrupted_drill_leaves_no_ring_behind() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let _ = binaries();
+    let mut child = Command::new(ringctl())
+        .args(["drill", "run"])
+        .arg(drill_file("kill-seed"))
+        .arg("--report-dir")
+        .arg(sandbox.path())
+        // the run's ring goes under the sandbox, so its processes mention it
+        .env("TMPDIR", sandbox.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let ringd_running = || {
+        scenarios::procs::processes_mentioning(&sandbox.path().to_string_lossy())
+            .iter()
+            .any(|(_, _, cmd)| cmd.contains("ringd.yaml"))
+    };
+    while !ringd_running() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ringctl drill run ended before its ring started"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drill's ring did not start within 180s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ringctl did not exit within 60s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let left = sandbox.wait_no_processes(Duration::from_secs(20));
+    assert!(
+        left.is_empty(),
+        "left running after the interrupt: {left:?}"
+    );
+    let dirs: Vec<_> = std::fs::read_dir(sandbox.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ring-drill-"))
+        .map(|e| e.path())
+        .collect();
+    assert!(dirs.is_empty(), "the run's dir was not removed: {dirs:?}");
+}
+
 /// Bad input to `ringctl drill run` and `ringctl restore` gets a clear error
 /// naming what is wrong (exit code 1, no panic), before any process starts.
 #[test]

@@ -773,7 +773,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    // Drills and benchmarks run throwaway rings (and drill networks) whose guards
+    // tear them down when dropped: on SIGINT/SIGTERM, drop the command's future
+    // (running those guards) instead of dying with the ring left running.
+    let throwaway = matches!(cli.command, Command::Bench(_) | Command::Drill(_));
+    let result = if throwaway {
+        match shutdown_on_signals() {
+            Ok(interrupted) => {
+                tokio::select! {
+                    biased;
+                    _ = interrupted.cancelled() => Err(anyhow::anyhow!(
+                        "interrupted; the throwaway rings of this command were stopped and removed"
+                    )),
+                    r = run(cli) => r,
+                }
+            }
+            Err(e) => Err(e),
+        }
+    } else {
+        run(cli).await
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Our error messages already embed their causes; add only what is new.

@@ -1,0 +1,431 @@
+//! Members in their own network namespaces on one machine, so a drill can cut a
+//! member off from the others with `ip` (a real partition, not a paused process).
+//!
+//! ```text
+//!   root namespace (runner, ringctl)          hub namespace: bridge br0
+//!   rgNh 198.18.N.254 ──veth── root ─┐
+//!                                    ├── br0 ──┬── p1 ──veth── eth0 198.18.N.1  (member 1's namespace)
+//!                                    │         ├── p2 ──veth── eth0 198.18.N.2  (member 2's namespace)
+//!                                    │         └── p3 ──veth── eth0 198.18.N.3  (member 3's namespace)
+//! ```
+//!
+//! Member i's ringd listens on 198.18.N.i; the control planes it hosts bind their
+//! shoot's 127.x address on the namespace's own loopback, so they are reachable
+//! only inside it. The runner reaches a shoot's API through a [`Forwarder`]: it
+//! listens on the shoot's endpoint in the root namespace and, per connection,
+//! connects to that endpoint inside whichever member namespace accepts (a load
+//! balancer in front of the seeds). Cutting member i = `ip link set pi down` in
+//! the hub; the forwarder still reaches it, as clients of a partitioned seed
+//! might, which is what fencing has to cope with.
+//!
+//! The bridge lives in its own namespace so the host's firewall (e.g. a
+//! `FORWARD DROP` policy with `bridge-nf-call-iptables`) never sees the traffic.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::ScenarioError;
+
+fn setup_err(what: impl Into<String>) -> ScenarioError {
+    ScenarioError::Setup(what.into())
+}
+
+/// Runs `ip ARGS`, turning a failure into an error that quotes the command.
+fn ip(args: &[&str]) -> Result<(), ScenarioError> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            setup_err(format!(
+                "running `ip {}`: {e} (install iproute2)",
+                args.join(" ")
+            ))
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let hint = if err.contains("Operation not permitted") || err.contains("Permission denied") {
+        " (network namespaces need root or CAP_SYS_ADMIN + CAP_NET_ADMIN)"
+    } else {
+        ""
+    };
+    Err(setup_err(format!(
+        "`ip {}` failed: {err}{hint}",
+        args.join(" ")
+    )))
+}
+
+/// What a connect request carries: where to, and where the socket goes.
+type ConnectRequest = (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<std::io::Result<std::net::TcpStream>>,
+);
+
+/// A thread that lives in one network namespace and opens TCP connections there
+/// (a socket belongs to the namespace of the thread that created it).
+struct Connector {
+    tx: Mutex<mpsc::Sender<ConnectRequest>>,
+}
+
+impl Connector {
+    fn start(netns: &str) -> Result<Connector, ScenarioError> {
+        let path = std::path::Path::new("/run/netns").join(netns);
+        let file = std::fs::File::open(&path)
+            .map_err(|e| setup_err(format!("opening {}: {e}", path.display())))?;
+        let (tx, rx) = mpsc::channel::<ConnectRequest>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("netns-{netns}"))
+            .spawn(move || {
+                // SAFETY: setns on this thread only; the fd is open.
+                let entered = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                let _ = ready_tx.send(if entered == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                });
+                if entered != 0 {
+                    return;
+                }
+                // ends when the Connector (the only sender) is dropped
+                for (addr, reply) in rx {
+                    let _ = reply.send(std::net::TcpStream::connect_timeout(
+                        &addr,
+                        Duration::from_millis(300),
+                    ));
+                }
+            })
+            .map_err(|e| setup_err(format!("starting a thread for {netns}: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Connector { tx: Mutex::new(tx) }),
+            Ok(Err(e)) => Err(setup_err(format!(
+                "entering network namespace {netns}: {e}"
+            ))),
+            Err(_) => Err(setup_err(format!("the thread for {netns} died"))),
+        }
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send((addr, reply));
+        if sent.is_err() {
+            return Err(std::io::Error::other("connector stopped"));
+        }
+        let stream = rx
+            .await
+            .map_err(|_| std::io::Error::other("connector stopped"))??;
+        stream.set_nonblocking(true)?;
+        tokio::net::TcpStream::from_std(stream)
+    }
+}
+
+/// One member's place on the drill's network.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub member: String,
+    /// Its network namespace (`ip netns` name).
+    pub netns: String,
+    /// Its port on the hub's bridge (cut to partition it).
+    pub port: String,
+    pub address: Ipv4Addr,
+}
+
+/// The drill's network: a hub namespace with a bridge, one namespace per member,
+/// and a link from the root namespace. Everything is deleted on drop.
+pub struct Network {
+    tag: u8,
+    hub: String,
+    root_if: String,
+    hosts: Vec<Host>,
+    connectors: BTreeMap<String, Arc<Connector>>,
+    cut: Mutex<Vec<String>>,
+}
+
+impl Network {
+    /// Creates the namespaces and links for `members`; `tag` (0..=255) keeps
+    /// concurrent drills apart (another free tag is taken if it is in use).
+    pub fn create(members: &[String], tag: u8) -> Result<Network, ScenarioError> {
+        let tag = (0..=255u16)
+            .map(|i| ((u16::from(tag) + i) % 256) as u8)
+            .find(|t| !std::path::Path::new(&format!("/run/netns/ring-{t}-hub")).exists())
+            .ok_or_else(|| setup_err("no free network tag (256 drill networks exist?)"))?;
+        let hub = format!("ring-{tag}-hub");
+        let mut net = Network {
+            tag,
+            hub: hub.clone(),
+            root_if: format!("rg{tag}h"),
+            hosts: Vec::new(),
+            connectors: BTreeMap::new(),
+            cut: Mutex::new(Vec::new()),
+        };
+        // on any error below, drop removes what exists so far
+        ip(&["netns", "add", &hub])?;
+        ip(&["-n", &hub, "link", "set", "lo", "up"])?;
+        ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &hub, "link", "set", "br0", "up"])?;
+        let root_if = net.root_if.clone();
+        ip(&[
+            "link", "add", &root_if, "type", "veth", "peer", "name", "root", "netns", &hub,
+        ])?;
+        ip(&["-n", &hub, "link", "set", "root", "master", "br0", "up"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", net.gateway()),
+            "dev",
+            &root_if,
+        ])?;
+        ip(&["link", "set", &root_if, "up"])?;
+        for (i, m) in members.iter().enumerate() {
+            let host = Host {
+                member: m.clone(),
+                netns: format!("ring-{tag}-{m}"),
+                port: format!("p{}", i + 1),
+                address: Ipv4Addr::new(198, 18, tag, (i + 1) as u8),
+            };
+            ip(&["netns", "add", &host.netns])?;
+            net.hosts.push(host.clone());
+            ip(&["-n", &host.netns, "link", "set", "lo", "up"])?;
+            ip(&[
+                "-n",
+                &hub,
+                "link",
+                "add",
+                &host.port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                &host.netns,
+            ])?;
+            ip(&["-n", &hub, "link", "set", &host.port, "master", "br0", "up"])?;
+            ip(&[
+                "-n",
+                &host.netns,
+                "addr",
+                "add",
+                &format!("{}/24", host.address),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &host.netns, "link", "set", "eth0", "up"])?;
+            net.connectors
+                .insert(m.clone(), Arc::new(Connector::start(&host.netns)?));
+        }
+        Ok(net)
+    }
+
+    /// The root namespace's address on the drill network.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.tag, 254)
+    }
+
+    /// Every member's place, in ring order.
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
+    }
+
+    fn host(&self, member: &str) -> Result<&Host, ScenarioError> {
+        self.hosts
+            .iter()
+            .find(|h| h.member == member)
+            .ok_or_else(|| setup_err(format!("{member} is not on the drill network")))
+    }
+
+    /// Cuts `member` off from every other member and from the runner.
+    pub fn cut(&self, member: &str) -> Result<(), ScenarioError> {
+        let h = self.host(member)?;
+        ip(&["-n", &self.hub, "link", "set", &h.port, "down"])?;
+        let mut cut = self.cut.lock().unwrap_or_else(|p| p.into_inner());
+        if !cut.contains(&h.member) {
+            cut.push(h.member.clone());
+        }
+        Ok(())
+    }
+
+    /// Reconnects every member that was cut; returns their names.
+    pub fn heal(&self) -> Result<Vec<String>, ScenarioError> {
+        let cut: Vec<String> =
+            std::mem::take(&mut *self.cut.lock().unwrap_or_else(|p| p.into_inner()));
+        for m in &cut {
+            let h = self.host(m)?;
+            ip(&["-n", &self.hub, "link", "set", &h.port, "up"])?;
+        }
+        Ok(cut)
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "network namespaces: each member in its own (ring-{t}-<member>, 198.18.{t}.i) on a bridge in ring-{t}-hub; partitions cut a member's bridge port with `ip link set down`; the runner reaches shoot APIs through a forwarder into the namespace that serves them",
+            t = self.tag
+        )
+    }
+
+    /// Forwards connections to `endpoint` (in the root namespace) to `endpoint`
+    /// inside whichever member namespace accepts, until `stop`.
+    pub async fn forward(
+        self: &Arc<Self>,
+        endpoint: SocketAddr,
+        stop: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, ScenarioError> {
+        let listener = tokio::net::TcpListener::bind(endpoint)
+            .await
+            .map_err(|e| setup_err(format!("listening on {endpoint} to forward it: {e}")))?;
+        let net = self.clone();
+        Ok(tokio::spawn(async move {
+            let mut preferred = 0usize;
+            loop {
+                let accepted = tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((mut client, _)) = accepted else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                // try the member that answered last time first
+                let n = net.hosts.len();
+                let mut upstream = None;
+                for k in 0..n {
+                    let i = (preferred + k) % n;
+                    let Some(c) = net.connectors.get(&net.hosts[i].member) else {
+                        continue;
+                    };
+                    if let Ok(s) = c.connect(endpoint).await {
+                        preferred = i;
+                        upstream = Some(s);
+                        break;
+                    }
+                }
+                let Some(mut upstream) = upstream else {
+                    continue; // nobody serves it: the client sees the connection close
+                };
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                    }
+                });
+            }
+        }))
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        self.connectors.clear();
+        // deleting a namespace removes its links (and the root link's peer with the hub)
+        for h in &self.hosts {
+            let _ = ip(&["netns", "del", &h.netns]);
+        }
+        let _ = ip(&["netns", "del", &self.hub]);
+        let _ = ip(&["link", "del", &self.root_if]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs root (as CI and the drills do): creates a real drill network.
+    #[tokio::test]
+    async fn a_cut_member_is_unreachable_until_healed_and_the_forwarder_follows_the_server() {
+        let members = vec!["nsa1".to_string(), "nsa2".to_string(), "nsa3".to_string()];
+        let net =
+            Arc::new(Network::create(&members, 201).expect(
+                "creating network namespaces (the drills need root; run the tests as root)",
+            ));
+        // a server in member 2's namespace, on the bridge and on a 127.x address
+        let h2 = net.hosts()[1].clone();
+        let shoot_ep: SocketAddr = "127.77.0.9:6443".parse().unwrap();
+        let (tx, rx) = mpsc::channel::<(std::net::TcpListener, std::net::TcpListener)>();
+        let h2_addr = h2.address;
+        // bind inside the namespace from a thread that entered it
+        let ns = h2.netns.clone();
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            let a = std::net::TcpListener::bind((h2_addr, 7001)).unwrap();
+            let b = std::net::TcpListener::bind(shoot_ep).unwrap();
+            tx.send((a, b)).unwrap();
+        });
+        let (on_bridge, on_loopback) = rx.recv().unwrap();
+        let (on_bridge, on_loopback) = (
+            tokio::net::TcpListener::from_std({
+                on_bridge.set_nonblocking(true).unwrap();
+                on_bridge
+            })
+            .unwrap(),
+            tokio::net::TcpListener::from_std({
+                on_loopback.set_nonblocking(true).unwrap();
+                on_loopback
+            })
+            .unwrap(),
+        );
+        let to_m2 = SocketAddr::from((h2_addr, 7001));
+        let c1 = net.connectors.get("nsa1").unwrap().clone();
+        // member 1 reaches member 2 over the bridge, and so does the root namespace
+        c1.connect(to_m2).await.expect("m1 -> m2 before the cut");
+        tokio::net::TcpStream::connect(to_m2)
+            .await
+            .expect("root -> m2 before the cut");
+        let _ = on_bridge.accept().await.unwrap();
+        // the shoot endpoint exists only inside m2's namespace
+        assert!(c1.connect(shoot_ep).await.is_err(), "m1 has no such server");
+        let stop = CancellationToken::new();
+        let fwd = net.forward(shoot_ep, stop.clone()).await.unwrap();
+        let mut via = tokio::net::TcpStream::connect(shoot_ep).await.unwrap();
+        let (mut served, _) = on_loopback.accept().await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        via.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        served.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+
+        net.cut("nsa2").unwrap();
+        assert!(
+            c1.connect(to_m2).await.is_err(),
+            "m1 still reaches m2 after the cut"
+        );
+        assert!(
+            tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::TcpStream::connect(to_m2)
+            )
+            .await
+            .map_or(true, |r| r.is_err()),
+            "the root namespace still reaches m2 after the cut"
+        );
+        assert_eq!(net.heal().unwrap(), vec!["nsa2".to_string()]);
+        c1.connect(to_m2).await.expect("m1 -> m2 after healing");
+        stop.cancel();
+        let _ = fwd.await;
+        let namespaces: Vec<String> = net.hosts().iter().map(|h| h.netns.clone()).collect();
+        drop(via);
+        drop(served);
+        drop(net);
+        for ns in namespaces {
+            assert!(
+                !std::path::Path::new("/run/netns").join(&ns).exists(),
+                "{ns} left behind"
+            );
+        }
+    }
+}
