@@ -800,12 +800,21 @@ impl ObjectReader {
                 Stage::Checksum => "inside its checksum".into(),
                 Stage::Done => "unexpectedly".into(),
             };
+            // A flipped bit in a frame's length also makes the object "end" early;
+            // only an intact checksum at its end says it is not damaged otherwise.
             return Err(BackupError::corrupt(
                 &self.name,
-                format!(
-                    "truncated: the object ends after {} bytes, {at}",
-                    self.offset
-                ),
+                if tail_matches {
+                    format!(
+                        "truncated: the object ends after {} bytes, {at}",
+                        self.offset
+                    )
+                } else {
+                    format!(
+                        "checksum mismatch: the object ends after {} bytes, {at}: it is truncated, or corrupted (e.g. in a length field)",
+                        self.offset
+                    )
+                },
             ));
         };
         let own = self.hasher.finalize();
@@ -949,6 +958,28 @@ mod tests {
         obj[pos] ^= 1;
         let err = decode("o", &obj, None).unwrap_err().to_string();
         assert!(err.contains("checksum mismatch"), "{err}");
+    }
+
+    #[test]
+    fn a_flipped_bit_anywhere_reports_a_checksum_mismatch() {
+        // small objects too: there a flip often lands in a frame's length
+        for size in [10, 500, 5_000] {
+            let data = body(size);
+            let (obj, _) = encode(header(), &data, 0, None, Trailer::default()).unwrap();
+            for pos in (0..obj.len()).step_by(7) {
+                let mut bad = obj.clone();
+                bad[pos] ^= 0x04;
+                let Err(err) = decode("o", &bad, None) else {
+                    panic!("flip at {pos} of {} went unnoticed", obj.len());
+                };
+                let err = err.to_string();
+                assert!(
+                    err.contains("checksum mismatch"),
+                    "flip at {pos} of {}: {err}",
+                    obj.len()
+                );
+            }
+        }
     }
 
     #[test]
