@@ -68,6 +68,18 @@ type ConnectRequest = (
     tokio::sync::oneshot::Sender<std::io::Result<std::net::TcpStream>>,
 );
 
+/// Moves the calling thread into network namespace `netns` (`ip netns` name);
+/// sockets it creates from then on belong to that namespace.
+fn enter(netns: &str) -> std::io::Result<()> {
+    let file = std::fs::File::open(std::path::Path::new("/run/netns").join(netns))?;
+    // SAFETY: setns affects this thread only; the fd is open for the call.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// A thread that lives in one network namespace and opens TCP connections there
 /// (a socket belongs to the namespace of the thread that created it).
 struct Connector {
@@ -76,22 +88,16 @@ struct Connector {
 
 impl Connector {
     fn start(netns: &str) -> Result<Connector, ScenarioError> {
-        let path = std::path::Path::new("/run/netns").join(netns);
-        let file = std::fs::File::open(&path)
-            .map_err(|e| setup_err(format!("opening {}: {e}", path.display())))?;
         let (tx, rx) = mpsc::channel::<ConnectRequest>();
         let (ready_tx, ready_rx) = mpsc::channel();
+        let ns = netns.to_string();
         std::thread::Builder::new()
             .name(format!("netns-{netns}"))
             .spawn(move || {
-                // SAFETY: setns on this thread only; the fd is open.
-                let entered = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                let _ = ready_tx.send(if entered == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                });
-                if entered != 0 {
+                let entered = enter(&ns);
+                let ok = entered.is_ok();
+                let _ = ready_tx.send(entered);
+                if !ok {
                     return;
                 }
                 // ends when the Connector (the only sender) is dropped
@@ -344,6 +350,21 @@ impl Drop for Network {
 mod tests {
     use super::*;
 
+    /// Connects through `c` to `addr`, retrying for up to 10 s: a bridge port
+    /// that just came up may drop the first packets.
+    async fn reach(c: &Connector, addr: SocketAddr, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match c.connect(addr).await {
+                Ok(_) => return,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    panic!("{what}: not reachable within 10s: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
     /// Needs root (as CI and the drills do): creates a real drill network.
     #[tokio::test]
     async fn a_cut_member_is_unreachable_until_healed_and_the_forwarder_follows_the_server() {
@@ -360,8 +381,7 @@ mod tests {
         // bind inside the namespace from a thread that entered it
         let ns = h2.netns.clone();
         std::thread::spawn(move || {
-            let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            enter(&ns).unwrap();
             let a = std::net::TcpListener::bind((h2_addr, 7001)).unwrap();
             let b = std::net::TcpListener::bind(shoot_ep).unwrap();
             tx.send((a, b)).unwrap();
@@ -382,7 +402,7 @@ mod tests {
         let to_m2 = SocketAddr::from((h2_addr, 7001));
         let c1 = net.connectors.get("nsa1").unwrap().clone();
         // member 1 reaches member 2 over the bridge, and so does the root namespace
-        c1.connect(to_m2).await.expect("m1 -> m2 before the cut");
+        reach(&c1, to_m2, "m1 -> m2 before the cut").await;
         tokio::net::TcpStream::connect(to_m2)
             .await
             .expect("root -> m2 before the cut");
@@ -414,7 +434,7 @@ mod tests {
             "the root namespace still reaches m2 after the cut"
         );
         assert_eq!(net.heal().unwrap(), vec!["nsa2".to_string()]);
-        c1.connect(to_m2).await.expect("m1 -> m2 after healing");
+        reach(&c1, to_m2, "m1 -> m2 after healing").await;
         stop.cancel();
         let _ = fwd.await;
         let namespaces: Vec<String> = net.hosts().iter().map(|h| h.netns.clone()).collect();

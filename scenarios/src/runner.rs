@@ -287,6 +287,15 @@ impl Drop for Teardown {
     }
 }
 
+/// The member hosting `shoot`'s control plane, as the ring last reported.
+fn host_of(obs: &Observer, shoot: &str) -> Option<String> {
+    obs.status()?
+        .placements
+        .iter()
+        .find(|p| p.shoot == shoot)
+        .map(|p| p.host.clone())
+}
+
 /// The shoots `member` hosts, as the ring last reported.
 fn hosted_by(obs: &Observer, member: &str) -> Vec<String> {
     obs.status()
@@ -384,14 +393,7 @@ impl Run<'_> {
                 .ok_or_else(|| need("leader"))?,
             Target::HostOf(p) => {
                 let shoot = &self.members[p - 1];
-                status
-                    .and_then(|s| {
-                        s.placements
-                            .iter()
-                            .find(|x| x.shoot == *shoot)
-                            .map(|x| x.host.clone())
-                    })
-                    .ok_or_else(|| need(&format!("host of {shoot}")))?
+                host_of(obs, shoot).ok_or_else(|| need(&format!("host of {shoot}")))?
             }
             Target::FailoverTarget => status
                 .and_then(|s| {
@@ -506,14 +508,7 @@ impl Run<'_> {
             }
             Action::FullSnapshot { shoot } => {
                 let shoot = self.members[shoot - 1].clone();
-                let host = obs
-                    .status()
-                    .and_then(|s| {
-                        s.placements
-                            .iter()
-                            .find(|p| p.shoot == shoot)
-                            .map(|p| p.host.clone())
-                    })
+                let host = host_of(obs, &shoot)
                     .ok_or_else(|| ScenarioError::Setup(format!("no host of {shoot} known")))?;
                 let shoot_layout = seed::ShootLayout {
                     dir: self.layout.seed_dir(&host).join("shoots").join(&shoot),

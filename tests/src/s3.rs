@@ -10,8 +10,6 @@ pub struct S3Server {
     inner: scenarios::s3::S3Server,
     /// Dropped after `inner` (fields drop in order): the data outlives the server.
     _root: tempfile::TempDir,
-    /// Its port on 127.0.0.1.
-    pub port: u16,
 }
 
 impl S3Server {
@@ -23,11 +21,7 @@ impl S3Server {
             .expect("temp dir");
         let inner = scenarios::s3::S3Server::start(root.path())
             .unwrap_or_else(|e| panic!("the S3 test server: {e}"));
-        S3Server {
-            port: inner.port,
-            inner,
-            _root: root,
-        }
+        S3Server { inner, _root: root }
     }
 
     /// Creates a bucket (a folder of the server's root).
