@@ -953,6 +953,15 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
                 if !h.serving && !h.starting && h.next_attempt.is_none_or(|t| Instant::now() >= t) {
                     h.starting = true;
                     h.detail = "starting".into();
+                    // Recorded before the task exists: the next pass (200 ms on)
+                    // must not start a second one, and shutdown waits for it.
+                    {
+                        let mut all = lock(&shared.hosted);
+                        let cur = all.entry(shoot.clone()).or_default();
+                        cur.starting = true;
+                        cur.detail = h.detail.clone();
+                    }
+                    shared.metrics.started();
                     let (hosting, shared, shoot) = (hosting.clone(), shared.clone(), shoot.clone());
                     tokio::spawn(async move {
                         let res = match hosting.spec_for(&shoot) {
@@ -1003,12 +1012,12 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
             }
             let mut all = lock(&shared.hosted);
             let cur = all.entry(shoot).or_default();
-            // the start task may have finished meanwhile; keep its outcome
-            let (starting, serving) = (cur.starting, cur.serving);
-            *cur = h;
-            if !starting && cur.starting {
-                cur.starting = false;
-                cur.serving = serving;
+            if h.starting {
+                // A start task is in flight (or finished meanwhile): `starting`,
+                // `serving`, `detail` and `next_attempt` are its to write.
+                cur.epoch = h.epoch;
+            } else {
+                *cur = h;
             }
         }
     }

