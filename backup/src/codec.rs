@@ -863,6 +863,105 @@ pub fn decode(name: &str, bytes: &[u8], key: Option<&EncryptionKey>) -> Result<(
     Ok((r.finish()?, plain))
 }
 
+/// Magic of a sealed small object (see [`seal`]).
+const SEAL_MAGIC: &[u8; 8] = b"RINGSEAL";
+
+/// What a sealed object records about its encryption.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SealHeader {
+    key_id: String,
+    key_check: String,
+    nonce: String,
+}
+
+/// What a seal authenticates besides the plain bytes: the name and the header.
+fn seal_aad(name: &str, header: &[u8]) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(name.len() + 1 + header.len());
+    aad.extend_from_slice(name.as_bytes());
+    aad.push(0);
+    aad.extend_from_slice(header);
+    aad
+}
+
+/// Encrypts a small object whole (a shoot's spec or a PKI file) with AES-256-GCM.
+/// The object's `name` and the header are authenticated with it, so a sealed
+/// object cannot be passed off under another name. Layout: `RINGSEAL`, header length (u32 BE),
+/// JSON header (key id, key check, nonce), ciphertext with its tag.
+pub fn seal(key: &EncryptionKey, name: &str, plain: &[u8]) -> Result<Vec<u8>> {
+    let nonce: [u8; 12] = rand::random();
+    let header = serde_json::to_vec(&SealHeader {
+        key_id: key.id.clone(),
+        key_check: key.check.clone(),
+        nonce: hex(&nonce),
+    })
+    .map_err(|e| BackupError::corrupt(name, format!("encoding the seal header: {e}")))?;
+    let sealed = key
+        .cipher()
+        .encrypt(
+            Nonce::from_slice(&nonce),
+            Payload {
+                msg: plain,
+                aad: &seal_aad(name, &header),
+            },
+        )
+        .map_err(|_| BackupError::corrupt(name, "encryption failed"))?;
+    let mut out = Vec::with_capacity(12 + header.len() + sealed.len());
+    out.extend_from_slice(SEAL_MAGIC);
+    out.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&sealed);
+    Ok(out)
+}
+
+/// Opens what [`seal`] wrote under the same `name`: a missing or wrong key, and
+/// anything damaged or renamed, is an error saying which.
+pub fn unseal(key: Option<&EncryptionKey>, name: &str, bytes: &[u8]) -> Result<Vec<u8>> {
+    let corrupt = |problem: &str| BackupError::corrupt(name, problem);
+    let rest = bytes
+        .strip_prefix(SEAL_MAGIC.as_slice())
+        .ok_or_else(|| corrupt("not a sealed object (no RINGSEAL magic)"))?;
+    let (len, rest) = rest
+        .split_first_chunk::<4>()
+        .ok_or_else(|| corrupt("truncated in the seal header"))?;
+    let len = u32::from_be_bytes(*len) as usize;
+    if len > MAX_META || len > rest.len() {
+        return Err(corrupt(
+            "truncated, or corrupted in the seal header's length",
+        ));
+    }
+    let (raw_header, sealed) = rest.split_at(len);
+    let header: SealHeader = serde_json::from_slice(raw_header)
+        .map_err(|e| corrupt(&format!("the seal header is not valid: {e}")))?;
+    let Some(key) = key else {
+        return Err(BackupError::KeyRequired {
+            object: name.to_string(),
+            key_id: header.key_id,
+        });
+    };
+    if header.key_check != key.check {
+        return Err(BackupError::WrongKey {
+            object: name.to_string(),
+            object_key: header.key_id,
+            object_check: header.key_check,
+            configured_key: key.id.clone(),
+            configured_check: key.check.clone(),
+        });
+    }
+    let nonce: [u8; 12] = unhex(&header.nonce)
+        .and_then(|n| n.try_into().ok())
+        .ok_or_else(|| corrupt("the nonce in the seal header is malformed"))?;
+    key.cipher()
+        .decrypt(
+            Nonce::from_slice(&nonce),
+            Payload {
+                msg: sealed,
+                aad: &seal_aad(name, raw_header),
+            },
+        )
+        .map_err(|_| corrupt("authentication failed: the object is corrupted, truncated or was stored under another name"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1023,5 +1122,38 @@ mod tests {
         assert_eq!(b.check, c.check);
         assert_eq!(a.id, a.check);
         assert!(EncryptionKey::parse(b"short", "f", None).is_err());
+    }
+
+    #[test]
+    fn sealed_objects_open_only_with_their_key_and_name() {
+        let key = EncryptionKey::new([7; 32], Some("k1".into()));
+        let other = EncryptionKey::new([8; 32], Some("k2".into()));
+        let plain = b"-----BEGIN PRIVATE KEY-----\nsecret\n";
+        let sealed = seal(&key, "pki_ca.key", plain).unwrap();
+        assert!(!sealed.windows(7).any(|w| w == b"PRIVATE"));
+        assert_eq!(unseal(Some(&key), "pki_ca.key", &sealed).unwrap(), plain);
+        let err = unseal(None, "pki_ca.key", &sealed).unwrap_err();
+        assert!(
+            matches!(err, BackupError::KeyRequired { ref key_id, .. } if key_id == "k1"),
+            "{err}"
+        );
+        let err = unseal(Some(&other), "pki_ca.key", &sealed).unwrap_err();
+        assert!(matches!(err, BackupError::WrongKey { .. }), "{err}");
+        let err = unseal(Some(&key), "pki_sa.key", &sealed).unwrap_err();
+        assert!(err.to_string().contains("another name"), "{err}");
+        for i in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 0x20;
+            assert!(
+                unseal(Some(&key), "pki_ca.key", &bad).is_err(),
+                "flipped byte {i}"
+            );
+        }
+        for cut in 0..sealed.len() {
+            assert!(
+                unseal(Some(&key), "pki_ca.key", &sealed[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
     }
 }

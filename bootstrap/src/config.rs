@@ -94,6 +94,10 @@ pub struct RingConfig {
     /// Backup bucket URL (file://, s3://, gs://, az://).
     #[serde(default)]
     pub bucket: Option<String>,
+    /// The AES-256 key every member seals the bucket's contents with (snapshots,
+    /// deltas, each shoot's spec and PKI): `keyFile` (absolute path) or `keyEnv`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_encryption: Option<backup::config::EncryptionConfig>,
     #[serde(default)]
     pub ports: Ports,
     #[serde(default)]
@@ -115,6 +119,7 @@ impl Default for RingConfig {
                 .map(|n| MemberSpec::local(*n))
                 .collect(),
             bucket: None,
+            bucket_encryption: None,
             ports: Ports::default(),
             timing: Timing::default(),
             release_grace_seconds: ringd::config::default_release_grace_secs(),
@@ -211,6 +216,16 @@ impl RingConfig {
             .map_err(|e| bad("timing", e.to_string()))?;
         if let Some(url) = &self.bucket {
             check_bucket_url(url).map_err(|reason| bad("bucket", reason))?;
+        }
+        if let Some(e) = &self.bucket_encryption {
+            if e.key_file.as_ref().is_some_and(|f| f.is_relative()) {
+                return Err(bad(
+                    "bucketEncryption.keyFile",
+                    "give an absolute path: every member's ringd reads the key from it",
+                ));
+            }
+            backup::codec::EncryptionKey::load(e)
+                .map_err(|err| bad("bucketEncryption", err.to_string()))?;
         }
         self.ports
             .address
@@ -347,6 +362,20 @@ mod tests {
             (
                 yaml(&format!("{three}bucket: file://relative\n")),
                 "absolute path",
+            ),
+            (
+                yaml(&format!("{three}bucketEncryption: {{keyFile: key}}\n")),
+                "config bucketEncryption.keyFile: give an absolute path",
+            ),
+            (
+                yaml(&format!(
+                    "{three}bucketEncryption: {{keyFile: /nonexistent/ring.key}}\n"
+                )),
+                "config bucketEncryption: config encryption.keyFile (/nonexistent/ring.key)",
+            ),
+            (
+                yaml(&format!("{three}bucketEncryption: {{}}\n")),
+                "give keyFile (a file with the key) or keyEnv",
             ),
             (
                 yaml(&format!("{three}colour: blue\n")),

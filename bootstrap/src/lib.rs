@@ -510,6 +510,7 @@ fn write_member_config(
         }),
         backup: Some(ringd::config::BackupSection {
             bucket: backup::BucketConfig::url(layout.bucket_url(config)),
+            encryption: config.bucket_encryption.clone(),
         }),
     };
     rc.validate()?;

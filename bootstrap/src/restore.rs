@@ -129,7 +129,7 @@ fn read_marker(layout: &RingLayout, shoot: &str, host: &str) -> Option<ShootRest
 
 async fn restore_shoot(
     layout: &RingLayout,
-    bucket_url: &str,
+    bucket: &ringd::backups::RingBucket,
     shoot: &str,
     host: &str,
 ) -> Result<(), BootstrapError> {
@@ -145,11 +145,9 @@ async fn restore_shoot(
     let etcd = search.find("etcd").map_err(RingError::from)?;
     let etcdctl = search.find("etcdctl").map_err(RingError::from)?;
     let seed = seed::LocalSeed::new(layout.seed_dir(host), bins);
-    let bucket = backup::BucketConfig::url(bucket_url);
     let cancel = tokio_util::sync::CancellationToken::new();
     let report =
-        ringd::backups::restore_from_bucket(&bucket, &seed, shoot, &etcd, &etcdctl, &cancel)
-            .await?;
+        ringd::backups::restore_from_bucket(bucket, &seed, shoot, &etcd, &etcdctl, &cancel).await?;
     let done = ShootRestore {
         shoot: shoot.to_string(),
         host: host.to_string(),
@@ -193,6 +191,11 @@ pub async fn restore(
     };
     config.bucket = Some(opts.bucket_url.clone());
     config.validate()?;
+    let bucket = ringd::backups::RingBucket::new(
+        backup::BucketConfig::url(opts.bucket_url.clone()),
+        config.bucket_encryption.clone(),
+        "bucketEncryption",
+    )?;
     if let Some(stored) = &stored {
         if *stored != config {
             return Err(BootstrapError::Conflict {
@@ -254,7 +257,7 @@ pub async fn restore(
         match &step {
             RestoreStep::Bootstrap(s) => crate::execute(&layout, &config, &opts.ringd, s).await?,
             RestoreStep::RestoreShoot { shoot, host } => {
-                restore_shoot(&layout, &opts.bucket_url, shoot, host).await?
+                restore_shoot(&layout, &bucket, shoot, host).await?
             }
         }
     }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backup::codec::EncryptionKey;
 use backup::BucketConfig;
 use bytes::Bytes;
 use seed::{LocalSeed, ShootLayout};
@@ -20,6 +21,65 @@ use crate::RingError;
 fn backup_err(e: backup::BackupError) -> RingError {
     RingError::Transport(e.to_string())
 }
+
+/// The ring's bucket as this member uses it: where it is, and the key that seals
+/// what goes in (loaded once, so a bad key stops ringd at start, not a failover).
+#[derive(Debug, Clone)]
+pub struct RingBucket {
+    pub config: BucketConfig,
+    /// Where the key comes from (handed to the continuous backups).
+    pub encryption: Option<backup::config::EncryptionConfig>,
+    key: Option<EncryptionKey>,
+}
+
+impl RingBucket {
+    /// An unencrypted bucket.
+    pub fn plain(config: BucketConfig) -> Self {
+        RingBucket {
+            config,
+            encryption: None,
+            key: None,
+        }
+    }
+
+    /// The bucket of a member's `backup` section, with its key loaded.
+    pub fn open(section: &crate::config::BackupSection) -> Result<Self, RingError> {
+        Self::new(
+            section.bucket.clone(),
+            section.encryption.clone(),
+            "backup.encryption",
+        )
+    }
+
+    /// A bucket sealed with the key `encryption` names (`field`: where that came from).
+    pub fn new(
+        config: BucketConfig,
+        encryption: Option<backup::config::EncryptionConfig>,
+        field: &str,
+    ) -> Result<Self, RingError> {
+        let key = encryption
+            .as_ref()
+            .map(EncryptionKey::load)
+            .transpose()
+            .map_err(|e| RingError::Config {
+                field: field.to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(RingBucket {
+            config,
+            encryption,
+            key,
+        })
+    }
+
+    /// The key objects are sealed with, if any.
+    pub fn key(&self) -> Option<&EncryptionKey> {
+        self.key.as_ref()
+    }
+}
+
+/// Suffix of a sealed identity object.
+const SEALED: &str = ".aesgcm";
 
 /// The bucket prefix of a shoot's identity (spec + PKI): a child of the shoot's
 /// prefix, which the backup catalog ignores.
@@ -36,13 +96,21 @@ fn object_name(rel: &str) -> String {
     rel.replace('/', "_")
 }
 
-/// Stores the shoot's spec and PKI in the bucket (idempotent).
+/// Stores the shoot's spec and PKI in the bucket (idempotent), sealed when the
+/// bucket has a key; the other form of each object, if any, is removed.
 pub async fn upload_identity(
-    cfg: &BucketConfig,
+    rb: &RingBucket,
     layout: &ShootLayout,
     shoot: &str,
 ) -> Result<(), RingError> {
-    let bucket = identity_bucket(cfg, shoot, true)?;
+    let bucket = identity_bucket(&rb.config, shoot, true)?;
+    let existing: Vec<String> = bucket
+        .list()
+        .await
+        .map_err(backup_err)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     let mut files = vec!["shoot.json".to_string()];
     let pki = layout.dir.join("pki");
     for e in std::fs::read_dir(&pki).map_err(|source| RingError::Io {
@@ -63,35 +131,66 @@ pub async fn upload_identity(
             what: format!("reading {}", path.display()),
             source,
         })?;
+        let name = object_name(&rel);
+        let (stored, stale) = match rb.key() {
+            Some(key) => (
+                {
+                    let sealed_name = format!("{name}{SEALED}");
+                    let bytes =
+                        backup::codec::seal(key, &sealed_name, &data).map_err(backup_err)?;
+                    (sealed_name, bytes)
+                },
+                name,
+            ),
+            None => ((name.clone(), data), format!("{name}{SEALED}")),
+        };
         bucket
-            .put(&object_name(&rel), Bytes::from(data))
+            .put(&stored.0, Bytes::from(stored.1))
             .await
             .map_err(backup_err)?;
+        if existing.contains(&stale) {
+            bucket.delete(&stale).await.map_err(backup_err)?;
+        }
     }
     Ok(())
 }
 
-/// Fetches the shoot's spec and PKI from the bucket into `layout` (files 0600).
+/// Fetches the shoot's spec and PKI from the bucket into `layout` (files 0600),
+/// opening sealed objects with the bucket's key (a sealed object wins over a
+/// plain one of the same name).
 pub async fn download_identity(
-    cfg: &BucketConfig,
+    rb: &RingBucket,
     layout: &ShootLayout,
     shoot: &str,
 ) -> Result<(), RingError> {
-    let bucket = identity_bucket(cfg, shoot, false)?;
-    let objects = bucket.list().await.map_err(backup_err)?;
-    if !objects.iter().any(|(n, _)| n == "shoot.json") {
+    let bucket = identity_bucket(&rb.config, shoot, false)?;
+    let mut objects: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    for (stored, _) in bucket.list().await.map_err(backup_err)? {
+        match stored.strip_suffix(SEALED) {
+            Some(name) => {
+                objects.insert(name.to_string(), (stored.clone(), true));
+            }
+            None => {
+                objects.entry(stored.clone()).or_insert((stored, false));
+            }
+        }
+    }
+    if !objects.contains_key("shoot.json") {
         return Err(RingError::Transport(format!(
             "{} holds no spec of shoot {shoot}: it was never backed up here",
             bucket.describe()
         )));
     }
     seed::pki::create_private_dir(&layout.dir.join("pki"))?;
-    for (name, _) in objects {
+    for (name, (stored, sealed)) in objects {
         let rel = match name.strip_prefix("pki_") {
             Some(file) => format!("pki/{file}"),
             None => name.clone(),
         };
-        let data = bucket.get_all(&name).await.map_err(backup_err)?;
+        let mut data = bucket.get_all(&stored).await.map_err(backup_err)?;
+        if sealed {
+            data = backup::codec::unseal(rb.key(), &stored, &data).map_err(key_err)?;
+        }
         seed::pki::write_private(&layout.dir.join(rel), &data)?;
     }
     Ok(())
@@ -110,7 +209,7 @@ impl Backups {
         &self,
         shared: Arc<Shared>,
         seed: &LocalSeed,
-        cfg: &BucketConfig,
+        rb: &RingBucket,
         shoot: &str,
         stop: &CancellationToken,
     ) {
@@ -128,11 +227,11 @@ impl Backups {
                 return;
             }
         };
-        let (cfg, shoot) = (cfg.clone(), shoot.to_string());
+        let (rb, shoot) = (rb.clone(), shoot.to_string());
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(500);
             loop {
-                if let Err(e) = upload_identity(&cfg, &layout, &shoot).await {
+                if let Err(e) = upload_identity(&rb, &layout, &shoot).await {
                     tracing::warn!(%shoot, error = %e, "storing the shoot's identity failed; retrying");
                 } else {
                     break;
@@ -147,8 +246,9 @@ impl Backups {
             let mut config = backup::BackupConfig::new(
                 shoot.clone(),
                 backup::EtcdConfig::for_local_shoot(&layout, &spec),
-                cfg.clone(),
+                rb.config.clone(),
             );
+            config.encryption = rb.encryption.clone();
             config.spool.dir = Some(layout.dir.join("backup-spool"));
             // A failover replays every delta since the newest full snapshot, one
             // revision at a time: a new full snapshot every 2000 revisions keeps
@@ -210,7 +310,7 @@ impl Backups {
 /// Restores `shoot` from the bucket into this member's seed (spec, PKI, etcd data
 /// at the newest durable revision). Returns the restore report.
 pub async fn restore_from_bucket(
-    cfg: &BucketConfig,
+    rb: &RingBucket,
     seed: &LocalSeed,
     shoot: &str,
     etcd: &Path,
@@ -219,7 +319,7 @@ pub async fn restore_from_bucket(
 ) -> Result<backup::restore::RestoreReport, RingError> {
     let layout = seed.layout(shoot);
     seed::pki::create_private_dir(&layout.dir)?;
-    download_identity(cfg, &layout, shoot).await?;
+    download_identity(rb, &layout, shoot).await?;
     let spec = seed.spec_for(shoot, None)?;
     let data = layout.etcd_data();
     if data.exists()
@@ -235,8 +335,8 @@ pub async fn restore_from_bucket(
         })?;
     }
     let opts = backup::restore::RestoreOptions {
-        bucket: backup::Bucket::open(cfg, shoot, false).map_err(backup_err)?,
-        key: None,
+        bucket: backup::Bucket::open(&rb.config, shoot, false).map_err(backup_err)?,
+        key: rb.key.clone(),
         data_dir: data,
         target: backup::restore::RestoreTarget::Latest,
         allow_gap: false,
@@ -252,5 +352,157 @@ pub async fn restore_from_bucket(
         cancel,
     )
     .await
-    .map_err(backup_err)
+    .map_err(key_err)
+}
+
+/// A missing or wrong key is the member's configuration to fix (permanent);
+/// other bucket errors keep their kind.
+fn key_err(e: backup::BackupError) -> RingError {
+    match e {
+        backup::BackupError::KeyRequired { .. } | backup::BackupError::WrongKey { .. } => {
+            RingError::Config {
+                field: "backup.encryption".into(),
+                reason: e.to_string(),
+            }
+        }
+        other => backup_err(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use backup::config::EncryptionConfig;
+
+    fn key_config(dir: &Path, name: &str, byte: u8) -> EncryptionConfig {
+        let path = dir.join(name);
+        std::fs::write(&path, backup::codec::hex(&[byte; 32])).unwrap();
+        EncryptionConfig {
+            key_file: Some(path),
+            ..Default::default()
+        }
+    }
+
+    fn shoot_files(dir: &Path) -> ShootLayout {
+        let layout = ShootLayout {
+            dir: dir.join("shoots/s1"),
+        };
+        std::fs::create_dir_all(layout.dir.join("pki")).unwrap();
+        std::fs::write(layout.spec_file(), b"{\"shoot\":\"s1\"}").unwrap();
+        std::fs::write(
+            layout.dir.join("pki/ca.key"),
+            b"-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        layout
+    }
+
+    /// The shoot's identity objects in a `file://` bucket, by path, with their bytes.
+    fn stored(bucket: &Path) -> Vec<(String, Vec<u8>)> {
+        std::fs::read_dir(bucket.join("s1/identity"))
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                let bytes = std::fs::read(&p).unwrap();
+                (p.display().to_string(), bytes)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_sealed_identity_opens_only_with_the_rings_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bucket_dir = tmp.path().join("bucket");
+        let url = BucketConfig::url(format!("file://{}", bucket_dir.display()));
+        let sealed =
+            RingBucket::new(url.clone(), Some(key_config(tmp.path(), "key", 1)), "test").unwrap();
+        let layout = shoot_files(tmp.path());
+        upload_identity(&sealed, &layout, "s1").await.unwrap();
+
+        let objects = stored(&bucket_dir);
+        assert_eq!(
+            objects.len(),
+            2,
+            "{:?}",
+            objects.iter().map(|o| &o.0).collect::<Vec<_>>()
+        );
+        for (path, bytes) in &objects {
+            assert!(path.ends_with(".aesgcm"), "{path}");
+            assert!(
+                !bytes
+                    .windows(7)
+                    .any(|w| w == b"PRIVATE" || w == b"\"shoot\""),
+                "{path} holds plain text"
+            );
+        }
+
+        // the same key restores the files byte for byte
+        let back = ShootLayout {
+            dir: tmp.path().join("restored"),
+        };
+        download_identity(&sealed, &back, "s1").await.unwrap();
+        for rel in ["shoot.json", "pki/ca.key"] {
+            assert_eq!(
+                std::fs::read(back.dir.join(rel)).unwrap(),
+                std::fs::read(layout.dir.join(rel)).unwrap(),
+                "{rel}"
+            );
+        }
+
+        // no key, or another key: a config error naming the field, nothing written
+        let elsewhere = ShootLayout {
+            dir: tmp.path().join("elsewhere"),
+        };
+        let plain = RingBucket::plain(url.clone());
+        let err = download_identity(&plain, &elsewhere, "s1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RingError::Config { field, reason } if field == "backup.encryption" && reason.contains("is encrypted with key id")),
+            "{err}"
+        );
+        let other = RingBucket::new(
+            url.clone(),
+            Some(key_config(tmp.path(), "other", 2)),
+            "test",
+        )
+        .unwrap();
+        let err = download_identity(&other, &elsewhere, "s1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RingError::Config { reason, .. } if reason.contains("use the key the backup was written with")),
+            "{err}"
+        );
+        assert!(!elsewhere.dir.join("pki/ca.key").exists());
+
+        // turning encryption off (or on) replaces the other form: one copy per file
+        upload_identity(&plain, &layout, "s1").await.unwrap();
+        let objects = stored(&bucket_dir);
+        assert_eq!(objects.len(), 2);
+        assert!(objects.iter().all(|(p, _)| !p.ends_with(".aesgcm")));
+        upload_identity(&sealed, &layout, "s1").await.unwrap();
+        assert!(stored(&bucket_dir)
+            .iter()
+            .all(|(p, _)| p.ends_with(".aesgcm")));
+    }
+
+    #[test]
+    fn an_unreadable_key_is_a_config_error_at_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("short"), "abcd").unwrap();
+        let err = RingBucket::new(
+            BucketConfig::url("file:///nowhere"),
+            Some(EncryptionConfig {
+                key_file: Some(tmp.path().join("short")),
+                ..Default::default()
+            }),
+            "backup.encryption",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, RingError::Config { field, reason } if field == "backup.encryption" && reason.contains("32 bytes")),
+            "{err}"
+        );
+    }
 }

@@ -171,6 +171,10 @@ pub struct RingdConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackupSection {
     pub bucket: backup::BucketConfig,
+    /// The AES-256 key that seals everything this member stores in the bucket
+    /// (snapshots, deltas, the shoot's spec and PKI) and opens what it restores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<backup::config::EncryptionConfig>,
 }
 
 fn bad(field: &str, reason: impl Into<String>) -> RingError {
@@ -276,6 +280,10 @@ impl RingdConfig {
             b.bucket
                 .validate("backup.bucket")
                 .map_err(|e| bad("backup.bucket", e.to_string()))?;
+            if let Some(e) = &b.encryption {
+                e.validate("backup.encryption")
+                    .map_err(|e| bad("backup.encryption", e.to_string()))?;
+            }
         }
         if let Some(k) = self.seed.as_ref().and_then(|s| s.kubernetes.as_ref()) {
             k.validate().map_err(|e| match e {

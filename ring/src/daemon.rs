@@ -140,6 +140,8 @@ pub struct Shared {
     leases: Mutex<BTreeMap<String, LocalLease>>,
     hosted: Mutex<BTreeMap<String, Hosted>>,
     backups: crate::backups::Backups,
+    /// `config.backup` with its key loaded.
+    bucket: Option<crate::backups::RingBucket>,
     stop: CancellationToken,
 }
 
@@ -233,8 +235,8 @@ impl Shared {
     }
 
     /// The bucket this member backs up to and restores from, if configured.
-    pub fn bucket(&self) -> Option<&backup::BucketConfig> {
-        self.config.backup.as_ref().map(|b| &b.bucket)
+    pub fn bucket(&self) -> Option<&crate::backups::RingBucket> {
+        self.bucket.as_ref()
     }
 
     /// Starts the continuous backup of a control plane this member serves.
@@ -537,6 +539,11 @@ pub async fn start(
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
 
+    let bucket = config
+        .backup
+        .as_ref()
+        .map(crate::backups::RingBucket::open)
+        .transpose()?;
     let stop = shutdown.child_token();
     let shared = Arc::new(Shared {
         config: config.clone(),
@@ -549,6 +556,7 @@ pub async fn start(
         leases: Mutex::new(BTreeMap::new()),
         hosted: Mutex::new(BTreeMap::new()),
         backups: crate::backups::Backups::default(),
+        bucket,
         stop: stop.clone(),
     });
 

@@ -344,7 +344,11 @@ async fn failover_step(
                 .propose_cmd(RingCommand::AdvanceOperation {
                     id: op.id,
                     step: OperationStep::Restoring,
-                    detail: format!("{} restores {shoot} from {}", shared.name(), bucket.url),
+                    detail: format!(
+                        "{} restores {shoot} from {}",
+                        shared.name(),
+                        bucket.config.url
+                    ),
                     at_ms: now_ms(),
                     outcome: None,
                 })
@@ -388,7 +392,7 @@ async fn failover_action(
     op: &Operation,
     action: &TargetAction,
     epoch: u64,
-    bucket: &backup::BucketConfig,
+    bucket: &crate::backups::RingBucket,
     restored: Option<backup::restore::RestoreReport>,
     ledger: &mut Ledger,
 ) -> Result<(), RingError> {

@@ -342,10 +342,18 @@ async fn target_crash_mid_migration_resumes_and_completes() {
 /// kill -9 of the seed hosting a shoot's control plane in a 3-member ring: the
 /// ring restores it on another member from the bucket alone, the original
 /// kubeconfig answers, and every write the ring knew to be durable is there.
+/// The bucket is sealed with the ring's key: no plain byte of a shoot's PKI,
+/// spec or data is in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_seed_fails_over_from_the_bucket() {
     let _slot = ring_tests::ring_slot();
-    let b = Bootstrapped::new("");
+    let keys = Sandbox::new();
+    let key_file = keys.path().join("ring.key");
+    std::fs::write(&key_file, "11".repeat(32)).unwrap();
+    let b = Bootstrapped::new(&format!(
+        "bucketEncryption: {{keyFile: {}}}",
+        key_file.display()
+    ));
     let (dir, kubeconfig, ring, pki) = (&b.dir, &b.kubeconfig, &b.ring, &b.pki);
 
     // writes, then wait until the ring knows a durable backup covering them
@@ -423,6 +431,44 @@ async fn killed_seed_fails_over_from_the_bucket() {
         "resourceVersion went back"
     );
     ringctl_in(dir, &["down"]);
+
+    // everything in the bucket is sealed: snapshots, deltas, specs and PKI
+    let mut objects = Vec::new();
+    let mut todo = vec![dir.join("bucket")];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                objects.push(p);
+            }
+        }
+    }
+    let identity = objects
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("/m2/identity/"))
+        .count();
+    assert!(
+        identity >= 5,
+        "m2's spec and PKI are in the bucket: {objects:?}"
+    );
+    for p in &objects {
+        assert!(
+            p.to_string_lossy().ends_with(".aesgcm"),
+            "not sealed: {}",
+            p.display()
+        );
+        let bytes = std::fs::read(p).unwrap();
+        for plain in [&b"PRIVATE KEY"[..], b"CERTIFICATE", b"before-1"] {
+            assert!(
+                !bytes.windows(plain.len()).any(|w| w == plain),
+                "{} holds {:?} in plain text",
+                p.display(),
+                String::from_utf8_lossy(plain)
+            );
+        }
+    }
 }
 
 /// kill -9 of the ringd leader while a failover is under way: once the quorum is

@@ -130,6 +130,8 @@ pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
                 .as_ref()
                 .map(|url| ringd::config::BackupSection {
                     bucket: backup::BucketConfig::url(url.clone()),
+                    // a Kubernetes seed backs up nothing yet (see the README)
+                    encryption: None,
                 }),
         };
         config
