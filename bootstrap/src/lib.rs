@@ -266,6 +266,7 @@ pub async fn bootstrap(
         (None, None) => RingConfig::default(),
     };
     config.validate()?;
+    config.check_bucket_key()?;
     if let Some(m) = config
         .members
         .iter()

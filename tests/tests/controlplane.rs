@@ -184,13 +184,20 @@ async fn cli_up_status_down_and_supervisor_kill_leaves_no_orphans() {
     assert_eq!(up["started"], true);
     assert_eq!(up["status"]["phase"], "Ready", "{up}");
     let kubeconfig = std::path::PathBuf::from(up["status"]["kubeconfig"].as_str().unwrap());
-    let namespaces = kubectl(&kubeconfig, &["get", "namespaces", "-o", "name"]);
-    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        assert!(
-            namespaces.contains(&format!("namespace/{ns}")),
-            "{namespaces}"
-        );
-    }
+    // Ready is /readyz; kube-apiserver's bootstrap controller creates the
+    // system namespaces right after (`default` once came 1 listing late)
+    wait_for(
+        "kube-apiserver's system namespaces",
+        Duration::from_secs(30),
+        || {
+            let namespaces = kubectl(&kubeconfig, &["get", "namespaces", "-o", "name"]);
+            let all = ["default", "kube-system", "kube-public", "kube-node-lease"]
+                .iter()
+                .all(|ns| namespaces.contains(&format!("namespace/{ns}")));
+            async move { all.then_some(()) }
+        },
+    )
+    .await;
 
     // up again is idempotent
     let again = ringctl_cmd(
