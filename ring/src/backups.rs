@@ -30,6 +30,8 @@ pub struct RingBucket {
     /// Where the key comes from (handed to the continuous backups).
     pub encryption: Option<backup::config::EncryptionConfig>,
     key: Option<EncryptionKey>,
+    /// The setting that names the key (`backup.encryption`, `bucketEncryption`).
+    field: String,
 }
 
 impl RingBucket {
@@ -39,6 +41,7 @@ impl RingBucket {
             config,
             encryption: None,
             key: None,
+            field: "backup.encryption".into(),
         }
     }
 
@@ -69,12 +72,30 @@ impl RingBucket {
             config,
             encryption,
             key,
+            field: field.to_string(),
         })
     }
 
     /// The key objects are sealed with, if any.
     pub fn key(&self) -> Option<&EncryptionKey> {
         self.key.as_ref()
+    }
+
+    /// A missing or wrong key is the configuration to fix (permanent), named by
+    /// the setting that gives the key; other bucket errors keep their kind.
+    fn key_err(&self, e: backup::BackupError) -> RingError {
+        let reason = match &e {
+            backup::BackupError::KeyRequired { object, key_id } => format!(
+                "{object} in {} is sealed with key id {key_id}, and no key is configured: set {} to the key the ring's bucket was written with",
+                self.config.url, self.field
+            ),
+            backup::BackupError::WrongKey { .. } => e.to_string(),
+            _ => return backup_err(e),
+        };
+        RingError::Config {
+            field: self.field.clone(),
+            reason,
+        }
     }
 }
 
@@ -189,7 +210,7 @@ pub async fn download_identity(
         };
         let mut data = bucket.get_all(&stored).await.map_err(backup_err)?;
         if sealed {
-            data = backup::codec::unseal(rb.key(), &stored, &data).map_err(key_err)?;
+            data = backup::codec::unseal(rb.key(), &stored, &data).map_err(|e| rb.key_err(e))?;
         }
         seed::pki::write_private(&layout.dir.join(rel), &data)?;
     }
@@ -352,21 +373,7 @@ pub async fn restore_from_bucket(
         cancel,
     )
     .await
-    .map_err(key_err)
-}
-
-/// A missing or wrong key is the member's configuration to fix (permanent);
-/// other bucket errors keep their kind.
-fn key_err(e: backup::BackupError) -> RingError {
-    match e {
-        backup::BackupError::KeyRequired { .. } | backup::BackupError::WrongKey { .. } => {
-            RingError::Config {
-                field: "backup.encryption".into(),
-                reason: e.to_string(),
-            }
-        }
-        other => backup_err(other),
-    }
+    .map_err(|e| rb.key_err(e))
 }
 
 #[cfg(test)]
@@ -458,7 +465,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, RingError::Config { field, reason } if field == "backup.encryption" && reason.contains("is encrypted with key id")),
+            matches!(&err, RingError::Config { field, reason } if field == "backup.encryption" && reason.contains("is sealed with key id") && reason.contains("set backup.encryption")),
             "{err}"
         );
         let other = RingBucket::new(
