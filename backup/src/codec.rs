@@ -91,6 +91,46 @@ pub struct EncryptionHeader {
     pub nonce: String,
 }
 
+impl EncryptionHeader {
+    /// A header for a new object sealed with `key`, with a fresh random base nonce.
+    fn new(key: &EncryptionKey) -> (Self, [u8; 12]) {
+        let nonce: [u8; 12] = rand::random();
+        let header = EncryptionHeader {
+            algorithm: "aes-256-gcm".into(),
+            key_id: key.id.clone(),
+            key_check: key.check.clone(),
+            nonce: hex(&nonce),
+        };
+        (header, nonce)
+    }
+
+    /// The cipher and base nonce that open `object`: no key, or another key than
+    /// the one it was sealed with, is said as such (not as corruption).
+    fn open(&self, key: Option<&EncryptionKey>, object: &str) -> Result<(Aes256Gcm, [u8; 12])> {
+        let Some(key) = key else {
+            return Err(BackupError::KeyRequired {
+                object: object.to_string(),
+                key_id: self.key_id.clone(),
+            });
+        };
+        if self.key_check != key.check {
+            return Err(BackupError::WrongKey {
+                object: object.to_string(),
+                object_key: self.key_id.clone(),
+                object_check: self.key_check.clone(),
+                configured_key: key.id.clone(),
+                configured_check: key.check.clone(),
+            });
+        }
+        let nonce: [u8; 12] = unhex(&self.nonce)
+            .and_then(|v| v.try_into().ok())
+            .ok_or_else(|| {
+                BackupError::corrupt(object, "the encryption nonce in the header is malformed")
+            })?;
+        Ok((key.cipher(), nonce))
+    }
+}
+
 /// What a delta holds, known before it is written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -287,13 +327,8 @@ impl ObjectWriter {
         header.format = FORMAT;
         header.compression = if level > 0 { "zstd" } else { "none" }.into();
         let cipher = key.map(|k| {
-            let nonce: [u8; 12] = rand::random();
-            header.encryption = Some(EncryptionHeader {
-                algorithm: "aes-256-gcm".into(),
-                key_id: k.id.clone(),
-                key_check: k.check.clone(),
-                nonce: hex(&nonce),
-            });
+            let (enc, nonce) = EncryptionHeader::new(k);
+            header.encryption = Some(enc);
             (k.cipher(), nonce)
         });
         if key.is_none() {
@@ -683,25 +718,7 @@ impl ObjectReader {
             other => return Err(self.corrupt(format!("unknown compression {other:?}"))),
         }
         if let Some(enc) = &h.encryption {
-            let Some(key) = &self.key else {
-                return Err(BackupError::KeyRequired {
-                    object: self.name.clone(),
-                    key_id: enc.key_id.clone(),
-                });
-            };
-            if enc.key_check != key.check {
-                return Err(BackupError::WrongKey {
-                    object: self.name.clone(),
-                    object_key: enc.key_id.clone(),
-                    object_check: enc.key_check.clone(),
-                    configured_key: key.id.clone(),
-                    configured_check: key.check.clone(),
-                });
-            }
-            let nonce: [u8; 12] = unhex(&enc.nonce)
-                .and_then(|v| v.try_into().ok())
-                .ok_or_else(|| self.corrupt("the encryption nonce in the header is malformed"))?;
-            self.cipher = Some((key.cipher(), nonce));
+            self.cipher = Some(enc.open(self.key.as_ref(), &self.name)?);
         }
         Ok(())
     }
@@ -866,15 +883,6 @@ pub fn decode(name: &str, bytes: &[u8], key: Option<&EncryptionKey>) -> Result<(
 /// Magic of a sealed small object (see [`seal`]).
 const SEAL_MAGIC: &[u8; 8] = b"RINGSEAL";
 
-/// What a sealed object records about its encryption.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SealHeader {
-    key_id: String,
-    key_check: String,
-    nonce: String,
-}
-
 /// What a seal authenticates besides the plain bytes: the name and the header.
 fn seal_aad(name: &str, header: &[u8]) -> Vec<u8> {
     let mut aad = Vec::with_capacity(name.len() + 1 + header.len());
@@ -887,15 +895,11 @@ fn seal_aad(name: &str, header: &[u8]) -> Vec<u8> {
 /// Encrypts a small object whole (a shoot's spec or a PKI file) with AES-256-GCM.
 /// The object's `name` and the header are authenticated with it, so a sealed
 /// object cannot be passed off under another name. Layout: `RINGSEAL`, header length (u32 BE),
-/// JSON header (key id, key check, nonce), ciphertext with its tag.
+/// JSON [`EncryptionHeader`], ciphertext with its tag.
 pub fn seal(key: &EncryptionKey, name: &str, plain: &[u8]) -> Result<Vec<u8>> {
-    let nonce: [u8; 12] = rand::random();
-    let header = serde_json::to_vec(&SealHeader {
-        key_id: key.id.clone(),
-        key_check: key.check.clone(),
-        nonce: hex(&nonce),
-    })
-    .map_err(|e| BackupError::corrupt(name, format!("encoding the seal header: {e}")))?;
+    let (header, nonce) = EncryptionHeader::new(key);
+    let header = serde_json::to_vec(&header)
+        .map_err(|e| BackupError::corrupt(name, format!("encoding the seal header: {e}")))?;
     let sealed = key
         .cipher()
         .encrypt(
@@ -931,27 +935,10 @@ pub fn unseal(key: Option<&EncryptionKey>, name: &str, bytes: &[u8]) -> Result<V
         ));
     }
     let (raw_header, sealed) = rest.split_at(len);
-    let header: SealHeader = serde_json::from_slice(raw_header)
+    let header: EncryptionHeader = serde_json::from_slice(raw_header)
         .map_err(|e| corrupt(&format!("the seal header is not valid: {e}")))?;
-    let Some(key) = key else {
-        return Err(BackupError::KeyRequired {
-            object: name.to_string(),
-            key_id: header.key_id,
-        });
-    };
-    if header.key_check != key.check {
-        return Err(BackupError::WrongKey {
-            object: name.to_string(),
-            object_key: header.key_id,
-            object_check: header.key_check,
-            configured_key: key.id.clone(),
-            configured_check: key.check.clone(),
-        });
-    }
-    let nonce: [u8; 12] = unhex(&header.nonce)
-        .and_then(|n| n.try_into().ok())
-        .ok_or_else(|| corrupt("the nonce in the seal header is malformed"))?;
-    key.cipher()
+    let (cipher, nonce) = header.open(key, name)?;
+    cipher
         .decrypt(
             Nonce::from_slice(&nonce),
             Payload {

@@ -182,6 +182,13 @@ impl Backup {
         })
     }
 
+    /// Seals with `key`, already loaded by the caller, instead of the key
+    /// `config.encryption` names (a daemon loads its key once, at start).
+    pub fn with_key(mut self, key: Option<EncryptionKey>) -> Self {
+        self.encoding.key = key;
+        self
+    }
+
     /// The metrics (shared; encode them any time).
     pub fn metrics(&self) -> Metrics {
         self.metrics.clone()

@@ -27,24 +27,12 @@ fn backup_err(e: backup::BackupError) -> RingError {
 #[derive(Debug, Clone)]
 pub struct RingBucket {
     pub config: BucketConfig,
-    /// Where the key comes from (handed to the continuous backups).
-    pub encryption: Option<backup::config::EncryptionConfig>,
     key: Option<EncryptionKey>,
     /// The setting that names the key (`backup.encryption`, `bucketEncryption`).
     field: String,
 }
 
 impl RingBucket {
-    /// An unencrypted bucket.
-    pub fn plain(config: BucketConfig) -> Self {
-        RingBucket {
-            config,
-            encryption: None,
-            key: None,
-            field: "backup.encryption".into(),
-        }
-    }
-
     /// The bucket of a member's `backup` section, with its key loaded.
     pub fn open(section: &crate::config::BackupSection) -> Result<Self, RingError> {
         Self::new(
@@ -70,7 +58,6 @@ impl RingBucket {
             })?;
         Ok(RingBucket {
             config,
-            encryption,
             key,
             field: field.to_string(),
         })
@@ -153,20 +140,17 @@ pub async fn upload_identity(
             source,
         })?;
         let name = object_name(&rel);
-        let (stored, stale) = match rb.key() {
-            Some(key) => (
-                {
-                    let sealed_name = format!("{name}{SEALED}");
-                    let bytes =
-                        backup::codec::seal(key, &sealed_name, &data).map_err(backup_err)?;
-                    (sealed_name, bytes)
-                },
-                name,
-            ),
-            None => ((name.clone(), data), format!("{name}{SEALED}")),
+        let sealed_name = format!("{name}{SEALED}");
+        // what goes in, under which name, and the other form's name
+        let (stored, bytes, stale) = match rb.key() {
+            Some(key) => {
+                let bytes = backup::codec::seal(key, &sealed_name, &data).map_err(backup_err)?;
+                (sealed_name, bytes, name)
+            }
+            None => (name, data, sealed_name),
         };
         bucket
-            .put(&stored.0, Bytes::from(stored.1))
+            .put(&stored, Bytes::from(bytes))
             .await
             .map_err(backup_err)?;
         if existing.contains(&stale) {
@@ -269,14 +253,13 @@ impl Backups {
                 backup::EtcdConfig::for_local_shoot(&layout, &spec),
                 rb.config.clone(),
             );
-            config.encryption = rb.encryption.clone();
             config.spool.dir = Some(layout.dir.join("backup-spool"));
             // A failover replays every delta since the newest full snapshot, one
             // revision at a time: a new full snapshot every 2000 revisions keeps
             // that part of the RTO to a couple of seconds.
             config.schedule.full_after_revisions = 2000;
             let runner = match backup::Backup::new(config) {
-                Ok(r) => r,
+                Ok(r) => r.with_key(rb.key.clone()),
                 Err(e) => {
                     tracing::error!(%shoot, error = %e, "cannot back up");
                     return;
@@ -460,7 +443,7 @@ mod tests {
         let elsewhere = ShootLayout {
             dir: tmp.path().join("elsewhere"),
         };
-        let plain = RingBucket::plain(url.clone());
+        let plain = RingBucket::new(url.clone(), None, "backup.encryption").unwrap();
         let err = download_identity(&plain, &elsewhere, "s1")
             .await
             .unwrap_err();

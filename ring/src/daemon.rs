@@ -959,15 +959,14 @@ async fn reconcile_serving(shared: Arc<Shared>, stop: CancellationToken) {
             if desired {
                 h.epoch = epoch;
                 if !h.serving && !h.starting && h.next_attempt.is_none_or(|t| Instant::now() >= t) {
-                    h.starting = true;
-                    h.detail = "starting".into();
                     // Recorded before the task exists: the next pass (200 ms on)
                     // must not start a second one, and shutdown waits for it.
+                    h.starting = true;
                     {
                         let mut all = lock(&shared.hosted);
                         let cur = all.entry(shoot.clone()).or_default();
                         cur.starting = true;
-                        cur.detail = h.detail.clone();
+                        cur.detail = "starting".into();
                     }
                     shared.metrics.started();
                     let (hosting, shared, shoot) = (hosting.clone(), shared.clone(), shoot.clone());
