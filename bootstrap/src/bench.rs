@@ -48,16 +48,7 @@ fn ring_rss_kib(dir: &Path) -> u64 {
         {
             continue;
         }
-        if let Ok(status) = std::fs::read_to_string(e.path().join("status")) {
-            if let Some(kib) = status
-                .lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-            {
-                total += kib;
-            }
-        }
+        total += seed::process::rss_kib(pid).unwrap_or(0);
     }
     total
 }

@@ -83,6 +83,21 @@ impl Default for Ports {
     }
 }
 
+/// The Kubernetes nodes of a local ring's shoots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Nodes {
+    /// Nodes per member (0: shoots without nodes, control planes only; 1: each
+    /// member's shoot gets node `<member>` in its own network namespace).
+    pub per_member: u8,
+}
+
+impl Default for Nodes {
+    fn default() -> Self {
+        Nodes { per_member: 1 }
+    }
+}
+
 /// The whole ring.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -102,6 +117,9 @@ pub struct RingConfig {
     pub ports: Ports,
     #[serde(default)]
     pub timing: Timing,
+    /// Kubernetes nodes for the shoots [default: one per member].
+    #[serde(default)]
+    pub nodes: Nodes,
     /// Seconds a seed keeps a control plane's data after it moved away (default 3600).
     #[serde(default = "ringd::config::default_release_grace_secs")]
     pub release_grace_seconds: u64,
@@ -122,6 +140,7 @@ impl Default for RingConfig {
             bucket_encryption: None,
             ports: Ports::default(),
             timing: Timing::default(),
+            nodes: Nodes::default(),
             release_grace_seconds: ringd::config::default_release_grace_secs(),
         }
     }
@@ -222,6 +241,7 @@ impl RingConfig {
                 }
             }
         }
+        self.validate_nodes()?;
         self.timing
             .validate()
             .map_err(|e| bad("timing", e.to_string()))?;
@@ -253,6 +273,38 @@ impl RingConfig {
             return Err(bad(
                 "ports.base",
                 "must leave room for 2 ports per member between 1024 and 65535",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_nodes(&self) -> Result<(), BootstrapError> {
+        if self.nodes.per_member == 0 {
+            return Ok(());
+        }
+        if self.nodes.per_member > 1 {
+            return Err(bad(
+                "nodes.perMember",
+                format!(
+                    "{} nodes per member are not supported yet; use 0 or 1",
+                    self.nodes.per_member
+                ),
+            ));
+        }
+        if self.members.len() > seed::node::net::MAX_NODES {
+            return Err(bad(
+                "nodes.perMember",
+                format!(
+                    "a ring with nodes has at most {} members (one node network); it has {}: set nodes.perMember: 0",
+                    seed::node::net::MAX_NODES,
+                    self.members.len()
+                ),
+            ));
+        }
+        if let Some(i) = self.members.iter().position(|m| m.netns.is_some()) {
+            return Err(bad(
+                format!("members[{i}].netns"),
+                "members in network namespaces cannot have nodes yet: set nodes.perMember: 0",
             ));
         }
         Ok(())

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod config;
 pub mod failover_bench;
 pub mod migrate_bench;
+pub mod nodes;
 pub mod plan;
 pub mod restore;
 
@@ -57,6 +58,9 @@ pub enum BootstrapError {
     /// Something asked for is not available yet.
     #[error("{0}")]
     Unsupported(String),
+    /// A seed or node operation failed.
+    #[error(transparent)]
+    Seed(#[from] seed::SeedError),
 }
 
 impl BootstrapError {
@@ -66,6 +70,7 @@ impl BootstrapError {
             self,
             BootstrapError::Timeout { .. } | BootstrapError::Io { .. }
         ) || matches!(self, BootstrapError::Ring(e) if e.is_retryable())
+            || matches!(self, BootstrapError::Seed(e) if e.is_retryable())
     }
 }
 
@@ -160,6 +165,7 @@ pub struct KillRingOnDrop(pub RingLayout);
 
 impl Drop for KillRingOnDrop {
     fn drop(&mut self) {
+        nodes::kill_now(&self.0);
         let Ok(entries) = std::fs::read_dir(self.0.dir.join("members")) else {
             return;
         };
@@ -231,6 +237,9 @@ pub struct BootstrapReport {
     pub status: RingStatus,
     /// Shoot → its admin kubeconfig.
     pub kubeconfigs: Vec<(String, PathBuf)>,
+    /// The shoots' nodes (empty when `nodes.perMember` is 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<nodes::NodeReport>,
 }
 
 /// Options of [`bootstrap`].
@@ -286,12 +295,17 @@ pub async fn bootstrap(
     loop {
         let observed = observe(&layout, &config).await;
         let step = next_step(&config, &observed);
-        if let Step::StartMember(m) = &step {
-            let n = starts.entry(m.clone()).or_default();
+        if let Step::StartMember(m) | Step::StartNode(m) = &step {
+            let n = starts.entry(step.label()).or_default();
             *n += 1;
             if *n > 2 {
                 return Err(BootstrapError::Unsupported(format!(
-                    "ringd {m} exits right after starting; {}",
+                    "{} exits right after starting ({m}); {}",
+                    if matches!(step, Step::StartNode(_)) {
+                        "ring-node"
+                    } else {
+                        "ringd"
+                    },
                     stuck_detail(&layout, &config, &step)
                 )));
             }
@@ -332,12 +346,39 @@ pub async fn bootstrap(
         total_secs: started.elapsed().as_secs_f64(),
         status,
         kubeconfigs,
+        nodes: nodes::report(&layout, &config),
     })
 }
 
 fn stuck_detail(layout: &RingLayout, config: &RingConfig, step: &Step) -> String {
     let member = match step {
         Step::StartMember(m) => m.clone(),
+        Step::StartNode(m) => {
+            let log = nodes::log_file(layout, m);
+            return format!(
+                "last lines of {}:\n{}",
+                log.display(),
+                seed::ShootLayout::tail(&log, 15)
+            );
+        }
+        Step::AwaitNodes(ms) => {
+            return ms
+                .iter()
+                .map(|m| match nodes::status(layout, m) {
+                    Some(s) => format!(
+                        "node {m}: {} ({})",
+                        s.phase,
+                        s.problem
+                            .unwrap_or_else(|| "no problem reported yet".into())
+                    ),
+                    None => format!(
+                        "node {m}: no status yet; see {}",
+                        nodes::log_file(layout, m).display()
+                    ),
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        }
         _ => config.members[0].name.clone(),
     };
     format!(
@@ -397,7 +438,29 @@ async fn observe(layout: &RingLayout, config: &RingConfig) -> Observed {
         }
     }
     o.kubeconfigs = kubeconfigs;
+    observe_nodes(layout, config, &mut o);
     o
+}
+
+fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
+    if config.nodes.per_member == 0 {
+        return;
+    }
+    o.node_network = nodes::network_up(layout, config);
+    for m in config.members.iter().map(|m| &m.name) {
+        if nodes::configured(layout, m) {
+            o.nodes_configured.insert(m.clone());
+        }
+        if let Some(pid) = nodes::running_pid(layout, m) {
+            o.nodes_running.insert(m.clone());
+            // a status written by an earlier supervisor does not count
+            if nodes::status(layout, m)
+                .is_some_and(|s| s.pid == pid && s.registration.ready && s.phase == "Running")
+            {
+                o.nodes_ready.insert(m.clone());
+            }
+        }
+    }
 }
 
 async fn execute(
@@ -449,9 +512,31 @@ async fn execute(
                 seed::pki::write_private(&to, &text).map_err(RingError::from)?;
             }
         }
+        Step::CreateNodeNetwork => {
+            nodes::ensure_network(layout, config)?;
+        }
+        Step::ConfigureNode(member) => {
+            let status = ring_status(layout, config).await?;
+            let host = status
+                .placements
+                .iter()
+                .find(|p| p.shoot == *member)
+                .map(|p| p.host.clone())
+                .ok_or_else(|| {
+                    BootstrapError::Unsupported(format!("shoot {member} has no placement yet"))
+                })?;
+            nodes::configure(layout, config, member, &host)?;
+        }
+        Step::StartNode(member) => nodes::start(layout, &ring_node_binary(ringd), member)?,
+        Step::AwaitNodes(_) => tokio::time::sleep(Duration::from_millis(250)).await,
         Step::Done => {}
     }
     Ok(())
+}
+
+/// `ring-node` is built next to `ringd`.
+fn ring_node_binary(ringd: &Path) -> PathBuf {
+    ringd.with_file_name("ring-node")
 }
 
 fn write_member_configs(layout: &RingLayout, config: &RingConfig) -> Result<(), BootstrapError> {
@@ -527,22 +612,12 @@ fn write_member_config(
 /// Starts member `name`'s ringd detached from this process (own session), with
 /// its pid in the member's pid file and its output in the member's log.
 pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(), BootstrapError> {
-    use std::os::unix::process::CommandExt;
     if !ringd.exists() {
         return Err(BootstrapError::Unsupported(format!(
             "{} is missing; build it with `cargo build --workspace --bins`",
             ringd.display()
         )));
     }
-    let log_path = layout.log(name);
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(io(format!("opening {}", log_path.display())))?;
-    let err = log
-        .try_clone()
-        .map_err(io(format!("opening {}", log_path.display())))?;
     // a member in a network namespace: ringd (and all it hosts) runs inside it
     let netns = match layout.read_config()? {
         Some(config) => config
@@ -564,20 +639,53 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
             })
         })
         .transpose()?;
-    let mut cmd = std::process::Command::new(ringd);
-    cmd.arg("--config")
-        .arg(layout.ringd_config(name))
+    let args = vec![
+        "--config".into(),
+        layout.ringd_config(name).into_os_string(),
+    ];
+    let pid = spawn_detached(ringd, &args, &layout.log(name), netns.as_ref())?;
+    seed::pki::write_private(&layout.pid_file(name), pid.to_string().as_bytes())
+        .map_err(RingError::from)?;
+    Ok(())
+}
+
+/// Starts `program ARGS` in a session of its own (so it outlives this command),
+/// appending its output to `log`, optionally inside network namespace `netns`;
+/// returns its pid. Not waited for: once this command exits, init reaps it.
+pub(crate) fn spawn_detached(
+    program: &Path,
+    args: &[std::ffi::OsString],
+    log: &Path,
+    netns: Option<&std::fs::File>,
+) -> Result<u32, BootstrapError> {
+    use std::os::unix::process::CommandExt;
+    if !program.exists() {
+        return Err(BootstrapError::Unsupported(format!(
+            "{} is missing; build it with `cargo build --workspace --bins`",
+            program.display()
+        )));
+    }
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io(format!("opening {}", log.display())))?;
+    let err = out
+        .try_clone()
+        .map_err(io(format!("opening {}", log.display())))?;
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args)
         .env(
             "RUST_LOG",
             std::env::var("RING_LOG")
                 .unwrap_or_else(|_| "info,raft=warn,h2=warn,tower=warn,kube_client=off".into()),
         )
         .stdin(std::process::Stdio::null())
-        .stdout(log)
+        .stdout(out)
         .stderr(err);
-    let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
-    // SAFETY: setsid and setns are async-signal-safe syscalls; the member outlives
-    // this command; the namespace file stays open until spawn returns.
+    let netns_fd = netns.map(std::os::fd::AsRawFd::as_raw_fd);
+    // SAFETY: setsid and setns are async-signal-safe syscalls; the namespace
+    // file stays open (borrowed) until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -593,13 +701,8 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
     }
     let child = cmd
         .spawn()
-        .map_err(io(format!("starting {}", ringd.display())))?;
-    drop(netns);
-    seed::pki::write_private(&layout.pid_file(name), child.id().to_string().as_bytes())
-        .map_err(RingError::from)?;
-    // Not waited for: once this command exits, init reaps the member.
-    drop(child);
-    Ok(())
+        .map_err(io(format!("starting {}", program.display())))?;
+    Ok(child.id())
 }
 
 /// The status as seen by the first member that answers (preferring the leader's view).
@@ -869,6 +972,8 @@ pub async fn down(dir: &Path, grace: Duration) -> Result<Vec<String>, BootstrapE
             dir.display()
         )));
     };
+    // nodes first: their teardown (pods, shims, cgroups, network) needs no ringd
+    nodes::stop_all(&layout, &config, grace.max(Duration::from_secs(60))).await?;
     let mut stopped = Vec::new();
     let running: Vec<(String, u32)> = config
         .members

@@ -60,6 +60,7 @@ pub async fn migrate_bench(
             address: "127.0.0.1".into(),
             base: base_port,
         },
+        nodes: crate::config::Nodes { per_member: 0 },
         ..RingConfig::default()
     };
     let ring_dir = dir.join("ring");

@@ -22,6 +22,14 @@ pub enum Step {
     AwaitControlPlanes(Vec<String>),
     /// Copy these shoots' admin kubeconfigs to their stable place.
     PublishKubeconfigs(Vec<String>),
+    /// Create the node network (a namespace per node, a bridge, routes).
+    CreateNodeNetwork,
+    /// Issue this member's node certificates from its shoot's CA; write its config.
+    ConfigureNode(String),
+    /// Start this member's node supervisor (in the background).
+    StartNode(String),
+    /// Wait until these nodes are registered and Ready in their shoots.
+    AwaitNodes(Vec<String>),
     /// Everything is up.
     Done,
 }
@@ -37,6 +45,10 @@ impl Step {
             Step::AwaitQuorum => "form the quorum".into(),
             Step::AwaitControlPlanes(_) => "start control planes".into(),
             Step::PublishKubeconfigs(_) => "publish kubeconfigs".into(),
+            Step::CreateNodeNetwork => "create the node network".into(),
+            Step::ConfigureNode(m) => format!("configure node {m}"),
+            Step::StartNode(m) => format!("start node {m}"),
+            Step::AwaitNodes(_) => "nodes ready".into(),
             Step::Done => "done".into(),
         }
     }
@@ -56,6 +68,14 @@ pub struct Observed {
     pub ready: BTreeSet<String>,
     /// Shoots whose kubeconfig is published.
     pub kubeconfigs: BTreeSet<String>,
+    /// The node network and every node's namespace exist.
+    pub node_network: bool,
+    /// Members whose node has its config and certificates.
+    pub nodes_configured: BTreeSet<String>,
+    /// Members whose node supervisor runs.
+    pub nodes_running: BTreeSet<String>,
+    /// Members whose node is registered and Ready in its shoot.
+    pub nodes_ready: BTreeSet<String>,
 }
 
 /// The next step towards a complete ring.
@@ -91,6 +111,31 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     if !unpublished.is_empty() {
         return Step::PublishKubeconfigs(unpublished);
     }
+    next_node_step(config, o)
+}
+
+/// The steps that give every shoot its node (none when `nodes.perMember` is 0).
+fn next_node_step(config: &RingConfig, o: &Observed) -> Step {
+    if config.nodes.per_member == 0 {
+        return Step::Done;
+    }
+    if !o.node_network {
+        return Step::CreateNodeNetwork;
+    }
+    let names = || config.members.iter().map(|m| &m.name);
+    if let Some(m) = names().find(|m| !o.nodes_configured.contains(*m)) {
+        return Step::ConfigureNode(m.clone());
+    }
+    if let Some(m) = names().find(|m| !o.nodes_running.contains(*m)) {
+        return Step::StartNode(m.clone());
+    }
+    let not_ready: Vec<String> = names()
+        .filter(|m| !o.nodes_ready.contains(*m))
+        .cloned()
+        .collect();
+    if !not_ready.is_empty() {
+        return Step::AwaitNodes(not_ready);
+    }
     Step::Done
 }
 
@@ -108,6 +153,14 @@ impl Observed {
             Step::AwaitQuorum => self.quorum = true,
             Step::AwaitControlPlanes(s) => self.ready.extend(s),
             Step::PublishKubeconfigs(s) => self.kubeconfigs.extend(s),
+            Step::CreateNodeNetwork => self.node_network = true,
+            Step::ConfigureNode(m) => {
+                self.nodes_configured.insert(m);
+            }
+            Step::StartNode(m) => {
+                self.nodes_running.insert(m);
+            }
+            Step::AwaitNodes(s) => self.nodes_ready.extend(s),
             Step::Done => return false,
         }
         true
@@ -134,9 +187,29 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(seen.len(), 3 + 3 + 4);
+        // config, pki, member configs, 3 ringd, quorum, control planes,
+        // kubeconfigs, node network, 3 node configs, 3 nodes, nodes ready, done
+        assert_eq!(seen.len(), 3 + 3 + 3 + 1 + 3 + 3 + 2);
         assert_eq!(seen[3], Step::StartMember("m1".into()));
         assert_eq!(seen[6], Step::AwaitQuorum);
+        assert_eq!(seen[9], Step::CreateNodeNetwork);
+        assert_eq!(seen[13], Step::StartNode("m1".into()));
+        assert_eq!(
+            seen[16],
+            Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
+        );
+        let mut without = c.clone();
+        without.nodes.per_member = 0;
+        let mut o = Observed::default();
+        let mut n = 0;
+        while o.pretend(next_step(&without, &o)) {
+            n += 1;
+        }
+        assert_eq!(
+            n,
+            3 + 3 + 3,
+            "a ring without nodes ends after its kubeconfigs"
+        );
     }
 
     #[test]
@@ -150,8 +223,20 @@ mod tests {
             quorum: true,
             ready: all(&c),
             kubeconfigs: all(&c),
+            node_network: true,
+            nodes_configured: all(&c),
+            nodes_running: all(&c),
+            nodes_ready: all(&c),
         };
         assert_eq!(next_step(&c, &o), Step::Done);
+        o.nodes_running.remove("m3");
+        assert_eq!(next_step(&c, &o), Step::StartNode("m3".into()));
+        o.node_network = false;
+        assert_eq!(
+            next_step(&c, &o),
+            Step::CreateNodeNetwork,
+            "after `down` the network comes first"
+        );
         o.running.remove("m2");
         assert_eq!(next_step(&c, &o), Step::StartMember("m2".into()));
     }

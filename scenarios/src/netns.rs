@@ -23,10 +23,10 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use seed::netns::enter;
 use tokio_util::sync::CancellationToken;
 
 use crate::ScenarioError;
@@ -35,31 +35,9 @@ fn setup_err(what: impl Into<String>) -> ScenarioError {
     ScenarioError::Setup(what.into())
 }
 
-/// Runs `ip ARGS`, turning a failure into an error that quotes the command.
+/// Runs `ip ARGS` (the seed crate's helper), as a setup error of the drill.
 fn ip(args: &[&str]) -> Result<(), ScenarioError> {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| {
-            setup_err(format!(
-                "running `ip {}`: {e} (install iproute2)",
-                args.join(" ")
-            ))
-        })?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    let hint = if err.contains("Operation not permitted") || err.contains("Permission denied") {
-        " (network namespaces need root or CAP_SYS_ADMIN + CAP_NET_ADMIN)"
-    } else {
-        ""
-    };
-    Err(setup_err(format!(
-        "`ip {}` failed: {err}{hint}",
-        args.join(" ")
-    )))
+    seed::netns::ip(args).map_err(|e| setup_err(e.to_string()))
 }
 
 /// What a connect request carries: where to, and where the socket goes.
@@ -67,18 +45,6 @@ type ConnectRequest = (
     SocketAddr,
     tokio::sync::oneshot::Sender<std::io::Result<std::net::TcpStream>>,
 );
-
-/// Moves the calling thread into network namespace `netns` (`ip netns` name);
-/// sockets it creates from then on belong to that namespace.
-fn enter(netns: &str) -> std::io::Result<()> {
-    let file = std::fs::File::open(std::path::Path::new("/run/netns").join(netns))?;
-    // SAFETY: setns affects this thread only; the fd is open for the call.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
 
 /// A thread that lives in one network namespace and opens TCP connections there
 /// (a socket belongs to the namespace of the thread that created it).

@@ -790,6 +790,8 @@ pub async fn run(
             })
             .collect(),
         bucket: Some(bucket_url.clone()),
+        // drills run process-hosted rings; nodes come with Kubernetes seeds
+        nodes: bootstrap::config::Nodes { per_member: 0 },
         ports: Ports {
             address: "127.0.0.1".into(),
             base: free_port_base(seed ^ run as u64)?,

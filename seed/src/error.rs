@@ -79,6 +79,14 @@ pub enum SeedError {
     #[error("kube-apiserver of shoot {shoot}: {message}")]
     Kube { shoot: String, message: String },
 
+    /// A network command (namespaces, links, addresses) failed.
+    #[error("`{command}` failed: {reason}")]
+    Network { command: String, reason: String },
+
+    /// A node (containerd + kubelet + kube-proxy) cannot be set up or run.
+    #[error("node {node}: {reason}")]
+    Node { node: String, reason: String },
+
     /// The supervisor process went away before the control plane became ready.
     #[error("the supervisor of shoot {shoot} exited before the control plane was ready; last lines of {log}:\n{tail}")]
     SupervisorExited {

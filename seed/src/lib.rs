@@ -12,6 +12,8 @@ mod error;
 pub mod kubeconfig;
 pub mod kubernetes;
 pub mod local;
+pub mod netns;
+pub mod node;
 pub mod pki;
 pub mod process;
 

@@ -521,6 +521,7 @@ fn component_specs(
         leaf(Leaf::EtcdClient),
         leaf(Leaf::ApiServer),
     );
+    let kubelet_cli = leaf(Leaf::KubeletClient);
     let etcd = vec![
         format!("--name={}", spec.shoot),
         format!("--data-dir={}", p(layout.etcd_data())),
@@ -554,7 +555,12 @@ fn component_specs(
         format!("--client-ca-file={}", p(ca.cert.clone())),
         format!("--tls-cert-file={}", p(api.cert)),
         format!("--tls-private-key-file={}", p(api.key)),
-        "--authorization-mode=RBAC".into(),
+        // Nodes register with certificates of group system:nodes; the Node
+        // authorizer and NodeRestriction keep each one to its own objects.
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--kubelet-client-certificate={}", p(kubelet_cli.cert)),
+        format!("--kubelet-client-key={}", p(kubelet_cli.key)),
         format!(
             "--service-account-key-file={}",
             p(pki.service_account_pub())
@@ -612,6 +618,7 @@ fn component_specs(
         program: program.clone(),
         args,
         log: layout.log(component),
+        netns: None,
     })
     .collect()
 }

@@ -56,11 +56,13 @@ pub enum Leaf {
     Admin,
     ControllerManager,
     Scheduler,
+    /// kube-apiserver's client certificate towards kubelets (logs, exec, port-forward).
+    KubeletClient,
 }
 
 impl Leaf {
     /// Every leaf, in the order they are issued.
-    pub const ALL: [Leaf; 7] = [
+    pub const ALL: [Leaf; 8] = [
         Leaf::EtcdServer,
         Leaf::EtcdPeer,
         Leaf::EtcdClient,
@@ -68,6 +70,7 @@ impl Leaf {
         Leaf::Admin,
         Leaf::ControllerManager,
         Leaf::Scheduler,
+        Leaf::KubeletClient,
     ];
 
     fn file_stem(self) -> &'static str {
@@ -79,6 +82,7 @@ impl Leaf {
             Leaf::Admin => "admin",
             Leaf::ControllerManager => "kube-controller-manager",
             Leaf::Scheduler => "kube-scheduler",
+            Leaf::KubeletClient => "kube-apiserver-kubelet-client",
         }
     }
 
@@ -92,6 +96,12 @@ impl Leaf {
             Leaf::Admin => ("ring:admin", &["system:masters"], false, true),
             Leaf::ControllerManager => ("system:kube-controller-manager", &[], false, true),
             Leaf::Scheduler => ("system:kube-scheduler", &[], false, true),
+            Leaf::KubeletClient => (
+                "kube-apiserver-kubelet-client",
+                &["system:masters"],
+                false,
+                true,
+            ),
         }
     }
 
@@ -531,7 +541,10 @@ mod tests {
             let meta = entry.unwrap().metadata().unwrap();
             assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         }
-        assert_eq!(std::fs::read_dir(pki.dir()).unwrap().count(), 2 + 2 * 7 + 2);
+        assert_eq!(
+            std::fs::read_dir(pki.dir()).unwrap().count(),
+            2 + 2 * Leaf::ALL.len() + 2
+        );
         pki.ensure("alpha", &endpoint()).unwrap();
         assert_eq!(
             before,

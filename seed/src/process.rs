@@ -23,6 +23,12 @@ pub enum Component {
     KubeApiserver,
     KubeControllerManager,
     KubeScheduler,
+    /// A node's container runtime.
+    Containerd,
+    /// A node's agent, registered to its shoot's kube-apiserver.
+    Kubelet,
+    /// A node's Service proxy (iptables).
+    KubeProxy,
 }
 
 impl Component {
@@ -41,6 +47,9 @@ impl Component {
             Component::KubeApiserver => "kube-apiserver",
             Component::KubeControllerManager => "kube-controller-manager",
             Component::KubeScheduler => "kube-scheduler",
+            Component::Containerd => "containerd",
+            Component::Kubelet => "kubelet",
+            Component::KubeProxy => "kube-proxy",
         }
     }
 }
@@ -59,6 +68,8 @@ pub struct ComponentSpec {
     pub args: Vec<String>,
     /// Where stdout and stderr are appended.
     pub log: PathBuf,
+    /// An `ip netns` namespace to run in (a node's); `None`: the supervisor's own.
+    pub netns: Option<String>,
 }
 
 /// What the supervisor knows about a component right now.
@@ -214,6 +225,11 @@ fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
     )?;
     let err_log = log.try_clone()?;
     let supervisor = std::process::id();
+    let netns = match &spec.netns {
+        Some(ns) => Some(std::fs::File::open(crate::netns::path(ns))?),
+        None => None,
+    };
+    let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .stdin(Stdio::null())
@@ -231,10 +247,17 @@ fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
             if libc::getppid() as u32 != supervisor {
                 return Err(std::io::Error::other("supervisor exited during spawn"));
             }
+            if let Some(fd) = netns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
-    cmd.spawn()
+    let child = cmd.spawn();
+    drop(netns);
+    child
 }
 
 async fn terminate(component: Component, child: &mut tokio::process::Child, grace: Duration) {
@@ -276,6 +299,18 @@ pub(crate) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// The resident set size of `pid` in KiB (`VmRSS`), if it runs.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Whether `pid` is a live (non-zombie) process.
 pub fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -307,6 +342,7 @@ mod tests {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
             log,
+            netns: None,
         }
     }
 

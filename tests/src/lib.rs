@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use seed::{Binaries, BinarySearch, LocalSeed};
 
 pub mod etcd;
+pub mod node;
 pub mod ring;
 pub mod s3;
 
@@ -265,7 +266,13 @@ pub fn ring_config(dir: &Path, n: usize) -> PathBuf {
 }
 
 /// [`ring_config`] with `extra` YAML lines appended (e.g. `releaseGraceSeconds: 1`).
+/// Rings have no nodes unless `extra` sets `nodes:`.
 pub fn ring_config_with(dir: &Path, n: usize, extra: &str) -> PathBuf {
+    let extra = if extra.contains("nodes:") {
+        extra.to_string()
+    } else {
+        format!("nodes: {{perMember: 0}}\n{extra}")
+    };
     let members = (1..=n)
         .map(|i| format!("{{name: m{i}}}"))
         .collect::<Vec<_>>()

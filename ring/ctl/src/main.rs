@@ -158,6 +158,29 @@ impl RingArgs {
             .with_context(|| format!("no --address given and {} holds no ring; run `ringctl bootstrap` or pass --address", layout.dir.display()))?;
         Ok((config.member_address(0), pki))
     }
+
+    /// The nodes of the local ring in `--ring-dir` (none with `--address`).
+    fn local_nodes(&self) -> anyhow::Result<Vec<bootstrap::nodes::NodeReport>> {
+        if self.address.is_some() {
+            return Ok(Vec::new());
+        }
+        let layout = bootstrap::RingLayout {
+            dir: self.dir.dir(),
+        };
+        Ok(match layout.read_config()? {
+            Some(config) => bootstrap::nodes::report(&layout, &config),
+            None => Vec::new(),
+        })
+    }
+}
+
+/// `ringctl status`: the ring as its leader sees it, and the local ring's nodes.
+#[derive(serde::Serialize)]
+struct StatusView {
+    #[serde(flatten)]
+    status: ringd::status::RingStatus,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    nodes: Vec<bootstrap::nodes::NodeReport>,
 }
 
 #[derive(Subcommand)]
@@ -510,6 +533,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     format!("ring {} was already up; nothing to do\n\n", report.ring)
                 };
                 out.push_str(&ringd::status::render(&report.status));
+                out.push_str(&bootstrap::nodes::render(&report.nodes));
                 out.push_str("\nkubeconfigs:\n");
                 for (shoot, path) in &report.kubeconfigs {
                     out.push_str(&format!(
@@ -543,7 +567,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let (address, pki) = args.target()?;
             let mut client = ringd::client::AdminClient::connect(&address, &pki)?;
             let status = client.status().await?;
-            print(&status, format, || ringd::status::render(&status))
+            let nodes = args.local_nodes()?;
+            let view = StatusView { status, nodes };
+            print(&view, format, || {
+                ringd::status::render(&view.status) + &bootstrap::nodes::render(&view.nodes)
+            })
         }
         Command::Pki(PkiCommand::Init(args)) => {
             init_tracing("warn");

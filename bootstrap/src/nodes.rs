@@ -1,0 +1,363 @@
+//! The nodes of a local ring's shoots: their network, credentials, supervisors.
+//!
+//! Each member's shoot gets node `<member>`: a `ring-node` process (containerd,
+//! kubelet, kube-proxy) in the member's node namespace on the ring's node
+//! network, registered to the shoot's kube-apiserver with a certificate issued
+//! from the shoot's CA (`system:node:<member>`, group `system:nodes`).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use seed::node::net::NodeNetwork;
+use seed::node::{NodeConfig, NodeStatus};
+
+use crate::config::RingConfig;
+use crate::{io, BootstrapError, RingLayout};
+
+/// A member's node directory.
+pub fn node_dir(layout: &RingLayout, member: &str) -> PathBuf {
+    layout.member_dir(member).join("node")
+}
+
+fn config_file(layout: &RingLayout, member: &str) -> PathBuf {
+    node_dir(layout, member).join("node.yaml")
+}
+
+fn pid_file(layout: &RingLayout, member: &str) -> PathBuf {
+    node_dir(layout, member).join("ring-node.pid")
+}
+
+/// The node supervisor's log.
+pub fn log_file(layout: &RingLayout, member: &str) -> PathBuf {
+    node_dir(layout, member).join("ring-node.log")
+}
+
+fn network_file(layout: &RingLayout) -> PathBuf {
+    layout.dir.join("nodes").join("network-tag")
+}
+
+fn members(config: &RingConfig) -> Vec<String> {
+    if config.nodes.per_member == 0 {
+        return Vec::new();
+    }
+    config.members.iter().map(|m| m.name.clone()).collect()
+}
+
+/// The ring's node network as stored (its tag), if it has one.
+pub fn network(
+    layout: &RingLayout,
+    config: &RingConfig,
+) -> Result<Option<NodeNetwork>, BootstrapError> {
+    let Ok(text) = std::fs::read_to_string(network_file(layout)) else {
+        return Ok(None);
+    };
+    let tag: u8 = text.trim().parse().map_err(|_| BootstrapError::Config {
+        field: network_file(layout).display().to_string(),
+        reason: format!(
+            "{:?} is not a node network tag (0..=15); delete the file to choose a new one",
+            text.trim()
+        ),
+    })?;
+    Ok(Some(NodeNetwork::plan(tag, &members(config))?))
+}
+
+/// Whether the node network exists with every node's namespace.
+pub fn network_up(layout: &RingLayout, config: &RingConfig) -> bool {
+    match network(layout, config) {
+        Ok(Some(net)) => {
+            seed::netns::exists(&net.hub())
+                && net.hosts.iter().all(|h| seed::netns::exists(&h.netns))
+        }
+        _ => false,
+    }
+}
+
+/// Creates the node network (keeping the stored tag while it is free or ours).
+pub fn ensure_network(
+    layout: &RingLayout,
+    config: &RingConfig,
+) -> Result<NodeNetwork, BootstrapError> {
+    let net = match network(layout, config)? {
+        Some(net) => net,
+        None => {
+            let tag = NodeNetwork::free_tag(None)?;
+            let net = NodeNetwork::plan(tag, &members(config))?;
+            let file = network_file(layout);
+            seed::pki::create_private_dir(file.parent().unwrap_or(&layout.dir))?;
+            seed::pki::write_private(&file, tag.to_string().as_bytes())?;
+            net
+        }
+    };
+    net.ensure()?;
+    Ok(net)
+}
+
+/// Whether the node's config and certificates are in place.
+pub fn configured(layout: &RingLayout, member: &str) -> bool {
+    let dir = node_dir(layout, member).join("pki");
+    config_file(layout, member).exists()
+        && [
+            "ca.crt",
+            "node.crt",
+            "node.key",
+            "kube-proxy.crt",
+            "kube-proxy.key",
+        ]
+        .iter()
+        .all(|f| dir.join(f).exists())
+}
+
+/// Issues the node's and kube-proxy's certificates from the shoot's CA (read
+/// from the seed that hosts the shoot, `host`) and writes the node's config.
+pub fn configure(
+    layout: &RingLayout,
+    config: &RingConfig,
+    member: &str,
+    host: &str,
+) -> Result<(), BootstrapError> {
+    let net = network(layout, config)?
+        .ok_or_else(|| BootstrapError::Unsupported("the node network is not created yet".into()))?;
+    let h = net.hosts.iter().find(|h| h.name == member).ok_or_else(|| {
+        BootstrapError::Unsupported(format!("{member} has no place on the node network"))
+    })?;
+    let shoot_pki = layout
+        .seed_dir(host)
+        .join("shoots")
+        .join(member)
+        .join("pki");
+    let read = |f: &str| {
+        let p = shoot_pki.join(f);
+        std::fs::read_to_string(&p)
+            .map_err(io(format!("reading shoot {member}'s CA {}", p.display())))
+    };
+    let (ca_cert, ca_key) = (read("ca.crt")?, read("ca.key")?);
+    let dir = absolute(&node_dir(layout, member))?;
+    let api = seed::ShootEndpoint::for_shoot(member);
+    let node = NodeConfig::on_network(
+        &net,
+        h,
+        dir,
+        std::net::SocketAddr::new(api.address.into(), api.api_port),
+    );
+    node.issue_credentials(&ca_cert, &ca_key)?;
+    node.save(&config_file(layout, member))?;
+    Ok(())
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, BootstrapError> {
+    std::path::absolute(p).map_err(io(format!("resolving {}", p.display())))
+}
+
+/// The pid of the member's node supervisor if it runs.
+pub fn running_pid(layout: &RingLayout, member: &str) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(pid_file(layout, member))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cfg = config_file(layout, member);
+    let needle = cfg.as_os_str().as_encoded_bytes();
+    (seed::process::pid_alive(pid) && cmdline.windows(needle.len()).any(|w| w == needle))
+        .then_some(pid)
+}
+
+/// The node's own report, if it wrote one.
+pub fn status(layout: &RingLayout, member: &str) -> Option<NodeStatus> {
+    let text = std::fs::read(node_dir(layout, member).join("status.json")).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Starts the member's node supervisor in the background.
+pub fn start(layout: &RingLayout, ring_node: &Path, member: &str) -> Result<(), BootstrapError> {
+    let args = vec![
+        "--config".into(),
+        config_file(layout, member).into_os_string(),
+    ];
+    let pid = crate::spawn_detached(ring_node, &args, &log_file(layout, member), None)?;
+    seed::pki::write_private(&pid_file(layout, member), pid.to_string().as_bytes())?;
+    Ok(())
+}
+
+/// Stops every node of the ring (SIGTERM: pods, shims and cgroups go too; SIGKILL
+/// after `grace`, then what is left is removed here) and deletes the node network.
+pub async fn stop_all(
+    layout: &RingLayout,
+    config: &RingConfig,
+    grace: Duration,
+) -> Result<Vec<String>, BootstrapError> {
+    let mut stopped = Vec::new();
+    let running: Vec<(String, u32)> = members(config)
+        .into_iter()
+        .filter_map(|m| running_pid(layout, &m).map(|p| (m, p)))
+        .collect();
+    for (_, pid) in &running {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + grace;
+    for (m, pid) in running {
+        while running_pid(layout, &m).is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if running_pid(layout, &m).is_some() {
+            tracing::warn!(node = %m, pid, "ring-node ignored SIGTERM; killing it");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        stopped.push(m);
+    }
+    for m in members(config) {
+        clean_leftovers(layout, &m).await;
+        let _ = std::fs::remove_file(pid_file(layout, &m));
+    }
+    if let Some(net) = network(layout, config)? {
+        net.remove()?;
+    }
+    Ok(stopped)
+}
+
+/// Removes what a killed node supervisor left: its pods, shims, cgroups, run dir.
+async fn clean_leftovers(layout: &RingLayout, member: &str) {
+    let Ok(node) = NodeConfig::load(&config_file(layout, member)) else {
+        return;
+    };
+    let _ = tokio::task::spawn_blocking(move || seed::node::teardown::kill_node_now(&node)).await;
+}
+
+/// One node as `ringctl status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub node: String,
+    /// The shoot it is registered to.
+    pub shoot: String,
+    pub netns: String,
+    pub address: String,
+    /// Whether its supervisor runs, and its own phase.
+    pub phase: String,
+    pub registered: bool,
+    pub ready: bool,
+    /// Why it is not Ready (certificate, endpoint, runtime), when it is not.
+    pub problem: Option<String>,
+    pub kubelet_rss_mib: f64,
+    pub containerd_rss_mib: f64,
+    /// Every containerd shim of the node (one per pod), summed.
+    pub shims_rss_mib: f64,
+    pub shims: usize,
+}
+
+/// The nodes of a local ring, with their state and memory.
+pub fn report(layout: &RingLayout, config: &RingConfig) -> Vec<NodeReport> {
+    use seed::process::{rss_kib, Component};
+    let mib = |kib: u64| (kib as f64 / 1024.0 * 10.0).round() / 10.0;
+    members(config)
+        .into_iter()
+        .filter_map(|m| {
+            let node = NodeConfig::load(&config_file(layout, &m)).ok()?;
+            let pid = running_pid(layout, &m);
+            let status = status(layout, &m).filter(|s| Some(s.pid) == pid);
+            let pid_rss = |c: Component| {
+                status
+                    .as_ref()
+                    .and_then(|s| s.components.get(&c)?.pid)
+                    .and_then(rss_kib)
+                    .unwrap_or(0)
+            };
+            let shims = seed::node::teardown::shim_pids(&node.layout().containerd_socket());
+            let shims_kib: u64 = shims.iter().filter_map(|p| rss_kib(*p as u32)).sum();
+            Some(NodeReport {
+                node: m.clone(),
+                shoot: m.clone(),
+                netns: node.netns.clone(),
+                address: node.address.to_string(),
+                phase: match &status {
+                    Some(s) => s.phase.clone(),
+                    None => "NotRunning".into(),
+                },
+                registered: status.as_ref().is_some_and(|s| s.registration.registered),
+                ready: status.as_ref().is_some_and(|s| s.registration.ready),
+                problem: match &status {
+                    Some(s) => s.problem.clone(),
+                    None => Some(format!(
+                        "ring-node is not running; `ringctl bootstrap --ring-dir {}` starts it",
+                        layout.dir.display()
+                    )),
+                },
+                kubelet_rss_mib: mib(pid_rss(Component::Kubelet)),
+                containerd_rss_mib: mib(pid_rss(Component::Containerd)),
+                shims_rss_mib: mib(shims_kib),
+                shims: shims.len(),
+            })
+        })
+        .collect()
+}
+
+/// The nodes as a table (empty when the ring has none).
+pub fn render(reports: &[NodeReport]) -> String {
+    if reports.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nnodes:\n");
+    out.push_str(&format!(
+        "  {:<8} {:<8} {:<15} {:<16} {:<6} {:>11} {:>14} {:>13}\n",
+        "NODE",
+        "SHOOT",
+        "ADDRESS",
+        "PHASE",
+        "READY",
+        "KUBELET MiB",
+        "CONTAINERD MiB",
+        "SHIMS MiB (n)"
+    ));
+    for r in reports {
+        out.push_str(&format!(
+            "  {:<8} {:<8} {:<15} {:<16} {:<6} {:>11.1} {:>14.1} {:>9.1} ({})\n",
+            r.node,
+            r.shoot,
+            r.address,
+            r.phase,
+            r.ready,
+            r.kubelet_rss_mib,
+            r.containerd_rss_mib,
+            r.shims_rss_mib,
+            r.shims
+        ));
+        if let Some(p) = &r.problem {
+            out.push_str(&format!("    {}: {p}\n", r.node));
+        }
+    }
+    out
+}
+
+/// Kills every node of the ring in `layout` at once (SIGKILL), then removes
+/// their pods, shims, cgroups and the node network: for throwaway rings
+/// (benchmarks, tests) that are dropped rather than stopped.
+pub fn kill_now(layout: &RingLayout) {
+    use seed::node::teardown;
+    let Some(config) = layout.read_config().ok().flatten() else {
+        return;
+    };
+    let nodes: Vec<NodeConfig> = members(&config)
+        .iter()
+        .filter_map(|m| {
+            if let Some(pid) = running_pid(layout, m) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            NodeConfig::load(&config_file(layout, m)).ok()
+        })
+        .collect();
+    for n in &nodes {
+        teardown::kill_node_now(n);
+    }
+    if let Ok(Some(net)) = network(layout, &config) {
+        let _ = net.remove();
+    }
+}

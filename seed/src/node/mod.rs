@@ -1,0 +1,297 @@
+//! A real Kubernetes node for a shoot: containerd, kubelet and kube-proxy in the
+//! node's own network namespace, supervised like control-plane processes.
+//!
+//! `ring-node --config node.yaml` runs one node until SIGTERM: it writes the
+//! components' configs, forwards the shoot's API endpoint into the namespace,
+//! starts containerd, imports the local images, starts kubelet (registered as
+//! `system:node:<name>` with a certificate from the shoot's CA) and kube-proxy,
+//! and reports in `status.json` whether the node registered and, if not, why.
+//! SIGTERM stops everything: pods, shims, cgroups, nothing left. A supervisor
+//! killed with SIGKILL takes containerd and kubelet with it (parent-death
+//! signal) but leaves pods running; the next start adopts them.
+//!
+//! The node's processes share a mount namespace of their own in which
+//! /var/log/pods is the node's private directory (kubelet removes log
+//! directories of pods it does not know, so nodes on one machine must not share
+//! it), and their mounts never show on the host.
+
+pub mod config;
+pub mod net;
+pub mod render;
+mod status;
+pub mod teardown;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{NodeConfig, NodeLayout};
+pub use render::NodeBinaries;
+pub use status::{NodeStatus, Registration};
+
+use crate::error::{Result, SeedError};
+use crate::process::{supervise, Component, States, SupervisorTuning};
+
+/// The pause image pods' sandboxes run (imported from the local archives).
+pub const SANDBOX_IMAGE: &str = "docker.io/ring/pause:3.2";
+
+fn node_err(config: &NodeConfig, reason: impl Into<String>) -> SeedError {
+    SeedError::Node {
+        node: config.name.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Finds containerd, kubelet, kube-proxy and the CNI plugins, or names the
+/// missing one and `scripts/setup`.
+pub fn find_binaries(config: &NodeConfig) -> Result<NodeBinaries> {
+    let search = crate::BinarySearch::standard(config.bin_dir.as_deref());
+    let cni_bin_dir = ["/usr/lib/cni", "/opt/cni/bin"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|d| d.join("bridge").exists() && d.join("host-local").exists())
+        .ok_or_else(|| SeedError::MissingBinary {
+            binary: "the CNI plugins bridge and host-local".into(),
+            searched: "/usr/lib/cni, /opt/cni/bin".into(),
+        })?;
+    for shim in ["containerd-shim-runc-v2", "runc"] {
+        search.find(shim)?;
+    }
+    Ok(NodeBinaries {
+        containerd: search.find("containerd")?,
+        kubelet: search.find("kubelet")?,
+        kube_proxy: search.find("kube-proxy")?,
+        cni_bin_dir,
+    })
+}
+
+/// Gives this process a mount namespace of its own in which /var/log/pods is
+/// the node's private directory. Call before any thread is started (the
+/// binary does, before building its runtime): unshare fails in a threaded process.
+pub fn isolate_mounts(config: &NodeConfig) -> Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let logs = config.layout().pod_logs();
+    let var_log_pods = std::path::Path::new("/var/log/pods");
+    for dir in [&logs, &var_log_pods.to_path_buf()] {
+        std::fs::create_dir_all(dir).map_err(SeedError::io(dir))?;
+    }
+    let fail = |what: &str, e: nix::Error| {
+        node_err(
+            config,
+            format!("{what}: {e} (a node needs root: CAP_SYS_ADMIN for its mount namespace)"),
+        )
+    };
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| fail("unshare(CLONE_NEWNS)", e))?;
+    // Host mounts still appear here; nothing mounted here appears on the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| fail("making / a slave mount", e))?;
+    mount(
+        Some(&logs),
+        var_log_pods,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| fail("bind-mounting the node's pod logs over /var/log/pods", e))
+}
+
+/// Writes every config file the node's processes read.
+fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
+    let layout = config.layout();
+    for dir in [
+        layout.config_file(""),
+        layout.state().join("logs"),
+        layout.containerd_root(),
+        layout.containerd_state(),
+        layout.kubelet_root(),
+        layout.manifests(),
+        layout.cni_conf(),
+        layout.cni_ipam(),
+    ] {
+        std::fs::create_dir_all(&dir).map_err(SeedError::io(&dir))?;
+    }
+    let pki = layout.pki();
+    for f in [
+        pki.ca().cert,
+        layout.node_cert().cert,
+        layout.node_cert().key,
+        layout.proxy_cert().cert,
+        layout.proxy_cert().key,
+    ] {
+        if !f.exists() {
+            return Err(node_err(
+                config,
+                format!("{} is missing; `ringctl bootstrap` issues the node's certificates from its shoot's CA", f.display()),
+            ));
+        }
+    }
+    let server = format!("https://{}", config.api_server);
+    let user = format!("system:node:{}", config.name);
+    crate::kubeconfig::write(
+        &layout.config_file("kubelet.kubeconfig"),
+        &config.name,
+        &user,
+        &server,
+        &pki,
+        &layout.node_cert(),
+    )?;
+    crate::kubeconfig::write(
+        &layout.config_file("kube-proxy.kubeconfig"),
+        &config.name,
+        "system:kube-proxy",
+        &server,
+        &pki,
+        &layout.proxy_cert(),
+    )?;
+    let files = [
+        (
+            "containerd.toml",
+            render::containerd_config(&layout, bins, SANDBOX_IMAGE),
+        ),
+        ("kubelet.yaml", render::kubelet_config(config, &layout)),
+        (
+            "kube-proxy.yaml",
+            render::kube_proxy_config(config, &layout),
+        ),
+    ];
+    for (name, text) in files {
+        let path = layout.config_file(name);
+        std::fs::write(&path, text).map_err(SeedError::io(&path))?;
+    }
+    let cni = layout.cni_conf().join("10-ring.conflist");
+    std::fs::write(&cni, render::cni_conflist(config, &layout)).map_err(SeedError::io(&cni))
+}
+
+/// Runs the node until `shutdown`, then stops it and everything it ran.
+pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> {
+    let span = tracing::info_span!("node", node = %config.name);
+    let _guard = span.enter();
+    let bins = find_binaries(&config)?;
+    if !crate::netns::exists(&config.netns) {
+        return Err(node_err(
+            &config,
+            format!(
+                "network namespace {} does not exist; `ringctl bootstrap` creates it",
+                config.netns
+            ),
+        ));
+    }
+    write_configs(&config, &bins)?;
+    teardown::create_cgroups(&config.cgroup_root).map_err(|e| {
+        node_err(
+            &config,
+            format!("creating cgroup {}: {e}", config.cgroup_root),
+        )
+    })?;
+    let layout = config.layout();
+    let stop_all = CancellationToken::new();
+    net::forward_into(&config.netns, config.api_server, stop_all.clone()).await?;
+    let (states_tx, states_rx) = watch::channel(States::new());
+    let report = status::Reporter::new(config.clone(), states_rx);
+    let specs = render::component_specs(&config, &layout, &bins);
+    let mut tasks: BTreeMap<Component, (CancellationToken, tokio::task::JoinHandle<()>)> =
+        BTreeMap::new();
+    let tuning = SupervisorTuning {
+        stop_grace: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let mut start = |spec: crate::process::ComponentSpec| {
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(supervise(
+            spec.clone(),
+            token.clone(),
+            states_tx.clone(),
+            tuning,
+        ));
+        tasks.insert(spec.component, (token, handle));
+    };
+    start(specs[0].clone());
+    let started = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Ok(()),
+        r = prepare_runtime(&config, &report) => r,
+    };
+    if let Err(e) = &started {
+        report.fatal(e.to_string());
+        tracing::error!(error = %e, "the node's runtime is not usable");
+    } else if !shutdown.is_cancelled() {
+        for spec in &specs[1..] {
+            start(spec.clone());
+        }
+    }
+    let watcher = tokio::spawn(report.clone().watch(stop_all.clone()));
+    shutdown.cancelled().await;
+    tracing::info!("stopping the node and its pods");
+    report.phase("Stopping");
+    for c in [Component::KubeProxy, Component::Kubelet] {
+        if let Some((token, handle)) = tasks.remove(&c) {
+            token.cancel();
+            let _ = handle.await;
+        }
+    }
+    let pods_left = teardown::kill_until_gone(
+        || teardown::pod_pids(&config.cgroup_root),
+        Duration::from_secs(15),
+    )
+    .await;
+    let shims_left = teardown::kill_until_gone(
+        || teardown::shim_pids(&layout.containerd_socket()),
+        Duration::from_secs(10),
+    )
+    .await;
+    if let Some((token, handle)) = tasks.remove(&Component::Containerd) {
+        token.cancel();
+        let _ = handle.await;
+    }
+    stop_all.cancel();
+    let _ = watcher.await;
+    let cgroups_left = teardown::remove_cgroups(&config.cgroup_root);
+    let _ = std::fs::remove_dir_all(&config.run_dir);
+    report.phase("Stopped");
+    if pods_left.is_empty() && shims_left.is_empty() && cgroups_left.is_empty() {
+        return Ok(());
+    }
+    Err(node_err(&config, format!(
+        "stopped, but left pod processes {pods_left:?}, shims {shims_left:?}, cgroups {cgroups_left:?}"
+    )))
+}
+
+/// Waits for containerd's socket, then imports every local image it lacks.
+async fn prepare_runtime(config: &NodeConfig, report: &status::Reporter) -> Result<()> {
+    let layout = config.layout();
+    let socket = layout.containerd_socket();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(node_err(
+                config,
+                format!(
+                    "containerd did not open {} within 30 s; see {}",
+                    socket.display(),
+                    layout.log(Component::Containerd).display()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    report.phase("ImportingImages");
+    let dir = config
+        .images_dir
+        .clone()
+        .unwrap_or_else(|| crate::binaries::cache_dir().join("images"));
+    images::import_missing(config, &dir, &socket).await?;
+    report.phase("Running");
+    Ok(())
+}
+
+mod images;

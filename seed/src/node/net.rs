@@ -1,0 +1,281 @@
+//! The node network of a local ring: one namespace per node on a bridge, and a
+//! forwarder that lets a node reach its shoot's API on the host's loopback.
+//!
+//! ```text
+//!   root namespace (ringd, control planes on 127.x)   hub namespace rnode-T-hub: bridge br0
+//!   rnTh 198.19.16T.254 ──veth── root ─┐
+//!                                      ├── br0 ──┬── p1 ──veth── eth0 198.19.16T.1  node m1 (rnode-T-m1), pods 198.19.(16T+1).0/24
+//!                                      │         └── p2 ──veth── eth0 198.19.16T.2  node m2 (rnode-T-m2), pods 198.19.(16T+2).0/24
+//! ```
+//!
+//! Routes: the root namespace reaches every pod range through its node; each
+//! node reaches the other nodes' pod ranges directly over the bridge and
+//! everything else through the root namespace. 198.19.0.0/16 is a benchmark
+//! range (RFC 2544), never routed on a real network; T (0..=15) keeps rings on
+//! one machine apart, and the drills' 198.18.0.0/16 stays theirs.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Result, SeedError};
+use crate::netns::{exists, ip};
+
+/// At most this many nodes on one node network (pod ranges T*16+1 ..= T*16+15).
+pub const MAX_NODES: usize = 15;
+
+/// One node's place on the node network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHost {
+    pub name: String,
+    /// Its `ip netns` namespace.
+    pub netns: String,
+    pub address: Ipv4Addr,
+    /// Its pods' range.
+    pub pod_cidr: String,
+}
+
+/// The node network with tag `tag`: names and addresses, no side effects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeNetwork {
+    pub tag: u8,
+    pub hosts: Vec<NodeHost>,
+}
+
+impl NodeNetwork {
+    /// The plan for `nodes` (in order) on tag `tag` (0..=15).
+    pub fn plan(tag: u8, nodes: &[String]) -> Result<NodeNetwork> {
+        if tag > 15 {
+            return Err(SeedError::InvalidSpec {
+                field: "node network tag".into(),
+                reason: format!("{tag} is not in 0..=15"),
+            });
+        }
+        if nodes.len() > MAX_NODES {
+            return Err(SeedError::InvalidSpec {
+                field: "nodes".into(),
+                reason: format!(
+                    "{} nodes; a node network has room for {MAX_NODES}",
+                    nodes.len()
+                ),
+            });
+        }
+        let hosts = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeHost {
+                name: n.clone(),
+                netns: format!("rnode-{tag}-{n}"),
+                address: Ipv4Addr::new(198, 19, tag * 16, (i + 1) as u8),
+                pod_cidr: format!("198.19.{}.0/24", tag * 16 + 1 + i as u8),
+            })
+            .collect();
+        Ok(NodeNetwork { tag, hosts })
+    }
+
+    /// The first tag whose hub namespace does not exist, preferring `preferred`.
+    pub fn free_tag(preferred: Option<u8>) -> Result<u8> {
+        if let Some(t) = preferred.filter(|t| *t <= 15) {
+            if !exists(&hub_name(t)) {
+                return Ok(t);
+            }
+        }
+        (0..=15u8)
+            .find(|t| !exists(&hub_name(*t)))
+            .ok_or_else(|| SeedError::Network {
+                command: "choosing a node network".into(),
+                reason: "all 16 node networks (rnode-0-hub .. rnode-15-hub) exist; `ringctl down` rings you no longer need".into(),
+            })
+    }
+
+    /// The hub namespace's name.
+    pub fn hub(&self) -> String {
+        hub_name(self.tag)
+    }
+
+    /// The root namespace's address on the node network (every node's gateway).
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.tag * 16, 254)
+    }
+
+    /// Every pod range of this network (kube-proxy's cluster CIDR).
+    pub fn cluster_cidr(&self) -> String {
+        format!("198.19.{}.0/20", self.tag * 16)
+    }
+
+    fn root_if(&self) -> String {
+        format!("rn{}h", self.tag)
+    }
+
+    /// Creates what is missing (idempotent): hub, bridge, the root link, each
+    /// node's namespace with its address and routes.
+    pub fn ensure(&self) -> Result<()> {
+        let hub = self.hub();
+        if !exists(&hub) {
+            ip(&["netns", "add", &hub])?;
+            ip(&["-n", &hub, "link", "set", "lo", "up"])?;
+            ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
+            ip(&["-n", &hub, "link", "set", "br0", "up"])?;
+            let root_if = self.root_if();
+            let _ = ip(&["link", "del", &root_if]);
+            ip(&[
+                "link", "add", &root_if, "type", "veth", "peer", "name", "root", "netns", &hub,
+            ])?;
+            ip(&["-n", &hub, "link", "set", "root", "master", "br0", "up"])?;
+            ip(&[
+                "addr",
+                "add",
+                &format!("{}/24", self.gateway()),
+                "dev",
+                &root_if,
+            ])?;
+            ip(&["link", "set", &root_if, "up"])?;
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            if !exists(&h.netns) {
+                self.add_host(i, h)?;
+            }
+            // the root namespace reaches the node's pods through the node
+            ip(&[
+                "route",
+                "replace",
+                &h.pod_cidr,
+                "via",
+                &h.address.to_string(),
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn add_host(&self, i: usize, h: &NodeHost) -> Result<()> {
+        let hub = self.hub();
+        let port = format!("p{}", i + 1);
+        ip(&["netns", "add", &h.netns])?;
+        ip(&["-n", &h.netns, "link", "set", "lo", "up"])?;
+        let _ = ip(&["-n", &hub, "link", "del", &port]);
+        ip(&[
+            "-n", &hub, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
+            &h.netns,
+        ])?;
+        ip(&["-n", &hub, "link", "set", &port, "master", "br0", "up"])?;
+        ip(&[
+            "-n",
+            &h.netns,
+            "addr",
+            "add",
+            &format!("{}/24", h.address),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", &h.netns, "link", "set", "eth0", "up"])?;
+        ip(&[
+            "-n",
+            &h.netns,
+            "route",
+            "add",
+            "default",
+            "via",
+            &self.gateway().to_string(),
+        ])?;
+        for other in self.hosts.iter().filter(|o| o.name != h.name) {
+            ip(&[
+                "-n",
+                &h.netns,
+                "route",
+                "add",
+                &other.pod_cidr,
+                "via",
+                &other.address.to_string(),
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every namespace and link of this network (what is gone is skipped).
+    pub fn remove(&self) -> Result<()> {
+        let mut first_err = None;
+        for h in &self.hosts {
+            let _ = ip(&["route", "del", &h.pod_cidr]);
+            if exists(&h.netns) {
+                if let Err(e) = ip(&["netns", "del", &h.netns]) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let _ = ip(&["link", "del", &self.root_if()]);
+        if exists(&self.hub()) {
+            if let Err(e) = ip(&["netns", "del", &self.hub()]) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+fn hub_name(tag: u8) -> String {
+    format!("rnode-{tag}-hub")
+}
+
+/// Forwards connections to `addr` inside namespace `netns` to `addr` in this
+/// process's own namespace (the host's loopback, where the shoot's API
+/// listens), until `stop`. The node reaches its shoot at the same address and
+/// with the same certificate as every other client.
+pub async fn forward_into(
+    netns: &str,
+    addr: SocketAddr,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let std_listener = crate::netns::listen_in(netns, addr).map_err(|e| SeedError::Node {
+        node: netns.to_string(),
+        reason: format!("listening on {addr} inside network namespace {netns}: {e}"),
+    })?;
+    let listener =
+        tokio::net::TcpListener::from_std(std_listener).map_err(|e| SeedError::Node {
+            node: netns.to_string(),
+            reason: format!("listening on {addr}: {e}"),
+        })?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            let Ok((mut inbound, _)) = accepted else {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await else {
+                    return;
+                };
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                }
+            });
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_and_ranges_follow_the_tag() {
+        let net = NodeNetwork::plan(2, &["m1".into(), "m2".into(), "m3".into()]).unwrap();
+        assert_eq!(net.gateway(), Ipv4Addr::new(198, 19, 32, 254));
+        assert_eq!(net.cluster_cidr(), "198.19.32.0/20");
+        assert_eq!(net.hub(), "rnode-2-hub");
+        let h = &net.hosts[2];
+        assert_eq!(h.netns, "rnode-2-m3");
+        assert_eq!(h.address, Ipv4Addr::new(198, 19, 32, 3));
+        assert_eq!(h.pod_cidr, "198.19.35.0/24");
+        let names: Vec<String> = (0..16).map(|i| format!("n{i}")).collect();
+        assert!(NodeNetwork::plan(0, &names).is_err());
+        assert!(NodeNetwork::plan(16, &names[..1]).is_err());
+    }
+}

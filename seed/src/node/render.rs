@@ -1,0 +1,349 @@
+//! What a node's processes are told: containerd's, kubelet's, kube-proxy's and
+//! the CNI config, and their command lines. Pure: a config in, text out.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use super::config::{NodeConfig, NodeLayout};
+use crate::process::{Component, ComponentSpec};
+
+/// The programs a node runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBinaries {
+    pub containerd: PathBuf,
+    pub kubelet: PathBuf,
+    pub kube_proxy: PathBuf,
+    /// Where the CNI plugins (bridge, host-local, portmap, loopback) are.
+    pub cni_bin_dir: PathBuf,
+}
+
+fn p(path: impl AsRef<Path>) -> String {
+    path.as_ref().display().to_string()
+}
+
+/// containerd's config: its own root, state and socket; the CRI plugin with the
+/// local pause image, `restrict_oom_score_adj` (no CAP_SYS_RESOURCE here),
+/// cgroupfs, pods' network namespaces under its state dir, CNI from the node's dir.
+pub fn containerd_config(layout: &NodeLayout, bins: &NodeBinaries, sandbox_image: &str) -> String {
+    let cri = r#"plugins."io.containerd.grpc.v1.cri""#;
+    format!(
+        r#"# Written by ring-node; changes are overwritten at the next start.
+version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[{cri}]
+  sandbox_image = "{sandbox_image}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  max_container_log_line_size = 16384
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+
+[{cri}.cni]
+  bin_dir = "{cni_bin}"
+  conf_dir = "{cni_conf}"
+  max_conf_num = 1
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root}/opt"
+"#,
+        root = p(layout.containerd_root()),
+        state = p(layout.containerd_state()),
+        socket = p(layout.containerd_socket()),
+        cni_bin = p(&bins.cni_bin_dir),
+        cni_conf = p(layout.cni_conf()),
+    )
+}
+
+/// The pod network: a bridge inside the node's namespace with the node's pod
+/// range, pods' traffic leaving the range masqueraded to the node's address.
+pub fn cni_conflist(config: &NodeConfig, layout: &NodeLayout) -> String {
+    let doc = json!({
+        "cniVersion": "0.4.0",
+        "name": format!("ring-{}", config.name),
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": true,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": config.pod_cidr}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": p(layout.cni_ipam()),
+                }
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// kubelet's config file: cgroupfs under the node's own cgroup root, no swap
+/// check, no host iptables rules, local images never collected, clients
+/// authenticated by the shoot's CA and authorized by its kube-apiserver.
+pub fn kubelet_config(config: &NodeConfig, layout: &NodeLayout) -> String {
+    let doc = json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": config.address.to_string(),
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "failSwapOn": false,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": config.cgroup_root,
+        "cgroupsPerQOS": true,
+        "makeIPTablesUtilChains": false,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "staticPodPath": p(layout.manifests()),
+        "serializeImagePulls": false,
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": p(layout.pki().ca().cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "podPidsLimit": 4096,
+    });
+    serde_yaml::to_string(&doc).unwrap_or_default()
+}
+
+/// kube-proxy's config: iptables in the node's namespace, every Service
+/// connection masqueraded (pods on one bridge reach each other through a
+/// ClusterIP without br_netfilter), and the host's conntrack sysctls left alone.
+pub fn kube_proxy_config(config: &NodeConfig, layout: &NodeLayout) -> String {
+    let doc = json!({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": p(layout.config_file("kube-proxy.kubeconfig"))},
+        "hostnameOverride": config.name,
+        "bindAddress": config.address.to_string(),
+        "clusterCIDR": config.cluster_cidr,
+        "mode": "iptables",
+        "iptables": {"masqueradeAll": true, "syncPeriod": "10s", "minSyncPeriod": "1s"},
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "metricsBindAddress": "127.0.0.1:10249",
+        "healthzBindAddress": "127.0.0.1:10256",
+    });
+    serde_yaml::to_string(&doc).unwrap_or_default()
+}
+
+/// The three supervised processes of a node, in start order.
+pub fn component_specs(
+    config: &NodeConfig,
+    layout: &NodeLayout,
+    bins: &NodeBinaries,
+) -> Vec<ComponentSpec> {
+    let spec = |component: Component, program: &PathBuf, args: Vec<String>| ComponentSpec {
+        component,
+        program: program.clone(),
+        args,
+        log: layout.log(component),
+        netns: Some(config.netns.clone()),
+    };
+    vec![
+        spec(
+            Component::Containerd,
+            &bins.containerd,
+            vec![format!(
+                "--config={}",
+                p(layout.config_file("containerd.toml"))
+            )],
+        ),
+        spec(
+            Component::Kubelet,
+            &bins.kubelet,
+            vec![
+                format!("--config={}", p(layout.config_file("kubelet.yaml"))),
+                format!(
+                    "--kubeconfig={}",
+                    p(layout.config_file("kubelet.kubeconfig"))
+                ),
+                "--container-runtime=remote".into(),
+                format!(
+                    "--container-runtime-endpoint=unix://{}",
+                    p(layout.containerd_socket())
+                ),
+                format!("--root-dir={}", p(layout.kubelet_root())),
+                format!("--cert-dir={}", p(layout.kubelet_root().join("pki"))),
+                format!("--hostname-override={}", config.name),
+                format!("--node-ip={}", config.address),
+                "--v=1".into(),
+            ],
+        ),
+        spec(
+            Component::KubeProxy,
+            &bins.kube_proxy,
+            vec![
+                format!("--config={}", p(layout.config_file("kube-proxy.yaml"))),
+                "--v=1".into(),
+            ],
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn config() -> NodeConfig {
+        NodeConfig {
+            api_version: super::super::config::API_VERSION.into(),
+            kind: "RingNode".into(),
+            name: "m1".into(),
+            state_dir: "/ring/members/m1/node".into(),
+            run_dir: "/run/ring-node/rnode-0-m1".into(),
+            netns: "rnode-0-m1".into(),
+            address: "198.19.0.1".parse().unwrap(),
+            pod_cidr: "198.19.1.0/24".into(),
+            cluster_cidr: "198.19.0.0/20".into(),
+            api_server: "127.20.1.2:6443".parse().unwrap(),
+            cgroup_root: "/ring-node-rnode-0-m1".into(),
+            images_dir: None,
+            bin_dir: None,
+        }
+    }
+
+    fn bins() -> NodeBinaries {
+        NodeBinaries {
+            containerd: "/usr/bin/containerd".into(),
+            kubelet: "/cache/kubelet".into(),
+            kube_proxy: "/cache/kube-proxy".into(),
+            cni_bin_dir: "/usr/lib/cni".into(),
+        }
+    }
+
+    #[test]
+    fn containerd_runs_from_the_nodes_dirs_with_the_known_machine_settings() {
+        let c = config();
+        let text = containerd_config(&c.layout(), &bins(), "docker.io/ring/pause:3.2");
+        for want in [
+            "root = \"/ring/members/m1/node/containerd\"",
+            "state = \"/run/ring-node/rnode-0-m1/containerd\"",
+            "address = \"/run/ring-node/rnode-0-m1/containerd.sock\"",
+            "sandbox_image = \"docker.io/ring/pause:3.2\"",
+            "restrict_oom_score_adj = true",
+            "netns_mounts_under_state_dir = true",
+            "SystemdCgroup = false",
+            "conf_dir = \"/ring/members/m1/node/cni/net.d\"",
+        ] {
+            assert!(text.contains(want), "{want} missing in\n{text}");
+        }
+    }
+
+    #[test]
+    fn kubelet_and_kube_proxy_leave_the_host_alone() {
+        let c = config();
+        let k: serde_json::Value = serde_yaml::from_str(&kubelet_config(&c, &c.layout())).unwrap();
+        assert_eq!(k["failSwapOn"], false);
+        assert_eq!(k["makeIPTablesUtilChains"], false);
+        assert_eq!(k["cgroupDriver"], "cgroupfs");
+        assert_eq!(k["cgroupRoot"], "/ring-node-rnode-0-m1");
+        assert_eq!(k["imageGCHighThresholdPercent"], 100);
+        assert_eq!(k["authentication"]["anonymous"]["enabled"], false);
+        let kp: serde_json::Value =
+            serde_yaml::from_str(&kube_proxy_config(&c, &c.layout())).unwrap();
+        assert_eq!(kp["conntrack"]["maxPerCore"], 0);
+        assert_eq!(kp["iptables"]["masqueradeAll"], true);
+        assert_eq!(kp["hostnameOverride"], "m1");
+        let cni: serde_json::Value = serde_json::from_str(&cni_conflist(&c, &c.layout())).unwrap();
+        assert_eq!(
+            cni["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+            "198.19.1.0/24"
+        );
+        assert_eq!(
+            cni["plugins"][0]["ipam"]["dataDir"],
+            "/ring/members/m1/node/cni/ipam"
+        );
+    }
+
+    #[test]
+    fn every_process_runs_in_the_nodes_namespace() {
+        let c = config();
+        let specs = component_specs(&c, &c.layout(), &bins());
+        let names: Vec<_> = specs.iter().map(|s| s.component).collect();
+        assert_eq!(
+            names,
+            [
+                Component::Containerd,
+                Component::Kubelet,
+                Component::KubeProxy
+            ]
+        );
+        assert!(specs
+            .iter()
+            .all(|s| s.netns.as_deref() == Some("rnode-0-m1")));
+        let kubelet = &specs[1].args;
+        assert!(kubelet.contains(&"--hostname-override=m1".to_string()));
+        assert!(kubelet.contains(
+            &"--container-runtime-endpoint=unix:///run/ring-node/rnode-0-m1/containerd.sock"
+                .to_string()
+        ));
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        type Edit = fn(&mut NodeConfig);
+        let cases: Vec<(Edit, &str)> = vec![
+            (|c| c.kind = "Node".into(), "kind"),
+            (|c| c.name = "M_1".into(), "name"),
+            (|c| c.state_dir = "rel".into(), "stateDir"),
+            (
+                |c| c.run_dir = format!("/{}", "x".repeat(70)).into(),
+                "runDir",
+            ),
+            (|c| c.pod_cidr = "198.19.1.0".into(), "podCidr"),
+            (|c| c.cluster_cidr = "198.19.0.0/40".into(), "clusterCidr"),
+            (
+                |c| c.api_server = "10.1.1.1:6443".parse().unwrap(),
+                "apiServer",
+            ),
+            (|c| c.cgroup_root = "ring".into(), "cgroupRoot"),
+            (|c| c.netns = "a/b".into(), "netns"),
+        ];
+        for (edit, field) in cases {
+            let mut c = config();
+            edit(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("invalid {field}")),
+                "{field}: {err}"
+            );
+        }
+        config().validate().unwrap();
+    }
+}

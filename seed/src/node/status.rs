@@ -1,0 +1,208 @@
+//! What a node reports about itself (`status.json` in its state dir): its
+//! processes, whether it registered with its shoot, and if not, why.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::NodeConfig;
+use crate::process::{Component, States};
+
+/// The node as its shoot's kube-apiserver sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registration {
+    /// The Node object exists.
+    pub registered: bool,
+    /// Its Ready condition is True.
+    pub ready: bool,
+}
+
+/// The content of a node's `status.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    pub node: String,
+    /// The `ring-node` supervisor.
+    pub pid: u32,
+    /// Starting, ImportingImages, Running, Stopping, Stopped.
+    pub phase: String,
+    #[serde(flatten)]
+    pub registration: Registration,
+    /// Why the node is not Ready, when it is not (certificate, endpoint, runtime).
+    pub problem: Option<String>,
+    pub components: States,
+    /// Unix seconds of the last update.
+    pub updated: u64,
+}
+
+/// Keeps `status.json` current.
+#[derive(Clone)]
+pub struct Reporter {
+    config: NodeConfig,
+    status: Arc<Mutex<NodeStatus>>,
+    /// Set when the node cannot work at all (missing images, dead runtime): it
+    /// wins over whatever the shoot says.
+    fatal: Arc<Mutex<Option<String>>>,
+    states: watch::Receiver<States>,
+}
+
+impl Reporter {
+    pub fn new(config: NodeConfig, states: watch::Receiver<States>) -> Reporter {
+        let status = NodeStatus {
+            node: config.name.clone(),
+            pid: std::process::id(),
+            phase: "Starting".into(),
+            ..Default::default()
+        };
+        let r = Reporter {
+            config,
+            status: Arc::new(Mutex::new(status)),
+            fatal: Arc::new(Mutex::new(None)),
+            states,
+        };
+        r.write();
+        r
+    }
+
+    fn update(&self, f: impl FnOnce(&mut NodeStatus)) {
+        {
+            let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut s);
+            s.components = self.states.borrow().clone();
+            s.updated = crate::process::unix_now();
+        }
+        self.write();
+    }
+
+    fn write(&self) {
+        let s = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let path = self.config.layout().status_file();
+        if let Ok(text) = serde_json::to_vec_pretty(&s) {
+            if let Err(e) = crate::pki::write_private(&path, &text) {
+                tracing::warn!(error = %e, "cannot write the node's status");
+            }
+        }
+    }
+
+    /// Sets the phase.
+    pub fn phase(&self, phase: &str) {
+        self.update(|s| s.phase = phase.into());
+    }
+
+    /// Records why the node cannot work at all (shown until the node stops).
+    pub fn fatal(&self, problem: String) {
+        *self.fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(problem.clone());
+        self.update(|s| s.problem = Some(problem));
+    }
+
+    /// Every 2 s until `stop`: asks the shoot about the node and explains what
+    /// keeps it from being Ready.
+    pub async fn watch(self, stop: CancellationToken) {
+        let kubeconfig = self.config.layout().config_file("kubelet.kubeconfig");
+        loop {
+            let seen = registration(&self.config, &kubeconfig).await;
+            let fatal = self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let problem = match &seen {
+                _ if fatal.is_some() => fatal,
+                Ok(r) if r.ready => None,
+                Ok(r) => Some(self.diagnose(r)),
+                Err(e) => Some(e.clone()),
+            };
+            self.update(|s| {
+                if s.phase == "Running" || s.phase == "ImportingImages" || s.phase == "Starting" {
+                    s.registration = seen.clone().unwrap_or_default();
+                    s.problem = problem;
+                }
+            });
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    fn diagnose(&self, r: &Registration) -> String {
+        let states = self.states.borrow().clone();
+        for c in [Component::Containerd, Component::Kubelet] {
+            let s = states.get(&c).cloned().unwrap_or_default();
+            if s.pid.is_none() {
+                return format!(
+                    "runtime: {c} is not running (last exit: {}); see {}",
+                    s.last_exit.as_deref().unwrap_or("none yet"),
+                    self.config.layout().log(c).display()
+                );
+            }
+        }
+        let log = self.config.layout().log(Component::Kubelet);
+        let last_error = crate::ShootLayout::tail(&log, 200)
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('E'))
+            .map(|l| l.chars().take(300).collect::<String>());
+        let what = if r.registered {
+            "registered but not Ready"
+        } else {
+            "not registered yet"
+        };
+        match last_error {
+            Some(e) => format!("{what}; kubelet's last error: {e}"),
+            None => format!("{what}; see {}", log.display()),
+        }
+    }
+}
+
+/// What the shoot says about this node, asked with the node's own credentials.
+/// Errors name the cause: endpoint unreachable, certificate refused.
+async fn registration(
+    config: &NodeConfig,
+    kubeconfig: &std::path::Path,
+) -> Result<Registration, String> {
+    use k8s_openapi::api::core::v1::Node;
+    if let Err(e) = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(config.api_server),
+    )
+    .await
+    .map_err(|_| "timed out".to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    {
+        return Err(format!(
+            "endpoint: the shoot's kube-apiserver at {} is not reachable ({e}); is its control plane up (`ringctl status`)?",
+            config.api_server
+        ));
+    }
+    let client = crate::kubeconfig::client(&config.name, kubeconfig)
+        .await
+        .map_err(|e| format!("certificate: {e}"))?;
+    let api: kube::Api<Node> = kube::Api::all(client);
+    match api.get_opt(&config.name).await {
+        Ok(None) => Ok(Registration::default()),
+        Ok(Some(node)) => {
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            Ok(Registration { registered: true, ready })
+        }
+        Err(kube::Error::Api(e)) if e.code == 401 => Err(format!(
+            "certificate: the shoot's kube-apiserver refuses the node's certificate {} (401: not issued by the shoot's CA?); rerun `ringctl bootstrap` to issue it again",
+            config.layout().node_cert().cert.display()
+        )),
+        Err(kube::Error::Api(e)) if e.code == 403 => Err(format!(
+            "authorization: the shoot's kube-apiserver forbids node {} to read itself ({}); it needs --authorization-mode=Node,RBAC",
+            config.name, e.message
+        )),
+        Err(e) => Err(format!("endpoint: asking the shoot about node {}: {e}", config.name)),
+    }
+}

@@ -1,0 +1,167 @@
+//! Leaving nothing behind: a stopped node's pods, shims and cgroups.
+//!
+//! Pods are found through the node's cgroups (every container process lives
+//! under the node's `cgroupRoot`), shims through their command line (they name
+//! the node's containerd socket), so this works whether or not containerd and
+//! kubelet still run. Mounts need no work: the node's processes run in a mount
+//! namespace of their own, which goes away with its last process.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CGROUP_FS: &str = "/sys/fs/cgroup";
+
+/// The node's cgroup directories in every mounted hierarchy (v1 and v2).
+pub fn cgroup_dirs(cgroup_root: &str) -> Vec<PathBuf> {
+    let rel = cgroup_root.trim_start_matches('/');
+    let mut dirs = Vec::new();
+    let unified = Path::new(CGROUP_FS).join(rel);
+    if Path::new(CGROUP_FS).join("cgroup.controllers").exists() && unified.is_dir() {
+        dirs.push(unified);
+    }
+    if let Ok(entries) = std::fs::read_dir(CGROUP_FS) {
+        for e in entries.flatten() {
+            let dir = e.path().join(rel);
+            if dir.is_dir() && !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
+/// Every pid in `dir`'s cgroup and below.
+fn pids_below(dir: &Path, out: &mut Vec<i32>) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                pids_below(&e.path(), out);
+            }
+        }
+    }
+}
+
+/// The processes of the node's pods (everything under its cgroup root).
+pub fn pod_pids(cgroup_root: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for dir in cgroup_dirs(cgroup_root) {
+        pids_below(&dir, &mut pids);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// The containerd shims serving the containerd at `socket`.
+pub fn shim_pids(socket: &Path) -> Vec<i32> {
+    let want = socket.as_os_str().as_encoded_bytes();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let mut args = cmdline.split(|b| *b == 0);
+            let is_shim = args
+                .next()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+            is_shim && cmdline.split(|b| *b == 0).any(|a| a == want)
+        })
+        .collect()
+}
+
+fn kill_all(pids: &[i32]) {
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Kills what `find` returns until it returns nothing or `within` passed;
+/// returns what is still there.
+pub async fn kill_until_gone(find: impl Fn() -> Vec<i32>, within: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let pids: Vec<i32> = find()
+            .into_iter()
+            .filter(|p| crate::process::pid_alive(*p as u32))
+            .collect();
+        if pids.is_empty() || Instant::now() >= deadline {
+            return pids;
+        }
+        kill_all(&pids);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Removes the node's (empty) cgroups, deepest first; returns those that remain.
+pub fn remove_cgroups(cgroup_root: &str) -> Vec<PathBuf> {
+    fn remove(dir: &Path, left: &mut Vec<PathBuf>) {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    remove(&e.path(), left);
+                }
+            }
+        }
+        if std::fs::remove_dir(dir).is_err() && dir.exists() {
+            left.push(dir.to_path_buf());
+        }
+    }
+    let mut left = Vec::new();
+    for dir in cgroup_dirs(cgroup_root) {
+        remove(&dir, &mut left);
+    }
+    left
+}
+
+/// Creates the node's cgroup root in every v1 hierarchy (kubelet expects it),
+/// with cpuset's cpus and mems copied from the parent.
+pub fn create_cgroups(cgroup_root: &str) -> std::io::Result<()> {
+    let rel = cgroup_root.trim_start_matches('/');
+    for e in std::fs::read_dir(CGROUP_FS)?.flatten() {
+        let hierarchy = e.path();
+        if !hierarchy.join("cgroup.procs").exists() || e.path().is_symlink() {
+            continue;
+        }
+        let dir = hierarchy.join(rel);
+        std::fs::create_dir_all(&dir)?;
+        for f in ["cpuset.cpus", "cpuset.mems"] {
+            let (parent, child) = (hierarchy.join(f), dir.join(f));
+            if parent.exists() && std::fs::read_to_string(&child)?.trim().is_empty() {
+                std::fs::write(&child, std::fs::read_to_string(&parent)?.trim())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes everything of a node whose supervisor is gone (killed, or never
+/// stopped): SIGKILLs its pods and shims until none is left (bounded), then
+/// removes its cgroups and run dir. Synchronous, for `Drop` guards.
+pub fn kill_node_now(config: &super::NodeConfig) {
+    let socket = config.layout().containerd_socket();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut left = pod_pids(&config.cgroup_root);
+        left.extend(shim_pids(&socket));
+        left.retain(|p| crate::process::pid_alive(*p as u32));
+        if left.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        kill_all(&left);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    remove_cgroups(&config.cgroup_root);
+    let _ = std::fs::remove_dir_all(&config.run_dir);
+}

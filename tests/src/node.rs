@@ -1,0 +1,104 @@
+//! A real node (ring-node: containerd, kubelet, kube-proxy in its own network
+//! namespace) for a cluster the test runs, for end-to-end tests of workloads.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use seed::node::net::NodeNetwork;
+use seed::node::{NodeConfig, NodeStatus};
+
+use crate::Sandbox;
+
+/// The `ring-node` binary next to this test binary (built by `scripts/test`).
+pub fn ring_node_bin() -> PathBuf {
+    let path = crate::ringctl().with_file_name("ring-node");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first with `cargo build --workspace --bins` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// A node registered to a local seed's control plane; on drop the supervisor is
+/// killed and its pods, shims, cgroups and network namespaces are removed.
+pub struct TestNode {
+    pub config: NodeConfig,
+    net: NodeNetwork,
+    child: Child,
+}
+
+impl TestNode {
+    /// Starts node `name` for the control plane of `shoot` hosted by `seed`, and
+    /// waits (bounded, 120 s) until it is Ready.
+    pub fn start(sandbox: &Sandbox, seed: &seed::LocalSeed, shoot: &str, name: &str) -> TestNode {
+        let tag = NodeNetwork::free_tag(None).unwrap_or_else(|e| panic!("{e}"));
+        let net = NodeNetwork::plan(tag, &[name.to_string()]).unwrap();
+        net.ensure().unwrap_or_else(|e| panic!("node network: {e}"));
+        let spec = seed
+            .layout(shoot)
+            .read_spec()
+            .unwrap()
+            .expect("the shoot's spec");
+        let api = std::net::SocketAddr::new(spec.endpoint.address.into(), spec.endpoint.api_port);
+        let config = NodeConfig::on_network(
+            &net,
+            &net.hosts[0],
+            sandbox.path().join(format!("node-{name}")),
+            api,
+        );
+        let pki = seed.layout(shoot).pki();
+        let ca = pki.ca();
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+        config
+            .issue_credentials(&read(&ca.cert), &read(&ca.key))
+            .unwrap();
+        let file = sandbox.path().join(format!("node-{name}.yaml"));
+        config.save(&file).unwrap();
+        let log = std::fs::File::create(sandbox.path().join(format!("node-{name}.log"))).unwrap();
+        let child = std::process::Command::new(ring_node_bin())
+            .arg("--config")
+            .arg(&file)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start ring-node");
+        let node = TestNode { config, net, child };
+        node.wait_ready(Duration::from_secs(120));
+        node
+    }
+
+    /// The node's own report.
+    pub fn status(&self) -> Option<NodeStatus> {
+        let text = std::fs::read(self.config.layout().status_file()).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.status();
+            if s.as_ref()
+                .is_some_and(|s| s.registration.ready && s.phase == "Running")
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} not Ready after {timeout:?}: {s:?}",
+                self.config.name
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        seed::node::teardown::kill_node_now(&self.config);
+        let _ = self.net.remove();
+    }
+}
