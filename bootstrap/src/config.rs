@@ -382,10 +382,43 @@ mod tests {
     }
 
     #[test]
+    fn nodes_are_one_per_member_by_default_and_checked() {
+        let members = "members: [{name: a}, {name: b}, {name: c}]\n";
+        let c = RingConfig::parse(&yaml(members), "ring.yaml").unwrap();
+        assert_eq!(c.nodes.per_member, 1);
+        for (body, field, says) in [
+            ("nodes: {perMember: 2}\n", "nodes.perMember", "use 0 or 1"),
+            (
+                "nodes: {perMember: 1, extra: 1}\n",
+                "ring.yaml",
+                "unknown field",
+            ),
+        ] {
+            let err = RingConfig::parse(&yaml(&format!("{members}{body}")), "ring.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field) && err.contains(says), "{body}: {err}");
+        }
+        let in_netns = "members: [{name: a, netns: ns-a}, {name: b}, {name: c}]\n";
+        let err = RingConfig::parse(&yaml(in_netns), "ring.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("members[0].netns") && err.contains("perMember: 0"),
+            "{err}"
+        );
+        let many: Vec<String> = (0..16).map(|i| format!("{{name: m{i}}}")).collect();
+        let err = RingConfig::parse(&yaml(&format!("members: [{}]\n", many.join(", "))), "r")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 15 members"), "{err}");
+    }
+
+    #[test]
     fn a_member_may_have_its_own_address_and_network_namespace() {
         let c = RingConfig::parse(
             &yaml(
-                "members: [{name: a, address: 198.18.0.1, netns: ring-a}, {name: b}, {name: c}]\n",
+                "members: [{name: a, address: 198.18.0.1, netns: ring-a}, {name: b}, {name: c}]\nnodes: {perMember: 0}\n",
             ),
             "ring.yaml",
         )

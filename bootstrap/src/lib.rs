@@ -446,6 +446,7 @@ fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
     if config.nodes.per_member == 0 {
         return;
     }
+    o.images_built = nodes::images_built();
     o.node_network = nodes::network_up(layout, config);
     for m in config.members.iter().map(|m| &m.name) {
         if nodes::configured(layout, m) {
@@ -512,6 +513,7 @@ async fn execute(
                 seed::pki::write_private(&to, &text).map_err(RingError::from)?;
             }
         }
+        Step::BuildImages => nodes::build_images(ringd)?,
         Step::CreateNodeNetwork => {
             nodes::ensure_network(layout, config)?;
         }

@@ -92,6 +92,23 @@ pub fn ensure_network(
     Ok(net)
 }
 
+/// Whether every image archive the nodes import is in the image cache.
+pub fn images_built() -> bool {
+    let Ok(built) = seed::images::list(&seed::images::default_dir()) else {
+        return false;
+    };
+    seed::images::ALL
+        .iter()
+        .all(|i| built.iter().any(|b| b.reference == i.full()))
+}
+
+/// Builds the images into the image cache (`ringd`'s image from `ringd`).
+pub fn build_images(ringd: &Path) -> Result<(), BootstrapError> {
+    let inputs = seed::images::ImageInputs::standard(None, ringd.to_path_buf());
+    seed::images::build_all(&seed::images::default_dir(), &inputs)?;
+    Ok(())
+}
+
 /// Whether the node's config and certificates are in place.
 pub fn configured(layout: &RingLayout, member: &str) -> bool {
     let dir = node_dir(layout, member).join("pki");

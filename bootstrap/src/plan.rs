@@ -22,6 +22,8 @@ pub enum Step {
     AwaitControlPlanes(Vec<String>),
     /// Copy these shoots' admin kubeconfigs to their stable place.
     PublishKubeconfigs(Vec<String>),
+    /// Build the container images the nodes run (none are pulled).
+    BuildImages,
     /// Create the node network (a namespace per node, a bridge, routes).
     CreateNodeNetwork,
     /// Issue this member's node certificates from its shoot's CA; write its config.
@@ -45,6 +47,7 @@ impl Step {
             Step::AwaitQuorum => "form the quorum".into(),
             Step::AwaitControlPlanes(_) => "start control planes".into(),
             Step::PublishKubeconfigs(_) => "publish kubeconfigs".into(),
+            Step::BuildImages => "build images".into(),
             Step::CreateNodeNetwork => "create the node network".into(),
             Step::ConfigureNode(m) => format!("configure node {m}"),
             Step::StartNode(m) => format!("start node {m}"),
@@ -68,6 +71,8 @@ pub struct Observed {
     pub ready: BTreeSet<String>,
     /// Shoots whose kubeconfig is published.
     pub kubeconfigs: BTreeSet<String>,
+    /// Every image archive the nodes import exists.
+    pub images_built: bool,
     /// The node network and every node's namespace exist.
     pub node_network: bool,
     /// Members whose node has its config and certificates.
@@ -119,6 +124,9 @@ fn next_node_step(config: &RingConfig, o: &Observed) -> Step {
     if config.nodes.per_member == 0 {
         return Step::Done;
     }
+    if !o.images_built {
+        return Step::BuildImages;
+    }
     if !o.node_network {
         return Step::CreateNodeNetwork;
     }
@@ -153,6 +161,7 @@ impl Observed {
             Step::AwaitQuorum => self.quorum = true,
             Step::AwaitControlPlanes(s) => self.ready.extend(s),
             Step::PublishKubeconfigs(s) => self.kubeconfigs.extend(s),
+            Step::BuildImages => self.images_built = true,
             Step::CreateNodeNetwork => self.node_network = true,
             Step::ConfigureNode(m) => {
                 self.nodes_configured.insert(m);
@@ -188,16 +197,19 @@ mod tests {
             }
         }
         // config, pki, member configs, 3 ringd, quorum, control planes,
-        // kubeconfigs, node network, 3 node configs, 3 nodes, nodes ready, done
-        assert_eq!(seen.len(), 3 + 3 + 3 + 1 + 3 + 3 + 2);
+        // kubeconfigs, images, node network, 3 node configs, 3 nodes, nodes ready, done
+        assert_eq!(seen.len(), 3 + 3 + 3 + 2 + 3 + 3 + 2);
         assert_eq!(seen[3], Step::StartMember("m1".into()));
         assert_eq!(seen[6], Step::AwaitQuorum);
-        assert_eq!(seen[9], Step::CreateNodeNetwork);
-        assert_eq!(seen[13], Step::StartNode("m1".into()));
+        assert_eq!(seen[9], Step::BuildImages);
+        assert_eq!(seen[10], Step::CreateNodeNetwork);
+        assert_eq!(seen[11], Step::ConfigureNode("m1".into()));
+        assert_eq!(seen[14], Step::StartNode("m1".into()));
         assert_eq!(
-            seen[16],
+            seen[17],
             Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
         );
+        assert_eq!(seen[18], Step::Done);
         let mut without = c.clone();
         without.nodes.per_member = 0;
         let mut o = Observed::default();
@@ -223,6 +235,7 @@ mod tests {
             quorum: true,
             ready: all(&c),
             kubeconfigs: all(&c),
+            images_built: true,
             node_network: true,
             nodes_configured: all(&c),
             nodes_running: all(&c),

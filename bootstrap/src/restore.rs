@@ -350,7 +350,8 @@ mod tests {
             seen[6],
             RestoreStep::Bootstrap(Step::StartMember("m1".into()))
         );
-        assert_eq!(seen.len(), 3 + 3 + 3 + 4);
+        // then the bootstrap's node steps: images, network, 3 configs, 3 starts, ready
+        assert_eq!(seen.len(), 3 + 3 + 3 + 4 + 9);
     }
 
     #[test]

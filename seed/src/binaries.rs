@@ -47,6 +47,12 @@ impl BinarySearch {
         }
     }
 
+    /// This search, then `dirs` (for programs outside `PATH`, such as `/usr/sbin`'s).
+    pub fn followed_by(mut self, dirs: impl IntoIterator<Item = PathBuf>) -> Self {
+        self.dirs.extend(dirs);
+        self
+    }
+
     /// The first executable file called `name` in the search directories.
     pub fn find(&self, name: &str) -> Result<PathBuf> {
         for dir in &self.dirs {

@@ -87,6 +87,18 @@ pub enum SeedError {
     #[error("node {node}: {reason}")]
     Node { node: String, reason: String },
 
+    /// A container image cannot be built from this machine's binaries.
+    #[error("cannot build image {image}: {reason}")]
+    ImageBuild { image: String, reason: String },
+
+    /// An image archive that should have been built is not there.
+    #[error("no image archive {archive}; build it with `ringctl images build`")]
+    ImageMissing { archive: PathBuf },
+
+    /// A containerd did not do what was asked (import or list images).
+    #[error("containerd at {socket}: {reason}")]
+    Containerd { socket: PathBuf, reason: String },
+
     /// The supervisor process went away before the control plane became ready.
     #[error("the supervisor of shoot {shoot} exited before the control plane was ready; last lines of {log}:\n{tail}")]
     SupervisorExited {

@@ -74,17 +74,45 @@ pub struct Images {
     pub kube_apiserver: String,
     pub kube_controller_manager: String,
     pub kube_scheduler: String,
+    /// When the kubelet pulls them (`Never` by default: the images are built
+    /// and imported locally, see `ringctl images`).
+    pub pull_policy: PullPolicy,
 }
 
 impl Default for Images {
-    /// The versions the local seed runs: etcd 3.4.23, Kubernetes v1.20.2.
+    /// The images `ringctl images build` makes from the binaries the local seed
+    /// runs (etcd 3.4.23, Kubernetes v1.20.2), never pulled.
     fn default() -> Self {
-        let k8s = |c: &str| format!("registry.k8s.io/{c}:v1.20.2");
+        use crate::images::{ETCD, KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER};
         Images {
-            etcd: "gcr.io/etcd-development/etcd:v3.4.23".into(),
-            kube_apiserver: k8s("kube-apiserver"),
-            kube_controller_manager: k8s("kube-controller-manager"),
-            kube_scheduler: k8s("kube-scheduler"),
+            etcd: ETCD.full(),
+            kube_apiserver: KUBE_APISERVER.full(),
+            kube_controller_manager: KUBE_CONTROLLER_MANAGER.full(),
+            kube_scheduler: KUBE_SCHEDULER.full(),
+            pull_policy: PullPolicy::Never,
+        }
+    }
+}
+
+/// A container's `imagePullPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum PullPolicy {
+    /// Pull at every container start.
+    Always,
+    /// Pull only if the node lacks the image (for images in a registry).
+    IfNotPresent,
+    /// Never pull: the image must have been imported on the node (Ring's local images).
+    #[default]
+    Never,
+}
+
+impl PullPolicy {
+    /// The `imagePullPolicy` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
         }
     }
 }

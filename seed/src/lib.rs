@@ -9,6 +9,7 @@
 pub mod binaries;
 pub mod endpoint;
 mod error;
+pub mod images;
 pub mod kubeconfig;
 pub mod kubernetes;
 pub mod local;

@@ -561,6 +561,8 @@ fn component_specs(
         "--enable-admission-plugins=NodeRestriction".into(),
         format!("--kubelet-client-certificate={}", p(kubelet_cli.cert)),
         format!("--kubelet-client-key={}", p(kubelet_cli.key)),
+        // node names are member names, not resolvable host names
+        "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP".into(),
         format!(
             "--service-account-key-file={}",
             p(pki.service_account_pub())

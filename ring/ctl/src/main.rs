@@ -11,6 +11,7 @@ use ringd::controlplane::{self, SeedOptions, UpOptions};
 use ringd::output::{encode, status_table, Format};
 use tokio_util::sync::CancellationToken;
 
+mod images;
 mod manifests;
 
 #[derive(Parser)]
@@ -61,6 +62,10 @@ enum Command {
     Drill(DrillCommand),
     /// Disaster recovery: rebuild a lost local ring (every member and control plane) from its bucket.
     Restore(RestoreArgs),
+    /// Container images built on this machine from local binaries (no registry): build, list,
+    /// import into a containerd.
+    #[command(subcommand)]
+    Images(images::ImagesCommand),
 }
 
 #[derive(Subcommand)]
@@ -620,6 +625,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "--address names a remote ring: give the new member's --member-address too"
                 ),
             }
+        }
+        Command::Images(cmd) => {
+            init_tracing("warn");
+            images::run(cmd, format).await
         }
         Command::Manifests(args) => {
             init_tracing("warn");

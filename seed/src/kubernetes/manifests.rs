@@ -160,6 +160,8 @@ impl Manifests {
                         "containers": [{
                             "name": "ringd",
                             "image": self.image,
+                            // Built and imported locally (`ringctl images`), or pulled from a registry.
+                            "imagePullPolicy": "IfNotPresent",
                             "command": ["ringd", "--config", CONFIG_PATH],
                             "ports": container_ports,
                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},

@@ -248,6 +248,7 @@ impl Renderer<'_> {
         }
         let mut container = container;
         container["name"] = json!(component.name());
+        container["imagePullPolicy"] = json!(self.config.images.pull_policy.as_str());
         container["volumeMounts"] = json!(mounts);
         json!({
             "metadata": {"labels": labels(self.ring, &self.spec.shoot, Some(component.name()))},
@@ -552,8 +553,15 @@ pub(crate) mod tests {
         let mut config = KubernetesSeedConfig::new("demo");
         config.service_type = ServiceType::NodePort;
         config.storage_class = Some("fast".into());
+        config.images = serde_yaml::from_str("pullPolicy: IfNotPresent").unwrap();
         let text = render(&config);
         assert!(text.contains("type: NodePort"), "{text}");
+        assert_eq!(
+            text.matches("imagePullPolicy: IfNotPresent").count(),
+            4,
+            "{text}"
+        );
+        assert!(!text.contains("imagePullPolicy: Never"), "{text}");
         assert!(text.contains("storageClassName: fast"), "{text}");
         assert!(!text.contains("LoadBalancer"), "{text}");
     }

@@ -1,58 +1,40 @@
 //! Getting the locally built images into a node's containerd (nothing is ever pulled).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::NodeConfig;
 use crate::error::{Result, SeedError};
 
-/// The image archives (`*.tar`) in `dir`, sorted.
-fn archives(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut found: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "tar"))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(SeedError::io(dir)(e)),
-    };
-    found.sort();
-    Ok(found)
+/// Imports every image archive in `dir` that containerd at `socket` lacks (by
+/// name and manifest digest).
+pub async fn import_missing(config: &NodeConfig, dir: &Path, socket: &Path) -> Result<()> {
+    let ctr = crate::BinarySearch::standard(config.bin_dir.as_deref()).find("ctr")?;
+    let (dir, socket, name) = (dir.to_path_buf(), socket.to_path_buf(), config.name.clone());
+    tokio::task::spawn_blocking(move || import_blocking(&name, &ctr, &dir, &socket))
+        .await
+        .map_err(|e| SeedError::Node {
+            node: config.name.clone(),
+            reason: format!("runtime: importing images: {e}"),
+        })?
 }
 
-/// Imports every image archive in `dir` into the containerd at `socket`
-/// (an image already there costs a read of its archive, nothing else).
-pub async fn import_missing(config: &NodeConfig, dir: &Path, socket: &Path) -> Result<()> {
-    let archives = archives(dir)?;
-    if archives.is_empty() {
+fn import_blocking(node: &str, ctr: &Path, dir: &Path, socket: &Path) -> Result<()> {
+    let images = crate::images::list(dir)?;
+    if images.is_empty() {
         return Err(SeedError::Node {
-            node: config.name.clone(),
+            node: node.to_string(),
             reason: format!(
-                "runtime: no image archives in {}; build them with `ringctl images build` (scripts/setup does)",
+                "runtime: no image archives in {}; build them with `ringctl images build` (`ringctl bootstrap` does)",
                 dir.display()
             ),
         });
     }
-    let ctr = crate::BinarySearch::standard(config.bin_dir.as_deref()).find("ctr")?;
-    for archive in archives {
-        let out = tokio::process::Command::new(&ctr)
-            .arg("--address")
-            .arg(socket)
-            .args(["-n", "k8s.io", "images", "import", "--no-unpack=false"])
-            .arg(&archive)
-            .output()
-            .await
-            .map_err(SeedError::io(&ctr))?;
-        if !out.status.success() {
-            return Err(SeedError::Node {
-                node: config.name.clone(),
-                reason: format!(
-                    "runtime: importing {} into containerd failed: {}",
-                    archive.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            });
+    for image in images {
+        if crate::images::present(ctr, socket, &image)? {
+            continue;
         }
+        tracing::info!(image = %image.reference, "importing into containerd");
+        crate::images::import(ctr, socket, &image.archive)?;
     }
     Ok(())
 }

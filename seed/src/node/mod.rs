@@ -16,6 +16,7 @@
 //! it), and their mounts never show on the host.
 
 pub mod config;
+mod images;
 pub mod net;
 pub mod render;
 mod status;
@@ -270,13 +271,15 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
 async fn prepare_runtime(config: &NodeConfig, report: &status::Reporter) -> Result<()> {
     let layout = config.layout();
     let socket = layout.containerd_socket();
+    // A socket file left by an earlier containerd exists before the new one
+    // listens: wait until a connection succeeds.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
+    while tokio::net::UnixStream::connect(&socket).await.is_err() {
         if tokio::time::Instant::now() >= deadline {
             return Err(node_err(
                 config,
                 format!(
-                    "containerd did not open {} within 30 s; see {}",
+                    "runtime: containerd does not answer on {} after 30 s; see {}",
                     socket.display(),
                     layout.log(Component::Containerd).display()
                 ),
@@ -288,10 +291,8 @@ async fn prepare_runtime(config: &NodeConfig, report: &status::Reporter) -> Resu
     let dir = config
         .images_dir
         .clone()
-        .unwrap_or_else(|| crate::binaries::cache_dir().join("images"));
+        .unwrap_or_else(crate::images::default_dir);
     images::import_missing(config, &dir, &socket).await?;
     report.phase("Running");
     Ok(())
 }
-
-mod images;

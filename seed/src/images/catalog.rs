@@ -1,0 +1,255 @@
+//! The images Ring builds, from the binaries on this machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::spec::{Content, ImageSpec};
+use super::{
+    host, ImageName, ETCD, KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBE_PROXY, KUBE_SCHEDULER,
+    PAUSE, RINGD,
+};
+use crate::binaries::BinarySearch;
+use crate::error::{Result, SeedError};
+
+/// The C source of the pause binary (compiled with `gcc -static -Os` when built).
+pub const PAUSE_SOURCE: &str = include_str!("../../images/pause.c");
+
+/// The iptables commands kube-proxy runs (all served by `xtables-nft-multi`).
+const IPTABLES_COMMANDS: [&str; 12] = [
+    "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ip6tables",
+    "ip6tables-save",
+    "ip6tables-restore",
+    "iptables-nft",
+    "iptables-nft-save",
+    "iptables-nft-restore",
+    "ip6tables-nft",
+    "ip6tables-nft-save",
+    "ip6tables-nft-restore",
+];
+
+/// Where the images' programs come from.
+#[derive(Debug, Clone)]
+pub struct ImageInputs {
+    /// Where etcd, the Kubernetes binaries, gcc, ldd, iptables and conntrack are looked for.
+    pub search: BinarySearch,
+    /// The `ringd` binary to put into `ring/ringd`.
+    pub ringd: PathBuf,
+}
+
+impl ImageInputs {
+    /// The standard search ([`BinarySearch::standard`] with `bin_dir` first, then
+    /// `/usr/sbin` and `/sbin` for iptables and conntrack) and this `ringd`.
+    pub fn standard(bin_dir: Option<&Path>, ringd: PathBuf) -> Self {
+        let sbin = [PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")];
+        ImageInputs {
+            search: BinarySearch::standard(bin_dir).followed_by(sbin),
+            ringd,
+        }
+    }
+}
+
+/// Every image of [`super::ALL`] as a spec, or an error naming the first
+/// missing binary (and `scripts/setup`) or a binary of the wrong version.
+pub fn catalog(inputs: &ImageInputs) -> Result<Vec<ImageSpec>> {
+    let ldd = inputs.search.find("ldd")?;
+    let mut specs = vec![pause(inputs)?, etcd(inputs, &ldd)?];
+    for image in [KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER] {
+        specs.push(kube(inputs, &ldd, image)?);
+    }
+    specs.push(kube_proxy(inputs, &ldd)?);
+    specs.push(ringd(inputs, &ldd)?);
+    Ok(specs)
+}
+
+/// `ring/pause`: Ring's pause binary, compiled now from [`PAUSE_SOURCE`].
+pub(super) fn pause(inputs: &ImageInputs) -> Result<ImageSpec> {
+    let gcc = inputs.search.find("gcc")?;
+    let binary = compile_pause(&gcc)?;
+    let mut spec = ImageSpec::new(PAUSE, &["/usr/local/bin/pause"]);
+    spec.insert(
+        "/usr/local/bin/pause",
+        Content::Bytes {
+            data: binary,
+            mode: 0o755,
+        },
+    )?;
+    spec.insert("/pause", Content::Symlink("usr/local/bin/pause".into()))?;
+    Ok(spec)
+}
+
+/// `gcc -static -Os -s` of the pause source in a scratch dir; the binary's bytes.
+fn compile_pause(gcc: &Path) -> Result<Vec<u8>> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!("ring-pause-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(SeedError::io(&dir))?;
+    let result = (|| {
+        let source = dir.join("pause.c");
+        std::fs::write(&source, PAUSE_SOURCE).map_err(SeedError::io(&source))?;
+        let mut cmd = Command::new(gcc);
+        cmd.current_dir(&dir)
+            .args(["-static", "-Os", "-s", "-o", "pause", "pause.c"]);
+        let ran = host::run_for(PAUSE.name, &mut cmd, Duration::from_secs(120))?;
+        if !ran.success {
+            return Err(SeedError::ImageBuild {
+                image: PAUSE.name.into(),
+                reason: format!(
+                    "`{} -static -Os pause.c` failed (a static build needs gcc and libc6-dev; run scripts/setup): {}",
+                    gcc.display(),
+                    ran.stderr.trim()
+                ),
+            });
+        }
+        let binary = dir.join("pause");
+        std::fs::read(&binary).map_err(SeedError::io(&binary))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// `ring/etcd`: etcd and etcdctl with their shared libraries.
+fn etcd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
+    let etcd = inputs.search.find("etcd")?;
+    let etcdctl = inputs.search.find("etcdctl")?;
+    check_version(ETCD, &etcd)?;
+    let mut spec = ImageSpec::new(ETCD, &["/usr/local/bin/etcd"]);
+    spec.add_program("/usr/local/bin/etcd", &etcd, ldd)?;
+    spec.add_program("/usr/local/bin/etcdctl", &etcdctl, ldd)?;
+    Ok(spec)
+}
+
+/// A Kubernetes control-plane image: the one binary at `/usr/local/bin`.
+fn kube(inputs: &ImageInputs, ldd: &Path, image: ImageName) -> Result<ImageSpec> {
+    let binary = inputs.search.find(image.name)?;
+    check_version(image, &binary)?;
+    let at = format!("/usr/local/bin/{}", image.name);
+    let mut spec = ImageSpec::new(image, &[&at]);
+    spec.add_program(&at, &binary, ldd)?;
+    Ok(spec)
+}
+
+/// `ring/kube-proxy`: kube-proxy plus iptables (nft backend, with its
+/// extensions) and conntrack, which kube-proxy runs.
+fn kube_proxy(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
+    let mut spec = kube(inputs, ldd, KUBE_PROXY)?;
+    let xtables = inputs.search.find("xtables-nft-multi")?;
+    spec.add_program("/usr/sbin/xtables-nft-multi", &xtables, ldd)?;
+    for command in IPTABLES_COMMANDS {
+        spec.insert(
+            &format!("/usr/sbin/{command}"),
+            Content::Symlink("xtables-nft-multi".into()),
+        )?;
+    }
+    let conntrack = inputs.search.find("conntrack")?;
+    spec.add_program("/usr/sbin/conntrack", &conntrack, ldd)?;
+    let extensions = xtables_extensions(&spec)?;
+    let dir = extensions.display().to_string();
+    let mut modules = Vec::new();
+    for entry in std::fs::read_dir(&extensions).map_err(SeedError::io(&extensions))? {
+        let path = entry.map_err(SeedError::io(&extensions))?.path();
+        if path.extension().is_some_and(|e| e == "so") {
+            modules.push(path);
+        }
+    }
+    modules.sort();
+    for module in &modules {
+        let name = module
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        spec.add_host_file(&format!("{dir}/{name}"), module)?;
+    }
+    spec.add_libraries(&modules, ldd)?;
+    spec.add_optional_host_file("/etc/protocols")?;
+    spec.insert("/run", Content::Dir(0o755))?;
+    Ok(spec)
+}
+
+/// The directory libxtables loads iptables' extensions from (compiled into
+/// the library as `XTABLES_LIBDIR`), read from the libxtables in `spec`.
+fn xtables_extensions(spec: &ImageSpec) -> Result<PathBuf> {
+    let lib = spec.files.iter().find_map(|(path, content)| match content {
+        Content::Host { path: source, .. } if path.contains("/libxtables.so") => {
+            Some(source.clone())
+        }
+        _ => None,
+    });
+    let missing = |why: String| SeedError::ImageBuild {
+        image: KUBE_PROXY.name.into(),
+        reason: format!("{why}; install iptables (scripts/setup does)"),
+    };
+    let lib = lib.ok_or_else(|| missing("xtables-nft-multi does not load libxtables".into()))?;
+    let bytes = std::fs::read(&lib).map_err(SeedError::io(&lib))?;
+    let dir = bytes
+        .split(|b| *b == 0)
+        .filter_map(|s| std::str::from_utf8(s).ok())
+        .find(|s| s.starts_with('/') && s.ends_with("/xtables"))
+        .map(PathBuf::from)
+        .ok_or_else(|| missing(format!("{} names no extension directory", lib.display())))?;
+    if !dir.is_dir() {
+        return Err(missing(format!(
+            "{} (iptables' extensions) is missing",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// `ring/ringd`: this workspace's ringd with its shared libraries and the
+/// host's CA bundle (for object storage over TLS).
+pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
+    let ringd = &inputs.ringd;
+    if !ringd.is_file() {
+        return Err(SeedError::ImageBuild {
+            image: RINGD.name.into(),
+            reason: format!(
+                "{} does not exist; build it with `cargo build -p ringd --bins` (`ringctl images build` takes the ringd next to ringctl, or --ringd PATH)",
+                ringd.display()
+            ),
+        });
+    }
+    check_version(RINGD, ringd)?;
+    let mut spec = ImageSpec::new(RINGD, &["/usr/local/bin/ringd"]);
+    spec.add_program("/usr/local/bin/ringd", ringd, ldd)?;
+    spec.add_optional_host_file("/etc/ssl/certs/ca-certificates.crt")?;
+    Ok(spec)
+}
+
+/// Fails unless `binary --version` prints the image's version (the tag, also without its `v`).
+fn check_version(image: ImageName, binary: &Path) -> Result<()> {
+    let ran = host::run_for(
+        image.name,
+        Command::new(binary).arg("--version"),
+        Duration::from_secs(60),
+    )?;
+    let text = format!("{}{}", ran.stdout, ran.stderr);
+    let bare = image.tag.trim_start_matches('v');
+    let matches = text.split_whitespace().any(|t| t == image.tag || t == bare);
+    if ran.success && matches {
+        return Ok(());
+    }
+    Err(SeedError::ImageBuild {
+        image: image.name.into(),
+        reason: format!(
+            "`{} --version` printed {:?}, but Ring's image is {} (seed::images); install that version (scripts/setup does) or point RING_BIN_DIR at it",
+            binary.display(),
+            text.trim(),
+            image.short()
+        ),
+    })
+}
+
+impl ImageSpec {
+    /// Adds the host file `path` at the same path if the host has it.
+    fn add_optional_host_file(&mut self, path: &str) -> Result<()> {
+        if Path::new(path).is_file() {
+            self.add_host_file(path, Path::new(path))?;
+        }
+        Ok(())
+    }
+}
