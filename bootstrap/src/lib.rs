@@ -595,6 +595,7 @@ fn write_member_config(
             bin_dir: None,
             kubernetes: None,
             release_grace_secs: config.release_grace_seconds,
+            api_advertise: nodes::api_advertise(layout, config)?,
         }),
         backup: Some(ringd::config::BackupSection {
             bucket: backup::BucketConfig::url(layout.bucket_url(config)),

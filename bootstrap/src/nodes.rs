@@ -72,22 +72,51 @@ pub fn network_up(layout: &RingLayout, config: &RingConfig) -> bool {
     }
 }
 
-/// Creates the node network (keeping the stored tag while it is free or ours).
+/// The node network: the stored one, or a new plan on a free tag (stored,
+/// nothing created yet). `None` for a ring without nodes.
+pub fn plan_network(
+    layout: &RingLayout,
+    config: &RingConfig,
+) -> Result<Option<NodeNetwork>, BootstrapError> {
+    if config.nodes.per_member == 0 {
+        return Ok(None);
+    }
+    if let Some(net) = network(layout, config)? {
+        return Ok(Some(net));
+    }
+    let tag = NodeNetwork::free_tag(None)?;
+    let net = NodeNetwork::plan(tag, &members(config))?;
+    let file = network_file(layout);
+    seed::pki::create_private_dir(file.parent().unwrap_or(&layout.dir))?;
+    seed::pki::write_private(&file, tag.to_string().as_bytes())?;
+    Ok(Some(net))
+}
+
+/// Shoot → the address its kube-apiserver advertises: its node's address, where
+/// `ring-node` forwards port 6443 to the shoot's API (Endpoints may not hold the
+/// loopback address), so pods reach their API through the `kubernetes` Service.
+pub fn api_advertise(
+    layout: &RingLayout,
+    config: &RingConfig,
+) -> Result<std::collections::BTreeMap<String, std::net::Ipv4Addr>, BootstrapError> {
+    Ok(plan_network(layout, config)?
+        .map(|net| {
+            net.hosts
+                .iter()
+                .map(|h| (h.name.clone(), h.address))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Creates the node network (idempotent).
 pub fn ensure_network(
     layout: &RingLayout,
     config: &RingConfig,
 ) -> Result<NodeNetwork, BootstrapError> {
-    let net = match network(layout, config)? {
-        Some(net) => net,
-        None => {
-            let tag = NodeNetwork::free_tag(None)?;
-            let net = NodeNetwork::plan(tag, &members(config))?;
-            let file = network_file(layout);
-            seed::pki::create_private_dir(file.parent().unwrap_or(&layout.dir))?;
-            seed::pki::write_private(&file, tag.to_string().as_bytes())?;
-            net
-        }
-    };
+    let net = plan_network(layout, config)?.ok_or_else(|| {
+        BootstrapError::Unsupported("the ring has no nodes (nodes.perMember: 0)".into())
+    })?;
     net.ensure()?;
     Ok(net)
 }

@@ -124,6 +124,11 @@ pub struct SeedConfig {
     /// moved elsewhere (a safety net for operators) before it is deleted.
     #[serde(default = "default_release_grace_secs")]
     pub release_grace_secs: u64,
+    /// Shoot → the address its kube-apiserver advertises when this member hosts
+    /// it (where the shoot's pods reach their API; the ring's bootstrap sets
+    /// each shoot's first node address). Default: the shoot's loopback address.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub api_advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
 }
 
 /// One hour.

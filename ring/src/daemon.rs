@@ -510,7 +510,9 @@ pub async fn start(
                 ..Default::default()
             };
             Some(Hosting::Local(Arc::new(
-                LocalSeed::new(&sc.state_dir, bins).with_tuning(tuning),
+                LocalSeed::new(&sc.state_dir, bins)
+                    .with_tuning(tuning)
+                    .with_advertise(sc.api_advertise.clone()),
             )))
         }
         None => None,

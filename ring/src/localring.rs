@@ -132,6 +132,7 @@ impl LocalRing {
                 bin_dir: None,
                 kubernetes: None,
                 release_grace_secs: crate::config::default_release_grace_secs(),
+                api_advertise: Default::default(),
             }),
             backup: None,
         };

@@ -169,6 +169,9 @@ pub struct LocalSeed {
     root: PathBuf,
     bins: Binaries,
     tuning: SupervisorTuning,
+    /// Shoot → the address its kube-apiserver advertises (the `kubernetes`
+    /// Service's endpoint, which pods use); default: the shoot's loopback address.
+    advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -179,6 +182,7 @@ impl LocalSeed {
             root: state_dir.into(),
             bins,
             tuning: SupervisorTuning::default(),
+            advertise: Default::default(),
             running: Mutex::new(HashMap::new()),
         }
     }
@@ -186,6 +190,16 @@ impl LocalSeed {
     /// Overrides restart backoff and stop grace periods.
     pub fn with_tuning(mut self, tuning: SupervisorTuning) -> Self {
         self.tuning = tuning;
+        self
+    }
+
+    /// Addresses kube-apiservers advertise, per shoot: where pods of the shoot's
+    /// nodes reach their API (Endpoints may not hold loopback addresses).
+    pub fn with_advertise(
+        mut self,
+        advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
+    ) -> Self {
+        self.advertise = advertise;
         self
     }
 
@@ -296,7 +310,12 @@ impl LocalSeed {
 
     /// The command lines of the four components.
     pub fn component_specs(&self, spec: &ControlPlaneSpec) -> Vec<ComponentSpec> {
-        component_specs(&self.layout(&spec.shoot), spec, &self.bins)
+        let advertise = self
+            .advertise
+            .get(&spec.shoot)
+            .copied()
+            .unwrap_or(spec.endpoint.address);
+        component_specs(&self.layout(&spec.shoot), spec, &self.bins, advertise)
     }
 }
 
@@ -509,6 +528,7 @@ fn component_specs(
     layout: &ShootLayout,
     spec: &ControlPlaneSpec,
     bins: &Binaries,
+    advertise: std::net::Ipv4Addr,
 ) -> Vec<ComponentSpec> {
     let e = &spec.endpoint;
     let addr = e.address.to_string();
@@ -544,7 +564,7 @@ fn component_specs(
         "--log-outputs=stderr".into(),
     ];
     let apiserver = vec![
-        format!("--advertise-address={addr}"),
+        format!("--advertise-address={advertise}"),
         format!("--bind-address={addr}"),
         format!("--secure-port={}", e.api_port),
         "--insecure-port=0".into(),

@@ -222,6 +222,40 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
     );
     wait_phase(&m1, "svc-probe", "Succeeded").await;
 
+    // a pod reaches its own shoot's API through the `kubernetes` Service (TLS
+    // verified, authenticated by its service account token)
+    apply(
+        &m1,
+        &work,
+        "in-cluster",
+        &one_shot(
+            "in-cluster",
+            &image("kube-scheduler"),
+            &["kube-scheduler", "--leader-elect=false", "--port=0"],
+        ),
+    );
+    wait_for(
+        "a pod's in-cluster client answered by its shoot's API",
+        Duration::from_secs(60),
+        || async {
+            let out = run_bounded(
+                std::process::Command::new(kubectl_path())
+                    .arg("--kubeconfig")
+                    .arg(&m1)
+                    .args(["logs", "in-cluster"]),
+                Duration::from_secs(10),
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .contains(r#"User "system:serviceaccount:default:default" cannot"#)
+                .then_some(())
+        },
+    )
+    .await;
+    kubectl(
+        &m1,
+        &["delete", "pod", "in-cluster", "--grace-period=0", "--force"],
+    );
+
     // a pod on m1's node reaches another member's node address on the hub bridge
     let m2 = kc("m2");
     apply(

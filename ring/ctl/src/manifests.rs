@@ -124,6 +124,7 @@ pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
                 bin_dir: None,
                 kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
                 release_grace_secs: ringd::config::default_release_grace_secs(),
+                api_advertise: Default::default(),
             }),
             backup: ring
                 .bucket

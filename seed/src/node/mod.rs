@@ -196,7 +196,23 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
     })?;
     let layout = config.layout();
     let stop_all = CancellationToken::new();
-    net::forward_into(&config.netns, config.api_server, stop_all.clone()).await?;
+    net::forward_into(
+        &config.netns,
+        config.api_server,
+        config.api_server,
+        stop_all.clone(),
+    )
+    .await?;
+    // the shoot's kube-apiserver advertises this address: pods reach it through
+    // the `kubernetes` Service
+    let advertised = std::net::SocketAddr::new(config.address.into(), config.api_server.port());
+    net::forward_into(
+        &config.netns,
+        advertised,
+        config.api_server,
+        stop_all.clone(),
+    )
+    .await?;
     let (states_tx, states_rx) = watch::channel(States::new());
     let report = status::Reporter::new(config.clone(), states_rx);
     let specs = render::component_specs(&config, &layout, &bins);

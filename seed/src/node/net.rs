@@ -216,23 +216,24 @@ fn hub_name(tag: u8) -> String {
     format!("rnode-{tag}-hub")
 }
 
-/// Forwards connections to `addr` inside namespace `netns` to `addr` in this
+/// Forwards connections to `listen` inside namespace `netns` to `addr` in this
 /// process's own namespace (the host's loopback, where the shoot's API
-/// listens), until `stop`. The node reaches its shoot at the same address and
-/// with the same certificate as every other client.
+/// listens), until `stop`. With `listen` = `addr` the node reaches its shoot at
+/// the same address and with the same certificate as every other client.
 pub async fn forward_into(
     netns: &str,
+    listen: SocketAddr,
     addr: SocketAddr,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    let std_listener = crate::netns::listen_in(netns, addr).map_err(|e| SeedError::Node {
+    let std_listener = crate::netns::listen_in(netns, listen).map_err(|e| SeedError::Node {
         node: netns.to_string(),
-        reason: format!("listening on {addr} inside network namespace {netns}: {e}"),
+        reason: format!("listening on {listen} inside network namespace {netns}: {e}"),
     })?;
     let listener =
         tokio::net::TcpListener::from_std(std_listener).map_err(|e| SeedError::Node {
             node: netns.to_string(),
-            reason: format!("listening on {addr}: {e}"),
+            reason: format!("listening on {listen}: {e}"),
         })?;
     Ok(tokio::spawn(async move {
         loop {
