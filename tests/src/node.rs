@@ -29,25 +29,51 @@ pub struct TestNode {
     child: Child,
 }
 
-impl TestNode {
-    /// Starts node `name` for the control plane of `shoot` hosted by `seed`, and
-    /// waits (bounded, 120 s) until it is Ready.
-    pub fn start(sandbox: &Sandbox, seed: &seed::LocalSeed, shoot: &str, name: &str) -> TestNode {
+/// A node's place on a new node network (the namespaces exist), before it runs.
+/// Dropped without being started, it removes the namespaces again.
+pub struct NodePlan {
+    name: String,
+    net: Option<NodeNetwork>,
+}
+
+impl Drop for NodePlan {
+    fn drop(&mut self) {
+        if let Some(net) = self.net.take() {
+            let _ = net.remove();
+        }
+    }
+}
+
+impl NodePlan {
+    /// A node network with node `name` on a free tag.
+    pub fn new(name: &str) -> NodePlan {
         let tag = NodeNetwork::free_tag(None).unwrap_or_else(|e| panic!("{e}"));
         let net = NodeNetwork::plan(tag, &[name.to_string()]).unwrap();
         net.ensure().unwrap_or_else(|e| panic!("node network: {e}"));
+        NodePlan {
+            name: name.to_string(),
+            net: Some(net),
+        }
+    }
+
+    /// The node's address (what the cluster's kube-apiserver should advertise).
+    pub fn address(&self) -> std::net::Ipv4Addr {
+        self.net.as_ref().expect("planned").hosts[0].address
+    }
+
+    /// Starts the node for the control plane of `shoot` hosted by `seed`, and
+    /// waits (bounded, 120 s) until it is Ready.
+    pub fn start(mut self, sandbox: &Sandbox, seed: &seed::LocalSeed, shoot: &str) -> TestNode {
+        let name = self.name.clone();
+        let net = self.net.take().expect("planned");
         let spec = seed
             .layout(shoot)
             .read_spec()
             .unwrap()
             .expect("the shoot's spec");
         let api = std::net::SocketAddr::new(spec.endpoint.address.into(), spec.endpoint.api_port);
-        let config = NodeConfig::on_network(
-            &net,
-            &net.hosts[0],
-            sandbox.path().join(format!("node-{name}")),
-            api,
-        );
+        let state = sandbox.path().join(format!("node-{name}"));
+        let config = NodeConfig::on_network(&net, &net.hosts[0], state, api);
         let pki = seed.layout(shoot).pki();
         let ca = pki.ca();
         let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
@@ -68,7 +94,9 @@ impl TestNode {
         node.wait_ready(Duration::from_secs(120));
         node
     }
+}
 
+impl TestNode {
     /// The node's own report.
     pub fn status(&self) -> Option<NodeStatus> {
         let text = std::fs::read(self.config.layout().status_file()).ok()?;

@@ -1,12 +1,14 @@
 //! The Kubernetes seed against a real kube-apiserver (v1.20.2, started by the harness
 //! as a local control plane with etcd, kube-controller-manager and kube-scheduler).
 //!
-//! There are no kubelets and no nodes: pods are created by the controllers but stay
-//! Pending and no container of a hosted control plane ever runs. These tests check
-//! what Ring does to the seed cluster: the objects, their updates, ownership,
-//! idempotent re-apply, scaling, deletion (through the real garbage collector) and
-//! RBAC. `/readyz` through the API Service is checked against a local control plane
-//! that stands in for the kube-apiserver pod, with the PKI Ring put in the Secret.
+//! Most tests run the seed cluster without nodes: pods are created by the
+//! controllers but stay Pending. They check what Ring does to the seed cluster:
+//! the objects, their updates, ownership, idempotent re-apply, scaling, deletion
+//! (through the real garbage collector) and RBAC. `/readyz` through the API
+//! Service is checked against a local control plane that stands in for the
+//! kube-apiserver pod, with the PKI Ring put in the Secret. The last test gives
+//! the seed cluster a real node (`ring-node`) and runs ringd there as a pod from
+//! `ringctl manifests`.
 
 // Each test runs on its own runtime; `ring_slot` only serialises whole tests.
 #![allow(clippy::await_holding_lock)]
@@ -620,4 +622,120 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
     .await;
     // and the member's local state for m2 is gone too
     assert!(!ring.sandbox.path().join("m1-k8s-state/shoots/m2").exists());
+}
+
+/// `ringctl manifests` applied to a cluster that has a node: ringd runs there as
+/// a pod from the locally built image (config from the ConfigMap, its
+/// certificate from the Secret, its data on a volume) and answers `ringctl status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
+    let sandbox = Sandbox::new();
+    let cluster_name = "k8s-seed-n";
+    let plan = ring_tests::node::NodePlan::new("seedn");
+    let cluster = sandbox
+        .seed()
+        .with_advertise([(cluster_name.to_string(), plan.address())].into());
+    cluster
+        .start(&ControlPlaneSpec::new(cluster_name))
+        .await
+        .expect("start seed cluster");
+    wait_ready(&cluster, cluster_name, READY)
+        .await
+        .expect("seed cluster ready");
+    let kc = cluster.layout(cluster_name).admin_kubeconfig();
+    let _node = plan.start(&sandbox, &cluster, cluster_name);
+
+    let ring = ring_config(sandbox.path(), 3);
+    let out = expect_success(&ringctl_cmd(
+        [
+            "manifests".as_ref(),
+            "--ring-config".as_ref(),
+            ring.as_os_str(),
+            "--member".as_ref(),
+            "m1".as_ref(),
+        ],
+        &[],
+    ));
+    let manifests = sandbox.path().join("m1.yaml");
+    std::fs::write(&manifests, &out).unwrap();
+    kubectl(&kc, &["apply", "-f", manifests.to_str().unwrap()]);
+
+    // the member's certificate, from the ring's PKI
+    let pki_dir = sandbox.path().join("ring-pki");
+    expect_success(&ringctl_cmd(
+        [
+            "pki",
+            "init",
+            "--dir",
+            pki_dir.to_str().unwrap(),
+            "--member",
+            "m1=127.0.0.1",
+        ],
+        &[],
+    ));
+    let files = ringd::identity::RingPki::new(&pki_dir).files("m1");
+    kubectl(
+        &kc,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "ringd-m1-tls",
+            "-n",
+            "ring-system",
+            &format!("--from-file=ca.crt={}", files.ca.display()),
+            &format!("--from-file=tls.crt={}", files.cert.display()),
+            &format!("--from-file=tls.key={}", files.key.display()),
+        ],
+    );
+    // a volume for ringd's data (no provisioner in this cluster)
+    let pv_dir = sandbox.path().join("pv-ringd");
+    let pv = format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: ringd-data}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
+        pv_dir.display()
+    );
+    let pv_file = sandbox.path().join("pv.yaml");
+    std::fs::write(&pv_file, pv).unwrap();
+    kubectl(&kc, &["apply", "-f", pv_file.to_str().unwrap()]);
+
+    let pod_ip = wait_for("ringd-m1-0 running", Duration::from_secs(120), || async {
+        let pod = kubectl_json(&kc, &["get", "pods", "-n", "ring-system"]);
+        let item = pod["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == "ringd-m1-0")?
+            .clone();
+        (item["status"]["phase"] == "Running")
+            .then(|| item["status"]["podIP"].as_str().map(String::from))
+            .flatten()
+    })
+    .await;
+    let port = kubectl_json(&kc, &["get", "service", "ringd-m1", "-n", "ring-system"])["spec"]
+        ["ports"][0]["port"]
+        .as_u64()
+        .unwrap();
+    let address = format!("{pod_ip}:{port}");
+    let status = wait_for("ringd in the pod answers", Duration::from_secs(60), || {
+        let (address, pki_dir) = (address.clone(), pki_dir.clone());
+        async move {
+            let mut client = ringd::client::AdminClient::connect(&address, &pki_dir).ok()?;
+            client.status().await.ok()
+        }
+    })
+    .await;
+    assert_eq!(status.member, "m1");
+    let restarts = kubectl(
+        &kc,
+        &[
+            "get",
+            "pod",
+            "ringd-m1-0",
+            "-n",
+            "ring-system",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ],
+    );
+    assert_eq!(restarts, "0", "ringd restarted in its pod");
+    cluster.stop(cluster_name).await.unwrap();
 }
