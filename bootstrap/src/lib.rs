@@ -963,6 +963,34 @@ pub async fn migrate_and_wait(
     Ok(())
 }
 
+/// Sends SIGTERM to every `(name, pid)`, waits until `still_running(name)` is
+/// false for all or `grace` passed, then SIGKILLs the rest; returns the names.
+pub(crate) async fn stop_processes(
+    running: Vec<(String, u32)>,
+    still_running: impl Fn(&str) -> bool,
+    grace: Duration,
+    what: &str,
+) -> Vec<String> {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    for (_, pid) in &running {
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    let mut stopped = Vec::new();
+    for (name, pid) in running {
+        while still_running(&name) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if still_running(&name) {
+            tracing::warn!(%name, pid, "{what} ignored SIGTERM; killing it");
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        stopped.push(name);
+    }
+    stopped
+}
+
 /// Stops every member (SIGTERM, then SIGKILL after `grace`); data stays in place.
 /// Returns the members that were running.
 pub async fn down(dir: &Path, grace: Duration) -> Result<Vec<String>, BootstrapError> {
@@ -977,32 +1005,15 @@ pub async fn down(dir: &Path, grace: Duration) -> Result<Vec<String>, BootstrapE
     };
     // nodes first: their teardown (pods, shims, cgroups, network) needs no ringd
     nodes::stop_all(&layout, &config, grace.max(Duration::from_secs(60))).await?;
-    let mut stopped = Vec::new();
     let running: Vec<(String, u32)> = config
         .members
         .iter()
         .filter_map(|m| layout.running_pid(&m.name).map(|p| (m.name.clone(), p)))
         .collect();
-    for (_, pid) in &running {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    let deadline = Instant::now() + grace;
-    for (name, pid) in running {
-        while layout.running_pid(&name).is_some() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if layout.running_pid(&name).is_some() {
-            tracing::warn!(member = %name, pid, "ringd ignored SIGTERM; killing it");
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = std::fs::remove_file(layout.pid_file(&name));
-        stopped.push(name);
+    let stopped =
+        stop_processes(running, |m| layout.running_pid(m).is_some(), grace, "ringd").await;
+    for m in &stopped {
+        let _ = std::fs::remove_file(layout.pid_file(m));
     }
     Ok(stopped)
 }

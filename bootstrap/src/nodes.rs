@@ -6,7 +6,7 @@
 //! from the shoot's CA (`system:node:<member>`, group `system:nodes`).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use seed::node::net::NodeNetwork;
 use seed::node::{NodeConfig, NodeStatus};
@@ -232,31 +232,12 @@ pub async fn stop_all(
     config: &RingConfig,
     grace: Duration,
 ) -> Result<Vec<String>, BootstrapError> {
-    let mut stopped = Vec::new();
     let running: Vec<(String, u32)> = members(config)
         .into_iter()
         .filter_map(|m| running_pid(layout, &m).map(|p| (m, p)))
         .collect();
-    for (_, pid) in &running {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    let deadline = Instant::now() + grace;
-    for (m, pid) in running {
-        while running_pid(layout, &m).is_some() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if running_pid(layout, &m).is_some() {
-            tracing::warn!(node = %m, pid, "ring-node ignored SIGTERM; killing it");
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        stopped.push(m);
-    }
+    let still = |m: &str| running_pid(layout, m).is_some();
+    let stopped = crate::stop_processes(running, still, grace, "ring-node").await;
     for m in members(config) {
         clean_leftovers(layout, &m).await;
         let _ = std::fs::remove_file(pid_file(layout, &m));

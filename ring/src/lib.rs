@@ -23,6 +23,25 @@ pub mod status;
 pub mod storage;
 pub mod transport;
 
+/// Cancels `shutdown` at the first SIGTERM or SIGINT (a task on the current
+/// runtime): the daemons' binaries turn signals into an orderly stop this way.
+pub fn cancel_on_signals(shutdown: tokio_util::sync::CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        shutdown.cancel();
+    });
+}
+
 /// Errors of the ring crate.
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {

@@ -142,23 +142,9 @@ impl Network {
             cut: Mutex::new(Vec::new()),
         };
         // on any error below, drop removes what exists so far
-        ip(&["netns", "add", &hub])?;
-        ip(&["-n", &hub, "link", "set", "lo", "up"])?;
-        ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &hub, "link", "set", "br0", "up"])?;
-        let root_if = net.root_if.clone();
-        ip(&[
-            "link", "add", &root_if, "type", "veth", "peer", "name", "root", "netns", &hub,
-        ])?;
-        ip(&["-n", &hub, "link", "set", "root", "master", "br0", "up"])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", net.gateway()),
-            "dev",
-            &root_if,
-        ])?;
-        ip(&["link", "set", &root_if, "up"])?;
+        let gateway = format!("{}/24", net.gateway());
+        seed::netns::create_hub(&hub, &net.root_if, &gateway)
+            .map_err(|e| setup_err(e.to_string()))?;
         for (i, m) in members.iter().enumerate() {
             let host = Host {
                 member: m.clone(),
@@ -166,34 +152,11 @@ impl Network {
                 port: format!("p{}", i + 1),
                 address: Ipv4Addr::new(198, 18, tag, (i + 1) as u8),
             };
-            ip(&["netns", "add", &host.netns])?;
+            // pushed first: drop deletes the namespace even if attaching fails
             net.hosts.push(host.clone());
-            ip(&["-n", &host.netns, "link", "set", "lo", "up"])?;
-            ip(&[
-                "-n",
-                &hub,
-                "link",
-                "add",
-                &host.port,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                &host.netns,
-            ])?;
-            ip(&["-n", &hub, "link", "set", &host.port, "master", "br0", "up"])?;
-            ip(&[
-                "-n",
-                &host.netns,
-                "addr",
-                "add",
-                &format!("{}/24", host.address),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", &host.netns, "link", "set", "eth0", "up"])?;
+            let cidr = format!("{}/24", host.address);
+            seed::netns::attach(&hub, &host.port, &host.netns, &cidr)
+                .map_err(|e| setup_err(e.to_string()))?;
             net.connectors
                 .insert(m.clone(), Arc::new(Connector::start(&host.netns)?));
         }

@@ -72,3 +72,34 @@ pub fn listen_in(name: &str, addr: std::net::SocketAddr) -> std::io::Result<std:
         .join()
         .map_err(|_| std::io::Error::other("the listening thread panicked"))?
 }
+
+/// Creates namespace `hub` holding bridge `br0`, linked to the root namespace by
+/// a veth whose root end is `root_if` with address `gateway_cidr` (e.g.
+/// `198.19.0.254/24`): the network that hosts in namespaces are plugged into.
+pub fn create_hub(hub: &str, root_if: &str, gateway_cidr: &str) -> Result<()> {
+    ip(&["netns", "add", hub])?;
+    ip(&["-n", hub, "link", "set", "lo", "up"])?;
+    ip(&["-n", hub, "link", "add", "br0", "type", "bridge"])?;
+    ip(&["-n", hub, "link", "set", "br0", "up"])?;
+    let _ = ip(&["link", "del", root_if]);
+    ip(&[
+        "link", "add", root_if, "type", "veth", "peer", "name", "root", "netns", hub,
+    ])?;
+    ip(&["-n", hub, "link", "set", "root", "master", "br0", "up"])?;
+    ip(&["addr", "add", gateway_cidr, "dev", root_if])?;
+    ip(&["link", "set", root_if, "up"])
+}
+
+/// Creates namespace `netns` whose `eth0` (address `cidr`) is plugged into the
+/// bridge of `hub` as port `port` (cutting that port partitions the host).
+pub fn attach(hub: &str, port: &str, netns: &str, cidr: &str) -> Result<()> {
+    ip(&["netns", "add", netns])?;
+    ip(&["-n", netns, "link", "set", "lo", "up"])?;
+    let _ = ip(&["-n", hub, "link", "del", port]);
+    ip(&[
+        "-n", hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", netns,
+    ])?;
+    ip(&["-n", hub, "link", "set", port, "master", "br0", "up"])?;
+    ip(&["-n", netns, "addr", "add", cidr, "dev", "eth0"])?;
+    ip(&["-n", netns, "link", "set", "eth0", "up"])
+}

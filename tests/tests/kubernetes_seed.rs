@@ -84,6 +84,23 @@ async fn replicas(client: &kube::Client, ns: &str) -> [Option<i32>; 4] {
     out
 }
 
+/// `ringctl manifests` for member m1 of the Ring config `ring`: (text, file).
+fn manifests_of_m1(sandbox: &Sandbox, ring: &Path) -> (String, PathBuf) {
+    let out = expect_success(&ringctl_cmd(
+        [
+            "manifests".as_ref(),
+            "--ring-config".as_ref(),
+            ring.as_os_str(),
+            "--member".as_ref(),
+            "m1".as_ref(),
+        ],
+        &[],
+    ));
+    let manifests = sandbox.path().join("m1.yaml");
+    std::fs::write(&manifests, &out).unwrap();
+    (out, manifests)
+}
+
 fn kubectl_json(kubeconfig: &Path, args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.extend(["-o", "json"]);
@@ -338,18 +355,7 @@ async fn ringctl_manifests_pass_server_dry_run_and_their_rbac_is_enough_for_the_
     let sandbox = Sandbox::new();
     let (cluster, kc) = seed_cluster(&sandbox, "k8s-seed-b").await;
     let ring = ring_config(sandbox.path(), 3); // ring "test", members m1..m3
-    let out = expect_success(&ringctl_cmd(
-        [
-            "manifests".as_ref(),
-            "--ring-config".as_ref(),
-            ring.as_os_str(),
-            "--member".as_ref(),
-            "m1".as_ref(),
-        ],
-        &[],
-    ));
-    let manifests = sandbox.path().join("m1.yaml");
-    std::fs::write(&manifests, &out).unwrap();
+    let (out, manifests) = manifests_of_m1(&sandbox, &ring);
     // m1 hosts m2's and m3's control planes (its successor, and any shoot after a failover).
     for ns in ["ring-system", "shoot--test--m2", "shoot--test--m3"] {
         assert!(
@@ -646,18 +652,7 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
     let _node = plan.start(&sandbox, &cluster, cluster_name);
 
     let ring = ring_config(sandbox.path(), 3);
-    let out = expect_success(&ringctl_cmd(
-        [
-            "manifests".as_ref(),
-            "--ring-config".as_ref(),
-            ring.as_os_str(),
-            "--member".as_ref(),
-            "m1".as_ref(),
-        ],
-        &[],
-    ));
-    let manifests = sandbox.path().join("m1.yaml");
-    std::fs::write(&manifests, &out).unwrap();
+    let (_, manifests) = manifests_of_m1(&sandbox, &ring);
     kubectl(&kc, &["apply", "-f", manifests.to_str().unwrap()]);
 
     // the member's certificate, from the ring's PKI

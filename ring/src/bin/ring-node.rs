@@ -50,21 +50,7 @@ fn main() -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     let result = runtime.block_on(async {
-        let signals = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            signals.cancel();
-        });
+        ringd::cancel_on_signals(shutdown.clone());
         seed::node::run(config, shutdown).await
     });
     match result {

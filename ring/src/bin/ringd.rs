@@ -38,23 +38,7 @@ async fn main() -> ExitCode {
     let span = tracing::info_span!("ringd", member = %config.name);
     let _enter = span.enter();
     let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            shutdown.cancel();
-        });
-    }
+    ringd::cancel_on_signals(shutdown.clone());
     match ringd::daemon::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -112,24 +112,8 @@ impl NodeNetwork {
     pub fn ensure(&self) -> Result<()> {
         let hub = self.hub();
         if !exists(&hub) {
-            ip(&["netns", "add", &hub])?;
-            ip(&["-n", &hub, "link", "set", "lo", "up"])?;
-            ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
-            ip(&["-n", &hub, "link", "set", "br0", "up"])?;
-            let root_if = self.root_if();
-            let _ = ip(&["link", "del", &root_if]);
-            ip(&[
-                "link", "add", &root_if, "type", "veth", "peer", "name", "root", "netns", &hub,
-            ])?;
-            ip(&["-n", &hub, "link", "set", "root", "master", "br0", "up"])?;
-            ip(&[
-                "addr",
-                "add",
-                &format!("{}/24", self.gateway()),
-                "dev",
-                &root_if,
-            ])?;
-            ip(&["link", "set", &root_if, "up"])?;
+            let gateway = format!("{}/24", self.gateway());
+            crate::netns::create_hub(&hub, &self.root_if(), &gateway)?;
         }
         for (i, h) in self.hosts.iter().enumerate() {
             if !exists(&h.netns) {
@@ -150,24 +134,7 @@ impl NodeNetwork {
     fn add_host(&self, i: usize, h: &NodeHost) -> Result<()> {
         let hub = self.hub();
         let port = format!("p{}", i + 1);
-        ip(&["netns", "add", &h.netns])?;
-        ip(&["-n", &h.netns, "link", "set", "lo", "up"])?;
-        let _ = ip(&["-n", &hub, "link", "del", &port]);
-        ip(&[
-            "-n", &hub, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
-            &h.netns,
-        ])?;
-        ip(&["-n", &hub, "link", "set", &port, "master", "br0", "up"])?;
-        ip(&[
-            "-n",
-            &h.netns,
-            "addr",
-            "add",
-            &format!("{}/24", h.address),
-            "dev",
-            "eth0",
-        ])?;
-        ip(&["-n", &h.netns, "link", "set", "eth0", "up"])?;
+        crate::netns::attach(&hub, &port, &h.netns, &format!("{}/24", h.address))?;
         ip(&[
             "-n",
             &h.netns,
