@@ -5,12 +5,18 @@ use std::path::Path;
 use super::NodeConfig;
 use crate::error::{Result, SeedError};
 
-/// Imports every image archive in `dir` that containerd at `socket` lacks (by
-/// name and manifest digest).
-pub async fn import_missing(config: &NodeConfig, dir: &Path, socket: &Path) -> Result<()> {
+/// Imports every image archive in `dir` (or only the image named `only`) that
+/// containerd at `socket` lacks (by name and manifest digest).
+pub async fn import_missing(
+    config: &NodeConfig,
+    dir: &Path,
+    socket: &Path,
+    only: Option<&str>,
+) -> Result<()> {
     let ctr = crate::BinarySearch::standard(config.bin_dir.as_deref()).find("ctr")?;
     let (dir, socket, name) = (dir.to_path_buf(), socket.to_path_buf(), config.name.clone());
-    tokio::task::spawn_blocking(move || import_blocking(&name, &ctr, &dir, &socket))
+    let only = only.map(String::from);
+    tokio::task::spawn_blocking(move || import_blocking(&name, &ctr, &dir, &socket, only))
         .await
         .map_err(|e| SeedError::Node {
             node: config.name.clone(),
@@ -18,8 +24,17 @@ pub async fn import_missing(config: &NodeConfig, dir: &Path, socket: &Path) -> R
         })?
 }
 
-fn import_blocking(node: &str, ctr: &Path, dir: &Path, socket: &Path) -> Result<()> {
-    let images = crate::images::list(dir)?;
+fn import_blocking(
+    node: &str,
+    ctr: &Path,
+    dir: &Path,
+    socket: &Path,
+    only: Option<String>,
+) -> Result<()> {
+    let mut images = crate::images::list(dir)?;
+    if let Some(only) = &only {
+        images.retain(|i| &i.reference == only);
+    }
     if images.is_empty() {
         return Err(SeedError::Node {
             node: node.to_string(),

@@ -173,122 +173,169 @@ fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
     std::fs::write(&cni, render::cni_conflist(config, &layout)).map_err(SeedError::io(&cni))
 }
 
-/// Runs the node until `shutdown`, then stops it and everything it ran.
-pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> {
-    let span = tracing::info_span!("node", node = %config.name);
-    let _guard = span.enter();
-    let bins = find_binaries(&config)?;
+/// The node's supervised processes.
+struct Processes {
+    tasks: BTreeMap<Component, (CancellationToken, tokio::task::JoinHandle<()>)>,
+    states: watch::Sender<States>,
+    tuning: SupervisorTuning,
+}
+
+impl Processes {
+    fn new(states: watch::Sender<States>) -> Processes {
+        let tuning = SupervisorTuning {
+            stop_grace: Duration::from_secs(10),
+            ..Default::default()
+        };
+        Processes {
+            tasks: BTreeMap::new(),
+            states,
+            tuning,
+        }
+    }
+
+    fn start(&mut self, spec: &crate::process::ComponentSpec) {
+        let token = CancellationToken::new();
+        let task = supervise(
+            spec.clone(),
+            token.clone(),
+            self.states.clone(),
+            self.tuning,
+        );
+        self.tasks
+            .insert(spec.component, (token, tokio::spawn(task)));
+    }
+
+    /// Stops `c` (SIGTERM, SIGKILL after the grace) and waits for it.
+    async fn stop(&mut self, c: Component) {
+        if let Some((token, handle)) = self.tasks.remove(&c) {
+            token.cancel();
+            let _ = handle.await;
+        }
+    }
+}
+
+/// Checks what the node needs and writes its configs; returns its programs.
+fn prepare(config: &NodeConfig) -> Result<NodeBinaries> {
+    let bins = find_binaries(config)?;
     if !crate::netns::exists(&config.netns) {
         return Err(node_err(
-            &config,
+            config,
             format!(
                 "network namespace {} does not exist; `ringctl bootstrap` creates it",
                 config.netns
             ),
         ));
     }
-    write_configs(&config, &bins)?;
+    write_configs(config, &bins)?;
     teardown::create_cgroups(&config.cgroup_root).map_err(|e| {
         node_err(
-            &config,
+            config,
             format!("creating cgroup {}: {e}", config.cgroup_root),
         )
     })?;
-    let layout = config.layout();
+    Ok(bins)
+}
+
+/// The shoot's API inside the node's namespace: at its own address (kubelet,
+/// kube-proxy) and at the node's address, which the shoot's kube-apiserver
+/// advertises (pods, through the `kubernetes` Service).
+async fn start_forwarders(config: &NodeConfig, stop: &CancellationToken) -> Result<()> {
+    let api = config.api_server;
+    net::forward_into(&config.netns, api, api, stop.clone()).await?;
+    let advertised = std::net::SocketAddr::new(config.address.into(), api.port());
+    net::forward_into(&config.netns, advertised, api, stop.clone()).await?;
+    Ok(())
+}
+
+/// Runs the node until `shutdown`, then stops it and everything it ran.
+pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> {
+    let span = tracing::info_span!("node", node = %config.name);
+    let _guard = span.enter();
+    let bins = prepare(&config)?;
     let stop_all = CancellationToken::new();
-    net::forward_into(
-        &config.netns,
-        config.api_server,
-        config.api_server,
-        stop_all.clone(),
-    )
-    .await?;
-    // the shoot's kube-apiserver advertises this address: pods reach it through
-    // the `kubernetes` Service
-    let advertised = std::net::SocketAddr::new(config.address.into(), config.api_server.port());
-    net::forward_into(
-        &config.netns,
-        advertised,
-        config.api_server,
-        stop_all.clone(),
-    )
-    .await?;
+    start_forwarders(&config, &stop_all).await?;
     let (states_tx, states_rx) = watch::channel(States::new());
     let report = status::Reporter::new(config.clone(), states_rx);
-    let specs = render::component_specs(&config, &layout, &bins);
-    let mut tasks: BTreeMap<Component, (CancellationToken, tokio::task::JoinHandle<()>)> =
-        BTreeMap::new();
-    let tuning = SupervisorTuning {
-        stop_grace: Duration::from_secs(10),
-        ..Default::default()
-    };
-    let mut start = |spec: crate::process::ComponentSpec| {
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(supervise(
-            spec.clone(),
-            token.clone(),
-            states_tx.clone(),
-            tuning,
-        ));
-        tasks.insert(spec.component, (token, handle));
-    };
-    start(specs[0].clone());
-    let started = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => Ok(()),
-        r = prepare_runtime(&config, &report) => r,
-    };
-    if let Err(e) = &started {
-        report.fatal(e.to_string());
-        tracing::error!(error = %e, "the node's runtime is not usable");
-    } else if !shutdown.is_cancelled() {
-        for spec in &specs[1..] {
-            start(spec.clone());
-        }
-    }
+    let mut procs = Processes::new(states_tx);
+    let specs = render::component_specs(&config, &config.layout(), &bins);
+    procs.start(&specs[0]);
     let watcher = tokio::spawn(report.clone().watch(stop_all.clone()));
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => {}
+        _ = bring_up(&config, &report, &mut procs, &specs[1..]) => {}
+    }
     shutdown.cancelled().await;
     tracing::info!("stopping the node and its pods");
     report.phase("Stopping");
-    for c in [Component::KubeProxy, Component::Kubelet] {
-        if let Some((token, handle)) = tasks.remove(&c) {
-            token.cancel();
-            let _ = handle.await;
-        }
-    }
-    let pods_left = teardown::kill_until_gone(
-        || teardown::pod_pids(&config.cgroup_root),
-        Duration::from_secs(15),
-    )
-    .await;
-    let shims_left = teardown::kill_until_gone(
-        || teardown::shim_pids(&layout.containerd_socket()),
-        Duration::from_secs(10),
-    )
-    .await;
-    if let Some((token, handle)) = tasks.remove(&Component::Containerd) {
-        token.cancel();
-        let _ = handle.await;
-    }
+    let left = stop_node(&config, &mut procs).await;
     stop_all.cancel();
     let _ = watcher.await;
+    report.phase("Stopped");
+    left
+}
+
+/// Once containerd answers and has the pause image, starts kubelet and
+/// kube-proxy (the node registers meanwhile), then imports the other images.
+async fn bring_up(
+    config: &NodeConfig,
+    report: &status::Reporter,
+    procs: &mut Processes,
+    rest: &[crate::process::ComponentSpec],
+) {
+    let socket = config.layout().containerd_socket();
+    let dir = config
+        .images_dir
+        .clone()
+        .unwrap_or_else(crate::images::default_dir);
+    report.phase("ImportingImages");
+    let runtime = async {
+        wait_for_containerd(config).await?;
+        images::import_missing(config, &dir, &socket, Some(&crate::images::PAUSE.full())).await
+    };
+    if let Err(e) = runtime.await {
+        tracing::error!(error = %e, "the node's runtime is not usable");
+        return report.fatal(e.to_string());
+    }
+    for spec in rest {
+        procs.start(spec);
+    }
+    match images::import_missing(config, &dir, &socket, None).await {
+        Ok(()) => report.phase("Running"),
+        Err(e) => {
+            tracing::error!(error = %e, "importing the local images failed");
+            report.fatal(e.to_string())
+        }
+    }
+}
+
+/// Stops kubelet and kube-proxy, every pod and shim, containerd; removes the
+/// node's cgroups and run dir. Fails naming whatever could not be removed.
+async fn stop_node(config: &NodeConfig, procs: &mut Processes) -> Result<()> {
+    procs.stop(Component::KubeProxy).await;
+    procs.stop(Component::Kubelet).await;
+    let root = config.cgroup_root.clone();
+    let pods_left =
+        teardown::kill_until_gone(|| teardown::pod_pids(&root), Duration::from_secs(15)).await;
+    let socket = config.layout().containerd_socket();
+    let shims_left =
+        teardown::kill_until_gone(|| teardown::shim_pids(&socket), Duration::from_secs(10)).await;
+    procs.stop(Component::Containerd).await;
     let cgroups_left = teardown::remove_cgroups(&config.cgroup_root);
     let _ = std::fs::remove_dir_all(&config.run_dir);
-    report.phase("Stopped");
     if pods_left.is_empty() && shims_left.is_empty() && cgroups_left.is_empty() {
         return Ok(());
     }
-    Err(node_err(&config, format!(
+    Err(node_err(config, format!(
         "stopped, but left pod processes {pods_left:?}, shims {shims_left:?}, cgroups {cgroups_left:?}"
     )))
 }
 
-/// Waits for containerd's socket, then imports every local image it lacks.
-async fn prepare_runtime(config: &NodeConfig, report: &status::Reporter) -> Result<()> {
+/// Waits (bounded) until containerd accepts connections: a socket file left by
+/// an earlier containerd exists before the new one listens.
+async fn wait_for_containerd(config: &NodeConfig) -> Result<()> {
     let layout = config.layout();
     let socket = layout.containerd_socket();
-    // A socket file left by an earlier containerd exists before the new one
-    // listens: wait until a connection succeeds.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while tokio::net::UnixStream::connect(&socket).await.is_err() {
         if tokio::time::Instant::now() >= deadline {
@@ -303,12 +350,5 @@ async fn prepare_runtime(config: &NodeConfig, report: &status::Reporter) -> Resu
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    report.phase("ImportingImages");
-    let dir = config
-        .images_dir
-        .clone()
-        .unwrap_or_else(crate::images::default_dir);
-    images::import_missing(config, &dir, &socket).await?;
-    report.phase("Running");
     Ok(())
 }
