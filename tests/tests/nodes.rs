@@ -377,6 +377,78 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
 
     // a node whose certificate its shoot does not accept says so in `ringctl status`
     bad_certificate_is_reported(&layout, &dir).await;
+
+    // m1's ringd killed: `ringctl status` still answers (from another member), and
+    // node m2 stays Ready in shoot m2 once m2's control plane moved off m1
+    ringd_killed_node_stays(&layout, &dir, &kc("m2")).await;
+}
+
+async fn ringd_killed_node_stays(layout: &bootstrap::RingLayout, dir: &Path, m2: &Path) {
+    let pid = layout.running_pid("m1").expect("ringd m1 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let moved = wait_for(
+        "m2's control plane serving again off m1",
+        Duration::from_secs(120),
+        || async {
+            let out = ringctl_cmd(
+                [
+                    "status",
+                    "-o",
+                    "json",
+                    "--ring-dir",
+                    &dir.display().to_string(),
+                ],
+                &[],
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let p = v["placements"]
+                .as_array()?
+                .iter()
+                .find(|p| p["shoot"] == "m2")?
+                .clone();
+            (p["host"] != "m1" && p["ready"] == true).then_some(p)
+        },
+    )
+    .await;
+    assert_ne!(moved["host"], "m1", "{moved}");
+    // kubelet renews its Lease every 10 s: a renewal after the move went to the new host
+    let renew = || {
+        let out = run_bounded(
+            std::process::Command::new(kubectl_path())
+                .arg("--kubeconfig")
+                .arg(m2)
+                .args(["get", "lease", "m2", "-n", "kube-node-lease"])
+                .args(["-o", "jsonpath={.spec.renewTime}"]),
+            Duration::from_secs(10),
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = renew();
+    wait_for(
+        "node m2 renewing its lease after the failover",
+        Duration::from_secs(60),
+        || {
+            let now = renew();
+            let before = before.clone();
+            async move { (!now.is_empty() && now != before).then_some(()) }
+        },
+    )
+    .await;
+    wait_for(
+        "node m2 Ready in `ringctl status`",
+        Duration::from_secs(30),
+        || async {
+            nodes_status(dir)
+                .iter()
+                .any(|n| n["node"] == "m2" && n["ready"] == true)
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// The host pid of the etcd pod's server (listening on 0.0.0.0:2379).

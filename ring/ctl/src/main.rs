@@ -164,6 +164,21 @@ impl RingArgs {
         Ok((config.member_address(0), pki))
     }
 
+    /// The ring's status from `--address`, else from whichever member of the local
+    /// ring answers (preferring one that knows the leader; member 1 may be dead).
+    async fn status(&self) -> anyhow::Result<ringd::status::RingStatus> {
+        let (address, pki) = self.target()?;
+        if self.address.is_some() || self.pki.is_some() {
+            let mut client = ringd::client::AdminClient::connect(&address, &pki)?;
+            return Ok(client.status().await?);
+        }
+        let layout = bootstrap::RingLayout {
+            dir: self.dir.dir(),
+        };
+        let config = layout.read_config()?.context("no ring in --ring-dir")?;
+        Ok(bootstrap::ring_status(&layout, &config).await?)
+    }
+
     /// The nodes of the local ring in `--ring-dir` (none with `--address`).
     fn local_nodes(&self) -> anyhow::Result<Vec<bootstrap::nodes::NodeReport>> {
         if self.address.is_some() {
@@ -569,9 +584,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status(args) => {
             init_tracing("warn");
-            let (address, pki) = args.target()?;
-            let mut client = ringd::client::AdminClient::connect(&address, &pki)?;
-            let status = client.status().await?;
+            let status = args.status().await?;
             let nodes = args.local_nodes()?;
             let view = StatusView { status, nodes };
             print(&view, format, || {
