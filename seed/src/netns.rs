@@ -103,3 +103,16 @@ pub fn attach(hub: &str, port: &str, netns: &str, cidr: &str) -> Result<()> {
     ip(&["-n", netns, "addr", "add", cidr, "dev", "eth0"])?;
     ip(&["-n", netns, "link", "set", "eth0", "up"])
 }
+
+/// Binds a UDP socket inside namespace `name` (from a short-lived thread).
+pub fn udp_in(name: &str, addr: std::net::SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let ns = name.to_string();
+    std::thread::Builder::new()
+        .name(format!("udp-{name}"))
+        .spawn(move || -> std::io::Result<std::net::UdpSocket> {
+            enter(&ns)?;
+            std::net::UdpSocket::bind(addr)
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the binding thread panicked"))?
+}

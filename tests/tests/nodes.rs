@@ -222,6 +222,20 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
     );
     wait_phase(&m1, "svc-probe", "Succeeded").await;
 
+    // ... and by its name, through the node's cluster DNS (search path applied)
+    let by_name = "http://etcd.default.svc:2379";
+    apply(
+        &m1,
+        &work,
+        "dns-probe",
+        &one_shot(
+            "dns-probe",
+            &image("etcd"),
+            &["etcdctl", "--endpoints", by_name, "endpoint", "health"],
+        ),
+    );
+    wait_phase(&m1, "dns-probe", "Succeeded").await;
+
     // a pod reaches its own shoot's API through the `kubernetes` Service (TLS
     // verified, authenticated by its service account token)
     apply(

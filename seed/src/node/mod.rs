@@ -16,6 +16,7 @@
 //! it), and their mounts never show on the host.
 
 pub mod config;
+pub mod dns;
 mod images;
 pub mod net;
 pub mod render;
@@ -247,6 +248,27 @@ async fn start_forwarders(config: &NodeConfig, stop: &CancellationToken) -> Resu
     Ok(())
 }
 
+/// The cluster DNS for the node's pods: UDP port 53 on the node's address,
+/// records from the shoot's Services and Endpoints (kube-proxy's credentials).
+async fn start_dns(config: &NodeConfig, stop: &CancellationToken) -> Result<()> {
+    let listen = std::net::SocketAddr::new(config.address.into(), 53);
+    let socket = crate::netns::udp_in(&config.netns, listen).map_err(|e| {
+        node_err(
+            config,
+            format!("cluster DNS: binding {listen} in {}: {e}", config.netns),
+        )
+    })?;
+    let empty = dns::Records::new(render::CLUSTER_DOMAIN, &[], &[]);
+    let records = std::sync::Arc::new(std::sync::RwLock::new(empty));
+    dns::serve_udp(socket, records.clone(), stop.clone())
+        .await
+        .map_err(|e| node_err(config, format!("cluster DNS: {e}")))?;
+    let kubeconfig = config.layout().config_file("kube-proxy.kubeconfig");
+    let client = crate::kubeconfig::client(&config.name, &kubeconfig).await?;
+    tokio::spawn(dns::refresh(client, records, stop.clone()));
+    Ok(())
+}
+
 /// Runs the node until `shutdown`, then stops it and everything it ran.
 pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> {
     let span = tracing::info_span!("node", node = %config.name);
@@ -254,6 +276,7 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
     let bins = prepare(&config)?;
     let stop_all = CancellationToken::new();
     start_forwarders(&config, &stop_all).await?;
+    start_dns(&config, &stop_all).await?;
     let (states_tx, states_rx) = watch::channel(States::new());
     let report = status::Reporter::new(config.clone(), states_rx);
     let mut procs = Processes::new(states_tx);

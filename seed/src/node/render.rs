@@ -8,6 +8,9 @@ use serde_json::json;
 use super::config::{NodeConfig, NodeLayout};
 use crate::process::{Component, ComponentSpec};
 
+/// The cluster domain pods' names live in (served by the node's DNS).
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
 /// The programs a node runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeBinaries {
@@ -129,7 +132,9 @@ pub fn kubelet_config(config: &NodeConfig, layout: &NodeLayout) -> String {
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "staticPodPath": p(layout.manifests()),
         "serializeImagePulls": false,
-        "clusterDomain": "cluster.local",
+        // the node's own DNS (dns.rs) answers the cluster's names
+        "clusterDNS": [config.address.to_string()],
+        "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": "/etc/resolv.conf",
         "authentication": {
             "anonymous": {"enabled": false},
