@@ -6,9 +6,10 @@
 //! the objects, their updates, ownership, idempotent re-apply, scaling, deletion
 //! (through the real garbage collector) and RBAC. `/readyz` through the API
 //! Service is checked against a local control plane that stands in for the
-//! kube-apiserver pod, with the PKI Ring put in the Secret. The last test gives
-//! the seed cluster a real node (`ring-node`) and runs ringd there as a pod from
-//! `ringctl manifests`.
+//! kube-apiserver pod, with the PKI Ring put in the Secret. The last two tests
+//! give the seed cluster a real node (`ring-node`): a hosted control plane runs
+//! there as pods and serves kubectl through its Service, and ringd runs there as
+//! a pod from `ringctl manifests`.
 
 // Each test runs on its own runtime; `ring_slot` only serialises whole tests.
 #![allow(clippy::await_holding_lock)]
@@ -732,5 +733,104 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
         ],
     );
     assert_eq!(restarts, "0", "ringd restarted in its pod");
+    cluster.stop(cluster_name).await.unwrap();
+}
+
+/// A seed cluster with a real node: a shoot's control plane applied by the
+/// Kubernetes seed runs there as pods from the local images (etcd on a volume,
+/// names resolved by the node's cluster DNS), every pod becomes Ready, and
+/// kubectl works against the hosted kube-apiserver through its Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
+    let sandbox = Sandbox::new();
+    let cluster_name = "k8s-seed-p";
+    let plan = ring_tests::node::NodePlan::new("seedp");
+    let node_ip = plan.address();
+    let cluster = sandbox
+        .seed()
+        .with_advertise([(cluster_name.to_string(), node_ip)].into());
+    cluster
+        .start(&ControlPlaneSpec::new(cluster_name))
+        .await
+        .expect("start seed cluster");
+    wait_ready(&cluster, cluster_name, READY)
+        .await
+        .expect("seed cluster ready");
+    let kc = cluster.layout(cluster_name).admin_kubeconfig();
+    let _node = plan.start(&sandbox, &cluster, cluster_name);
+    // etcd's claim needs a volume (no provisioner in this cluster)
+    let pv = format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: etcd-data}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
+        sandbox.path().join("pv-etcd").display()
+    );
+    let pv_file = sandbox.path().join("pv.yaml");
+    std::fs::write(&pv_file, pv).unwrap();
+    kubectl(&kc, &["apply", "-f", pv_file.to_str().unwrap()]);
+
+    let mut cfg = config("t5", &kc);
+    cfg.service_type = ServiceType::NodePort;
+    let seed = KubernetesSeed::connect(&cfg, sandbox.path().join("ringd-state"))
+        .await
+        .expect("connect");
+    seed.start(&ControlPlaneSpec::new("hosted"))
+        .await
+        .expect("start");
+    let ns = seed.namespace("hosted");
+    wait_for(
+        "every pod of the hosted control plane Ready",
+        Duration::from_secs(240),
+        || async {
+            let pods = kubectl_json(&kc, &["get", "pods", "-n", &ns]);
+            let items = pods["items"].as_array()?.clone();
+            let ready = |p: &serde_json::Value| {
+                p["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            };
+            (items.len() >= 4 && items.iter().all(ready)).then_some(())
+        },
+    )
+    .await;
+
+    // kubectl through the API Service (a NodePort on the node's address)
+    let svc = kubectl_json(&kc, &["get", "service", "kube-apiserver", "-n", &ns]);
+    let node_port = svc["spec"]["ports"][0]["nodePort"]
+        .as_u64()
+        .expect("nodePort");
+    let pki = seed::pki::Pki::new(seed.pki_cache("hosted"));
+    let hosted_kc = sandbox.path().join("hosted.kubeconfig");
+    seed::kubeconfig::write(
+        &hosted_kc,
+        "hosted",
+        "admin",
+        &format!("https://{node_ip}:{node_port}"),
+        &pki,
+        &pki.leaf(seed::pki::Leaf::Admin),
+    )
+    .unwrap();
+    let server_name = format!("kube-apiserver.{ns}.svc");
+    let out = kubectl(
+        &hosted_kc,
+        &[
+            "--tls-server-name",
+            &server_name,
+            "get",
+            "namespaces",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(out.contains("namespace/kube-system"), "{out}");
+    kubectl(
+        &hosted_kc,
+        &[
+            "--tls-server-name",
+            &server_name,
+            "create",
+            "configmap",
+            "on-pods",
+        ],
+    );
     cluster.stop(cluster_name).await.unwrap();
 }
