@@ -87,8 +87,9 @@ impl Default for Ports {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Nodes {
-    /// Nodes per member (0: shoots without nodes, control planes only; 1: each
-    /// member's shoot gets node `<member>` in its own network namespace).
+    /// Nodes per member's shoot (0: shoots without nodes, control planes only;
+    /// N: shoot `m` gets nodes `m`, `m-2` .. `m-N`, each in its own network
+    /// namespace; at most 15 nodes per ring).
     pub per_member: u8,
 }
 
@@ -282,24 +283,28 @@ impl RingConfig {
         if self.nodes.per_member == 0 {
             return Ok(());
         }
-        if self.nodes.per_member > 1 {
+        let nodes = self.members.len() * usize::from(self.nodes.per_member);
+        if nodes > seed::node::net::MAX_NODES {
             return Err(bad(
                 "nodes.perMember",
                 format!(
-                    "{} nodes per member are not supported yet; use 0 or 1",
-                    self.nodes.per_member
+                    "{} members x {} nodes = {nodes}; a ring's node network has room for {} nodes: lower nodes.perMember (0 for none)",
+                    self.members.len(),
+                    self.nodes.per_member,
+                    seed::node::net::MAX_NODES
                 ),
             ));
         }
-        if self.members.len() > seed::node::net::MAX_NODES {
-            return Err(bad(
-                "nodes.perMember",
-                format!(
-                    "a ring with nodes has at most {} members (one node network); it has {}: set nodes.perMember: 0",
-                    seed::node::net::MAX_NODES,
-                    self.members.len()
-                ),
-            ));
+        for (i, m) in self.members.iter().enumerate() {
+            let last = crate::nodes::nodes_of(self, &m.name)
+                .pop()
+                .unwrap_or_default();
+            seed::validate_shoot_name(&last).map_err(|e| {
+                bad(
+                    format!("members[{i}].name"),
+                    format!("its node {last:?}: {e}"),
+                )
+            })?;
         }
         if let Some(i) = self.members.iter().position(|m| m.netns.is_some()) {
             return Err(bad(
@@ -387,7 +392,11 @@ mod tests {
         let c = RingConfig::parse(&yaml(members), "ring.yaml").unwrap();
         assert_eq!(c.nodes.per_member, 1);
         for (body, field, says) in [
-            ("nodes: {perMember: 2}\n", "nodes.perMember", "use 0 or 1"),
+            (
+                "nodes: {perMember: 6}\n",
+                "nodes.perMember",
+                "3 members x 6 nodes = 18",
+            ),
             (
                 "nodes: {perMember: 1, extra: 1}\n",
                 "ring.yaml",
@@ -411,7 +420,25 @@ mod tests {
         let err = RingConfig::parse(&yaml(&format!("members: [{}]\n", many.join(", "))), "r")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("at most 15 members"), "{err}");
+        assert!(err.contains("room for 15 nodes"), "{err}");
+        let two =
+            RingConfig::parse(&yaml(&format!("{members}nodes: {{perMember: 2}}\n")), "r").unwrap();
+        assert_eq!(
+            crate::nodes::node_names(&two),
+            ["a", "a-2", "b", "b-2", "c", "c-2"]
+        );
+        assert_eq!(crate::nodes::shoot_of(&two, "b-2").as_deref(), Some("b"));
+        let long = format!(
+            "members: [{{name: {}}}, {{name: b}}, {{name: c}}]\nnodes: {{perMember: 2}}\n",
+            "x".repeat(40)
+        );
+        let err = RingConfig::parse(&yaml(&long), "r")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("members[0].name") && err.contains("-2"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -448,7 +448,7 @@ fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
     }
     o.images_built = nodes::images_built();
     o.node_network = nodes::network_up(layout, config);
-    for m in config.members.iter().map(|m| &m.name) {
+    for m in &nodes::node_names(config) {
         if nodes::configured(layout, m) {
             o.nodes_configured.insert(m.clone());
         }
@@ -517,17 +517,18 @@ async fn execute(
         Step::CreateNodeNetwork => {
             nodes::ensure_network(layout, config)?;
         }
-        Step::ConfigureNode(member) => {
+        Step::ConfigureNode(node) => {
+            let shoot = nodes::shoot_of(config, node).unwrap_or_default();
             let status = ring_status(layout, config).await?;
             let host = status
                 .placements
                 .iter()
-                .find(|p| p.shoot == *member)
+                .find(|p| p.shoot == shoot)
                 .map(|p| p.host.clone())
                 .ok_or_else(|| {
-                    BootstrapError::Unsupported(format!("shoot {member} has no placement yet"))
+                    BootstrapError::Unsupported(format!("shoot {shoot} has no placement yet"))
                 })?;
-            nodes::configure(layout, config, member, &host)?;
+            nodes::configure(layout, config, node, &host)?;
         }
         Step::StartNode(member) => nodes::start(layout, &ring_node_binary(ringd), member)?,
         Step::AwaitNodes(_) => tokio::time::sleep(Duration::from_millis(250)).await,

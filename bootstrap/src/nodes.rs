@@ -1,9 +1,10 @@
 //! The nodes of a local ring's shoots: their network, credentials, supervisors.
 //!
-//! Each member's shoot gets node `<member>`: a `ring-node` process (containerd,
-//! kubelet, kube-proxy) in the member's node namespace on the ring's node
-//! network, registered to the shoot's kube-apiserver with a certificate issued
-//! from the shoot's CA (`system:node:<member>`, group `system:nodes`).
+//! Each member's shoot gets nodes `<member>`, `<member>-2`, ... (`nodes.perMember`):
+//! per node a `ring-node` process (containerd, kubelet, kube-proxy) in the node's
+//! own namespace on the ring's node network, registered to the shoot's
+//! kube-apiserver with a certificate issued from the shoot's CA
+//! (`system:node:<node>`, group `system:nodes`). Their files are in `DIR/nodes/<node>`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,9 +15,9 @@ use seed::node::{NodeConfig, NodeStatus};
 use crate::config::RingConfig;
 use crate::{io, BootstrapError, RingLayout};
 
-/// A member's node directory.
-pub fn node_dir(layout: &RingLayout, member: &str) -> PathBuf {
-    layout.member_dir(member).join("node")
+/// A node's directory: `DIR/nodes/<node>`.
+pub fn node_dir(layout: &RingLayout, node: &str) -> PathBuf {
+    layout.dir.join("nodes").join(node)
 }
 
 fn config_file(layout: &RingLayout, member: &str) -> PathBuf {
@@ -36,11 +37,36 @@ fn network_file(layout: &RingLayout) -> PathBuf {
     layout.dir.join("nodes").join("network-tag")
 }
 
+/// The nodes of `member`'s shoot: `<member>`, then `<member>-2`, `<member>-3`, ...
+pub fn nodes_of(config: &RingConfig, member: &str) -> Vec<String> {
+    (1..=config.nodes.per_member)
+        .map(|k| match k {
+            1 => member.to_string(),
+            k => format!("{member}-{k}"),
+        })
+        .collect()
+}
+
+/// Every node of the ring, shoot by shoot in ring order.
+pub fn node_names(config: &RingConfig) -> Vec<String> {
+    config
+        .members
+        .iter()
+        .flat_map(|m| nodes_of(config, &m.name))
+        .collect()
+}
+
+/// The shoot node `node` belongs to.
+pub fn shoot_of(config: &RingConfig, node: &str) -> Option<String> {
+    config
+        .members
+        .iter()
+        .find(|m| nodes_of(config, &m.name).iter().any(|n| n == node))
+        .map(|m| m.name.clone())
+}
+
 fn members(config: &RingConfig) -> Vec<String> {
-    if config.nodes.per_member == 0 {
-        return Vec::new();
-    }
-    config.members.iter().map(|m| m.name.clone()).collect()
+    node_names(config)
 }
 
 /// The ring's node network as stored (its tag), if it has one.
@@ -153,40 +179,42 @@ pub fn configured(layout: &RingLayout, member: &str) -> bool {
         .all(|f| dir.join(f).exists())
 }
 
-/// Issues the node's and kube-proxy's certificates from the shoot's CA (read
-/// from the seed that hosts the shoot, `host`) and writes the node's config.
+/// Issues node `node`'s and its kube-proxy's certificates from its shoot's CA
+/// (read from the seed that hosts the shoot, `host`) and writes its config.
 pub fn configure(
     layout: &RingLayout,
     config: &RingConfig,
-    member: &str,
+    node: &str,
     host: &str,
 ) -> Result<(), BootstrapError> {
     let net = network(layout, config)?
         .ok_or_else(|| BootstrapError::Unsupported("the node network is not created yet".into()))?;
-    let h = net.hosts.iter().find(|h| h.name == member).ok_or_else(|| {
-        BootstrapError::Unsupported(format!("{member} has no place on the node network"))
+    let h = net.hosts.iter().find(|h| h.name == node).ok_or_else(|| {
+        BootstrapError::Unsupported(format!("{node} has no place on the node network"))
     })?;
+    let shoot = shoot_of(config, node)
+        .ok_or_else(|| BootstrapError::Unsupported(format!("node {node} belongs to no shoot")))?;
     let shoot_pki = layout
         .seed_dir(host)
         .join("shoots")
-        .join(member)
+        .join(&shoot)
         .join("pki");
     let read = |f: &str| {
         let p = shoot_pki.join(f);
         std::fs::read_to_string(&p)
-            .map_err(io(format!("reading shoot {member}'s CA {}", p.display())))
+            .map_err(io(format!("reading shoot {shoot}'s CA {}", p.display())))
     };
     let (ca_cert, ca_key) = (read("ca.crt")?, read("ca.key")?);
-    let dir = absolute(&node_dir(layout, member))?;
-    let api = seed::ShootEndpoint::for_shoot(member);
-    let node = NodeConfig::on_network(
+    let dir = absolute(&node_dir(layout, node))?;
+    let api = seed::ShootEndpoint::for_shoot(&shoot);
+    let node_config = NodeConfig::on_network(
         &net,
         h,
         dir,
         std::net::SocketAddr::new(api.address.into(), api.api_port),
     );
-    node.issue_credentials(&ca_cert, &ca_key)?;
-    node.save(&config_file(layout, member))?;
+    node_config.issue_credentials(&ca_cert, &ca_key)?;
+    node_config.save(&config_file(layout, node))?;
     Ok(())
 }
 
@@ -299,7 +327,7 @@ pub fn report(layout: &RingLayout, config: &RingConfig) -> Vec<NodeReport> {
             let shims_kib: u64 = shims.iter().filter_map(|p| rss_kib(*p as u32)).sum();
             Some(NodeReport {
                 node: m.clone(),
-                shoot: m.clone(),
+                shoot: shoot_of(config, &m).unwrap_or_default(),
                 netns: node.netns.clone(),
                 address: node.address.to_string(),
                 phase: match &status {

@@ -130,7 +130,8 @@ fn next_node_step(config: &RingConfig, o: &Observed) -> Step {
     if !o.node_network {
         return Step::CreateNodeNetwork;
     }
-    let names = || config.members.iter().map(|m| &m.name);
+    let all = crate::nodes::node_names(config);
+    let names = || all.iter();
     if let Some(m) = names().find(|m| !o.nodes_configured.contains(*m)) {
         return Step::ConfigureNode(m.clone());
     }

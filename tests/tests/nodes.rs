@@ -106,7 +106,7 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
     let dir = sandbox.path().join("ring");
     let layout = bootstrap::RingLayout { dir: dir.clone() };
     let _nodes = NodesGuard(layout.clone());
-    let config = ring_config_with(sandbox.path(), 3, "nodes: {perMember: 1}");
+    let config = ring_config_with(sandbox.path(), 3, "nodes: {perMember: 2}");
     let boot = ringctl_in(
         &dir,
         &["bootstrap", "--config", &config.display().to_string()],
@@ -114,28 +114,34 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
     assert!(boot.contains("nodes:"), "{boot}");
     let kc = |s: &str| dir.join("kubeconfigs").join(format!("{s}.kubeconfig"));
 
-    // every shoot lists its own Ready node, registered as system:node:<member>
+    // every shoot lists its own two Ready nodes (`nodes.perMember: 2`), registered
+    // as system:node:<node>
     for m in ["m1", "m2", "m3"] {
-        let ready = kubectl(
-            &kc(m),
-            &[
-                "get",
-                "node",
-                m,
-                "-o",
-                r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
-            ],
-        );
-        assert_eq!(ready, "True", "node {m} in shoot {m}");
+        let second = format!("{m}-2");
+        for node in [m, second.as_str()] {
+            let ready = kubectl(
+                &kc(m),
+                &[
+                    "get",
+                    "node",
+                    node,
+                    "-o",
+                    r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+                ],
+            );
+            assert_eq!(ready, "True", "node {node} in shoot {m}");
+        }
         let nodes = kubectl(&kc(m), &["get", "nodes", "-o", "name"]);
+        let mut nodes: Vec<&str> = nodes.lines().collect();
+        nodes.sort();
         assert_eq!(
-            nodes.trim(),
-            format!("node/{m}"),
-            "shoot {m} has exactly its own node"
+            nodes,
+            [format!("node/{m}"), format!("node/{m}-2")],
+            "shoot {m} has exactly its own nodes"
         );
     }
     let status = nodes_status(&dir);
-    assert_eq!(status.len(), 3, "{status:?}");
+    assert_eq!(status.len(), 6, "{status:?}");
     for n in &status {
         assert_eq!(n["ready"], true, "{n}");
         assert!(n["kubeletRssMib"].as_f64().unwrap() > 10.0, "{n}");
@@ -176,7 +182,7 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
     }
 
     // etcd in a pod answers `endpoint health` from the host (root namespace → pod IP)
-    apply(&m1, &work, "etcd", &etcd_pod("etcd", "", 2379));
+    apply(&m1, &work, "etcd", &etcd_pod("etcd", "nodeName: m1", 2379));
     wait_phase(&m1, "etcd", "Running").await;
     let ip = pod_ip(&m1, "etcd");
     let endpoint = format!("http://{ip}:2379");
@@ -276,7 +282,7 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
         &m2,
         &work,
         "hostnet-etcd",
-        &etcd_pod("hostnet-etcd", "hostNetwork: true", 22379),
+        &etcd_pod("hostnet-etcd", "hostNetwork: true\n  nodeName: m2", 22379),
     );
     wait_phase(&m2, "hostnet-etcd", "Running").await;
     let m2_address = kubectl(
@@ -342,7 +348,7 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
     assert_eq!(restarts, "0", "the adopted container was restarted");
 
     // `ringctl down` leaves no pod, shim, mount, cgroup or namespace behind
-    let nodes: Vec<seed::node::NodeConfig> = ["m1", "m2", "m3"]
+    let nodes: Vec<seed::node::NodeConfig> = ["m1", "m1-2", "m2", "m2-2", "m3", "m3-2"]
         .iter()
         .map(|m| {
             seed::node::NodeConfig::load(&bootstrap::nodes::node_dir(&layout, m).join("node.yaml"))
