@@ -78,6 +78,12 @@ pub fn listen_in(name: &str, addr: std::net::SocketAddr) -> std::io::Result<std:
 /// `198.19.0.254/24`): the network that hosts in namespaces are plugged into.
 pub fn create_hub(hub: &str, root_if: &str, gateway_cidr: &str) -> Result<()> {
     ip(&["netns", "add", hub])?;
+    setup_hub(hub, root_if, gateway_cidr)
+}
+
+/// [`create_hub`] for a hub namespace that already exists (just created by the
+/// caller, e.g. as an atomic claim of its name).
+pub fn setup_hub(hub: &str, root_if: &str, gateway_cidr: &str) -> Result<()> {
     ip(&["-n", hub, "link", "set", "lo", "up"])?;
     ip(&["-n", hub, "link", "add", "br0", "type", "bridge"])?;
     ip(&["-n", hub, "link", "set", "br0", "up"])?;

@@ -47,9 +47,9 @@ impl Drop for NodePlan {
 impl NodePlan {
     /// A node network with node `name` on a free tag.
     pub fn new(name: &str) -> NodePlan {
-        let tag = NodeNetwork::free_tag(None).unwrap_or_else(|e| panic!("{e}"));
-        let net = NodeNetwork::plan(tag, &[name.to_string()]).unwrap();
-        net.ensure().unwrap_or_else(|e| panic!("node network: {e}"));
+        // claimed atomically: tests in one binary create node networks in parallel
+        let net = NodeNetwork::create(&[name.to_string()])
+            .unwrap_or_else(|e| panic!("node network: {e}"));
         NodePlan {
             name: name.to_string(),
             net: Some(net),

@@ -102,6 +102,40 @@ fn manifests_of_m1(sandbox: &Sandbox, ring: &Path) -> (String, PathBuf) {
     (out, manifests)
 }
 
+/// A seed cluster `name` with a real node (`node`): its kube-apiserver advertises
+/// the node's address so pods reach it; returns (cluster, admin kubeconfig, node).
+async fn seed_cluster_with_node(
+    sandbox: &Sandbox,
+    name: &str,
+    node: &str,
+) -> (LocalSeed, PathBuf, ring_tests::node::TestNode) {
+    let plan = ring_tests::node::NodePlan::new(node);
+    let cluster = sandbox
+        .seed()
+        .with_advertise([(name.to_string(), plan.address())].into());
+    cluster
+        .start(&ControlPlaneSpec::new(name))
+        .await
+        .expect("start seed cluster");
+    wait_ready(&cluster, name, READY)
+        .await
+        .expect("seed cluster ready");
+    let kc = cluster.layout(name).admin_kubeconfig();
+    let node = plan.start(sandbox, &cluster, name);
+    (cluster, kc, node)
+}
+
+/// A 1 GiB hostPath PersistentVolume `name` (the cluster has no provisioner).
+fn host_path_volume(kc: &Path, sandbox: &Sandbox, name: &str) {
+    let pv = format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
+        sandbox.path().join(name).display()
+    );
+    let file = sandbox.path().join(format!("{name}.yaml"));
+    std::fs::write(&file, pv).unwrap();
+    kubectl(kc, &["apply", "-f", file.to_str().unwrap()]);
+}
+
 fn kubectl_json(kubeconfig: &Path, args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.extend(["-o", "json"]);
@@ -638,19 +672,7 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
 async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
     let sandbox = Sandbox::new();
     let cluster_name = "k8s-seed-n";
-    let plan = ring_tests::node::NodePlan::new("seedn");
-    let cluster = sandbox
-        .seed()
-        .with_advertise([(cluster_name.to_string(), plan.address())].into());
-    cluster
-        .start(&ControlPlaneSpec::new(cluster_name))
-        .await
-        .expect("start seed cluster");
-    wait_ready(&cluster, cluster_name, READY)
-        .await
-        .expect("seed cluster ready");
-    let kc = cluster.layout(cluster_name).admin_kubeconfig();
-    let _node = plan.start(&sandbox, &cluster, cluster_name);
+    let (cluster, kc, _node) = seed_cluster_with_node(&sandbox, cluster_name, "seedn").await;
 
     let ring = ring_config(sandbox.path(), 3);
     let (_, manifests) = manifests_of_m1(&sandbox, &ring);
@@ -685,14 +707,7 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
         ],
     );
     // a volume for ringd's data (no provisioner in this cluster)
-    let pv_dir = sandbox.path().join("pv-ringd");
-    let pv = format!(
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: ringd-data}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
-        pv_dir.display()
-    );
-    let pv_file = sandbox.path().join("pv.yaml");
-    std::fs::write(&pv_file, pv).unwrap();
-    kubectl(&kc, &["apply", "-f", pv_file.to_str().unwrap()]);
+    host_path_volume(&kc, &sandbox, "ringd-data");
 
     let pod_ip = wait_for("ringd-m1-0 running", Duration::from_secs(120), || async {
         let pod = kubectl_json(&kc, &["get", "pods", "-n", "ring-system"]);
@@ -744,28 +759,10 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
 async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
     let sandbox = Sandbox::new();
     let cluster_name = "k8s-seed-p";
-    let plan = ring_tests::node::NodePlan::new("seedp");
-    let node_ip = plan.address();
-    let cluster = sandbox
-        .seed()
-        .with_advertise([(cluster_name.to_string(), node_ip)].into());
-    cluster
-        .start(&ControlPlaneSpec::new(cluster_name))
-        .await
-        .expect("start seed cluster");
-    wait_ready(&cluster, cluster_name, READY)
-        .await
-        .expect("seed cluster ready");
-    let kc = cluster.layout(cluster_name).admin_kubeconfig();
-    let _node = plan.start(&sandbox, &cluster, cluster_name);
+    let (cluster, kc, node) = seed_cluster_with_node(&sandbox, cluster_name, "seedp").await;
+    let node_ip = node.config.address;
     // etcd's claim needs a volume (no provisioner in this cluster)
-    let pv = format!(
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: etcd-data}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
-        sandbox.path().join("pv-etcd").display()
-    );
-    let pv_file = sandbox.path().join("pv.yaml");
-    std::fs::write(&pv_file, pv).unwrap();
-    kubectl(&kc, &["apply", "-f", pv_file.to_str().unwrap()]);
+    host_path_volume(&kc, &sandbox, "etcd-data");
 
     let mut cfg = config("t5", &kc);
     cfg.service_type = ServiceType::NodePort;

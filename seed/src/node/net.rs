@@ -88,6 +88,36 @@ impl NodeNetwork {
             })
     }
 
+    /// Creates a node network for `nodes` on a tag nobody holds. Creating the hub
+    /// namespace is the claim (it fails if the name exists), so concurrent callers
+    /// never end up on one tag.
+    pub fn create(nodes: &[String]) -> Result<NodeNetwork> {
+        for tag in 0..=15u8 {
+            let net = NodeNetwork::plan(tag, nodes)?;
+            let hub = net.hub();
+            if exists(&hub) {
+                continue;
+            }
+            match ip(&["netns", "add", &hub]) {
+                Err(_) if exists(&hub) => continue, // claimed by someone else meanwhile
+                Err(e) => return Err(e),
+                Ok(()) => {}
+            }
+            let gateway = format!("{}/24", net.gateway());
+            let made =
+                crate::netns::setup_hub(&hub, &net.root_if(), &gateway).and_then(|()| net.ensure());
+            if let Err(e) = made {
+                let _ = net.remove();
+                return Err(e);
+            }
+            return Ok(net);
+        }
+        Err(SeedError::Network {
+            command: "choosing a node network".into(),
+            reason: "all 16 node networks (rnode-0-hub .. rnode-15-hub) exist; `ringctl down` rings you no longer need".into(),
+        })
+    }
+
     /// The hub namespace's name.
     pub fn hub(&self) -> String {
         hub_name(self.tag)
