@@ -1,25 +1,38 @@
 //! Backups of the control planes this member serves (`backup::Backup`, one per
-//! shoot, running while the member serves it), the shoot's spec and PKI next to
-//! them in the bucket, and failover: restoring a shoot whose host died from the
-//! bucket alone on this member.
+//! shoot, running while the member serves it) and the shoot's spec and PKI next
+//! to them in the bucket. What a backup reads comes from the seed's executor
+//! ([`BackupSource`]); its progress goes out as `ReportBackup` commands on a
+//! bounded queue, so this module knows neither the seed nor the daemon.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use backup::codec::EncryptionKey;
 use backup::BucketConfig;
 use bytes::Bytes;
-use seed::{LocalSeed, ShootLayout};
+use seed::ShootLayout;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use crate::daemon::{now_ms, Shared};
 use crate::state::RingCommand;
 use crate::RingError;
 
 fn backup_err(e: backup::BackupError) -> RingError {
-    RingError::Transport(e.to_string())
+    RingError::Backup(e)
+}
+
+/// Where the continuous backup of one shoot reads from (given by the seed).
+#[derive(Debug, Clone)]
+pub struct BackupSource {
+    /// The shoot's etcd: endpoints and client certificate.
+    pub etcd: backup::EtcdConfig,
+    /// The shoot's dir with `shoot.json` and `pki/` (its identity, stored too).
+    pub identity: ShootLayout,
+    /// Where deltas wait for upload.
+    pub spool_dir: PathBuf,
 }
 
 /// The ring's bucket as this member uses it: where it is, and the key that seals
@@ -70,7 +83,7 @@ impl RingBucket {
 
     /// A missing or wrong key is the configuration to fix (permanent), named by
     /// the setting that gives the key; other bucket errors keep their kind.
-    fn key_err(&self, e: backup::BackupError) -> RingError {
+    pub(crate) fn key_err(&self, e: backup::BackupError) -> RingError {
         let reason = match &e {
             backup::BackupError::KeyRequired { object, key_id } => format!(
                 "{object} in {} is sealed with key id {key_id}, and no key is configured: set {} to the key the ring's bucket was written with",
@@ -208,15 +221,24 @@ pub struct Backups {
 }
 
 impl Backups {
-    /// Starts backing up `shoot` unless that runs already: identity first, then the
-    /// continuous full + delta loop; its progress goes to the ring as `ReportBackup`.
+    /// Whether a backup of `shoot` runs (or was started and not stopped).
+    pub fn running(&self, shoot: &str) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(shoot)
+            .is_some_and(|t| !t.is_cancelled())
+    }
+
+    /// Starts backing up `shoot` unless that runs already: identity first, then
+    /// the continuous full + delta loop; its progress goes to `report`.
     pub fn ensure(
         &self,
-        shared: Arc<Shared>,
-        seed: &LocalSeed,
+        source: BackupSource,
         rb: &RingBucket,
         shoot: &str,
         stop: &CancellationToken,
+        report: mpsc::Sender<RingCommand>,
     ) {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if running.get(shoot).is_some_and(|t| !t.is_cancelled()) {
@@ -224,78 +246,17 @@ impl Backups {
         }
         let token = stop.child_token();
         running.insert(shoot.to_string(), token.clone());
-        let layout = seed.layout(shoot);
-        let spec = match seed.spec_for(shoot, None) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(%shoot, error = %e, "cannot back up");
-                return;
-            }
-        };
+        let span = tracing::info_span!("backup", %shoot);
         let (rb, shoot) = (rb.clone(), shoot.to_string());
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(500);
-            loop {
-                if let Err(e) = upload_identity(&rb, &layout, &shoot).await {
-                    tracing::warn!(%shoot, error = %e, "storing the shoot's identity failed; retrying");
-                } else {
-                    break;
-                }
-                tokio::select! {
-                    biased;
-                    _ = token.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-            let mut config = backup::BackupConfig::new(
-                shoot.clone(),
-                backup::EtcdConfig::for_local_shoot(&layout, &spec),
-                rb.config.clone(),
-            );
-            config.spool.dir = Some(layout.dir.join("backup-spool"));
-            // A failover replays every delta since the newest full snapshot, one
-            // revision at a time: a new full snapshot every 2000 revisions keeps
-            // that part of the RTO to a couple of seconds.
-            config.schedule.full_after_revisions = 2000;
-            let runner = match backup::Backup::new(config) {
-                Ok(r) => r.with_key(rb.key.clone()),
-                Err(e) => {
-                    tracing::error!(%shoot, error = %e, "cannot back up");
+        tokio::spawn(
+            async move {
+                if !store_identity(&rb, &source.identity, &shoot, &token).await {
                     return;
                 }
-            };
-            let mut progress = runner.progress();
-            let reporter = {
-                let (shared, shoot, token) = (shared.clone(), shoot.clone(), token.clone());
-                tokio::spawn(async move {
-                    let mut last = 0;
-                    loop {
-                        tokio::select! {
-                            biased;
-                            _ = token.cancelled() => return,
-                            r = progress.changed() => if r.is_err() { return },
-                        }
-                        let p = progress.borrow_and_update().clone();
-                        if p.durable_revision > last {
-                            last = p.durable_revision;
-                            let cmd = RingCommand::ReportBackup {
-                                shoot: shoot.clone(),
-                                revision: p.durable_revision as u64,
-                                at_ms: p.durable_at_ms as u64,
-                            };
-                            let _ = shared.propose_cmd(cmd).await;
-                            // at most one report a second
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                    }
-                })
-            };
-            if let Err(e) = runner.run(token.clone()).await {
-                tracing::error!(%shoot, error = %e, "backup stopped");
+                run_backup(source, rb, shoot, token, report).await;
             }
-            reporter.abort();
-        });
+            .instrument(span),
+        );
     }
 
     /// Stops backing up `shoot`.
@@ -311,58 +272,98 @@ impl Backups {
     }
 }
 
-/// Restores `shoot` from the bucket into this member's seed (spec, PKI, etcd data
-/// at the newest durable revision). Returns the restore report.
-pub async fn restore_from_bucket(
+/// Stores the shoot's identity, retrying with backoff until it is stored or
+/// the backup stops (false).
+async fn store_identity(
     rb: &RingBucket,
-    seed: &LocalSeed,
+    layout: &ShootLayout,
     shoot: &str,
-    etcd: &Path,
-    etcdctl: &Path,
-    cancel: &CancellationToken,
-) -> Result<backup::restore::RestoreReport, RingError> {
-    let layout = seed.layout(shoot);
-    seed::pki::create_private_dir(&layout.dir)?;
-    download_identity(rb, &layout, shoot).await?;
-    let spec = seed.spec_for(shoot, None)?;
-    let data = layout.etcd_data();
-    if data.exists()
-        && std::fs::read_dir(&data)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false)
-    {
-        // a stale copy from when this member hosted the shoot before
-        let aside = layout.dir.join(format!("etcd.replaced-{}", now_ms()));
-        std::fs::rename(&data, &aside).map_err(|source| RingError::Io {
-            what: format!("moving {} aside", data.display()),
-            source,
-        })?;
+    token: &CancellationToken,
+) -> bool {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match upload_identity(rb, layout, shoot).await {
+            Ok(()) => return true,
+            Err(e) => {
+                tracing::warn!(error = %e, "storing the shoot's identity failed; retrying")
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = token.cancelled() => return false,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
     }
-    let opts = backup::restore::RestoreOptions {
-        bucket: backup::Bucket::open(&rb.config, shoot, false).map_err(backup_err)?,
-        key: rb.key.clone(),
-        data_dir: data,
-        target: backup::restore::RestoreTarget::Latest,
-        allow_gap: false,
-        member: backup::etcd::Member::for_shoot(&spec),
-        etcd: etcd.to_path_buf(),
-        etcdctl: etcdctl.to_path_buf(),
-        work_dir: Some(layout.dir.join("restore-work")),
+}
+
+/// The continuous full + delta backup of one shoot until `token` stops it.
+async fn run_backup(
+    source: BackupSource,
+    rb: RingBucket,
+    shoot: String,
+    token: CancellationToken,
+    report: mpsc::Sender<RingCommand>,
+) {
+    let mut config = backup::BackupConfig::new(shoot.clone(), source.etcd, rb.config.clone());
+    config.spool.dir = Some(source.spool_dir);
+    // A failover replays every delta since the newest full snapshot, one
+    // revision at a time: a new full snapshot every 2000 revisions keeps
+    // that part of the RTO to a couple of seconds.
+    config.schedule.full_after_revisions = 2000;
+    let runner = match backup::Backup::new(config) {
+        Ok(r) => r.with_key(rb.key.clone()),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot back up");
+            return;
+        }
     };
-    let shoot_name = shoot.to_string();
-    backup::restore::restore(
-        &opts,
-        &|msg| tracing::info!(shoot = %shoot_name, "{msg}"),
-        cancel,
-    )
-    .await
-    .map_err(|e| rb.key_err(e))
+    let reporter = tokio::spawn(
+        report_progress(runner.progress(), shoot, token.clone(), report).in_current_span(),
+    );
+    if let Err(e) = runner.run(token.clone()).await {
+        tracing::error!(error = %e, "backup stopped");
+    }
+    reporter.abort();
+}
+
+/// Sends each new durable revision to the ring, at most one report a second.
+async fn report_progress(
+    mut progress: tokio::sync::watch::Receiver<backup::Progress>,
+    shoot: String,
+    token: CancellationToken,
+    report: mpsc::Sender<RingCommand>,
+) {
+    let mut last = 0;
+    loop {
+        tokio::select! {
+            biased;
+            _ = token.cancelled() => return,
+            r = progress.changed() => if r.is_err() { return },
+        }
+        let p = progress.borrow_and_update().clone();
+        if p.durable_revision <= last {
+            continue;
+        }
+        last = p.durable_revision;
+        let cmd = RingCommand::ReportBackup {
+            shoot: shoot.clone(),
+            revision: p.durable_revision as u64,
+            at_ms: p.durable_at_ms as u64,
+        };
+        // a full queue drops this report: the next one carries a newer revision
+        if report.try_send(cmd).is_err() {
+            tracing::debug!(revision = last, "backup report dropped (queue full)");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use backup::config::EncryptionConfig;
+    use std::path::Path;
 
     fn key_config(dir: &Path, name: &str, byte: u8) -> EncryptionConfig {
         let path = dir.join(name);

@@ -4,6 +4,7 @@
 //! CLI. Binaries only parse flags, set up logging and call into here, so tests
 //! run the same code in-process.
 
+pub mod admin;
 pub mod backup;
 pub mod backups;
 pub mod bench;
@@ -12,16 +13,26 @@ pub mod config;
 pub mod controlplane;
 pub mod daemon;
 pub mod decide;
+pub mod executor;
 pub mod identity;
 pub mod localring;
+pub mod member;
 pub mod metrics;
-pub mod migration;
 pub mod node;
 pub mod output;
+pub mod quorum;
+pub mod shared;
 pub mod state;
 pub mod status;
 pub mod storage;
 pub mod transport;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// Cancels `shutdown` at the first SIGTERM or SIGINT (a task on the current
 /// runtime): the daemons' binaries turn signals into an orderly stop this way.
@@ -85,6 +96,24 @@ pub enum RingError {
     /// Output could not be encoded.
     #[error("cannot encode output: {0}")]
     Encode(String),
+
+    /// The bucket, a backup or a restore from it failed (its kind kept).
+    #[error(transparent)]
+    Backup(#[from] ::backup::BackupError),
+
+    /// A step of a planned move failed (its kind kept).
+    #[error(transparent)]
+    Migrate(#[from] migrate::MigrateError),
+
+    /// This member's seed cannot do what was asked (e.g. restore onto a
+    /// Kubernetes seed); the reason says which seed and what is missing.
+    #[error("{0}")]
+    Unsupported(String),
+
+    /// Restored data does not match what was backed up or handed over: the
+    /// copy here is not trustworthy, so retrying the same step cannot help.
+    #[error("verification failed: {0}")]
+    Verification(String),
 }
 
 impl RingError {
@@ -95,7 +124,13 @@ impl RingError {
             RingError::Io { .. } | RingError::Transport(_) | RingError::StoreLocked(_) => true,
             RingError::Propose(e) => e.is_retryable(),
             RingError::Config { .. } => false,
-            RingError::Encode(_) | RingError::Storage(_) | RingError::Raft(_) => false,
+            RingError::Backup(e) => e.is_retryable(),
+            RingError::Migrate(e) => e.is_retryable(),
+            RingError::Encode(_)
+            | RingError::Storage(_)
+            | RingError::Raft(_)
+            | RingError::Unsupported(_)
+            | RingError::Verification(_) => false,
         }
     }
 }

@@ -213,10 +213,13 @@ impl RaftTransport for RaftService {
     }
 }
 
+/// The node's outgoing Raft messages, in batches.
+pub type Outbox = mpsc::Receiver<Vec<Message>>;
+
 /// Routes the node's outgoing messages to one bounded queue per peer; a full
 /// queue drops messages (Raft retransmits), an unreachable peer is reported.
 pub async fn run_outbound(
-    mut outbox: mpsc::Receiver<Vec<Message>>,
+    mut outbox: Outbox,
     node: NodeHandle,
     directory: Directory,
     identity: IdentityPem,

@@ -1,0 +1,318 @@
+//! The executor of a local seed: control planes as supervised processes next
+//! to ringd, their data in the seed's state dir. It backs up, hands over,
+//! restores and verifies.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use migrate::handover::{self, SnapshotInfo};
+use migrate::plan::SourceView;
+use seed::{BinarySearch, Component, LocalSeed, Seed, ShootLayout};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{Executor, Mover, Objects, TargetFacts};
+use crate::backups::{download_identity, BackupSource, RingBucket};
+use crate::config::SeedConfig;
+use crate::{now_ms, RingError};
+
+/// The writers of a control plane: stopped first when it is handed over.
+const WRITERS: [Component; 3] = [
+    Component::KubeScheduler,
+    Component::KubeControllerManager,
+    Component::KubeApiserver,
+];
+
+/// Control planes as local processes.
+pub struct LocalExecutor {
+    seed: Arc<LocalSeed>,
+    bin_dir: Option<PathBuf>,
+}
+
+impl LocalExecutor {
+    /// The local seed of a member's `seed` section.
+    pub fn from_config(sc: &SeedConfig) -> Result<Self, RingError> {
+        let bins = BinarySearch::standard(sc.bin_dir.as_deref()).control_plane()?;
+        let tuning = seed::process::SupervisorTuning {
+            stop_grace: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let seed = LocalSeed::new(&sc.state_dir, bins)
+            .with_tuning(tuning)
+            .with_advertise(sc.api_advertise.clone());
+        Ok(LocalExecutor {
+            seed: Arc::new(seed),
+            bin_dir: sc.bin_dir.clone(),
+        })
+    }
+
+    fn layout(&self, shoot: &str) -> ShootLayout {
+        self.seed.layout(shoot)
+    }
+
+    fn spec(&self, shoot: &str) -> Result<seed::ControlPlaneSpec, RingError> {
+        Ok(self.seed.spec_for(shoot, None)?)
+    }
+
+    fn bins(&self) -> BinarySearch {
+        BinarySearch::standard(self.bin_dir.as_deref())
+    }
+
+    /// Marks which operation the handover files in a shoot dir belong to; stale
+    /// files of an older operation are removed first.
+    fn claim_handover(&self, shoot: &str, op: u64) -> Result<(), RingError> {
+        let layout = self.layout(shoot);
+        let marker = handover::dir(&layout).join("operation");
+        let current = std::fs::read_to_string(&marker).ok();
+        if current.as_deref().map(str::trim) != Some(op.to_string().as_str()) {
+            handover::clear(&layout);
+            seed::pki::create_private_dir(&handover::dir(&layout))?;
+            seed::pki::write_private(&marker, op.to_string().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Where the report of failover `op`'s restore is recorded.
+    fn restore_record(&self, shoot: &str) -> PathBuf {
+        self.layout(shoot).dir.join("failover-restored")
+    }
+}
+
+#[async_trait]
+impl Executor for LocalExecutor {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn shoots(&self) -> Vec<String> {
+        self.seed.shoots()
+    }
+
+    async fn start(&self, shoot: &str) -> Result<(), RingError> {
+        let spec = self.spec(shoot)?;
+        match self.seed.start(&spec).await {
+            Ok(()) | Err(seed::SeedError::AlreadyRunning { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn fence(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self.seed.fence(shoot).await?)
+    }
+
+    async fn ready(&self, shoot: &str) -> bool {
+        matches!(self.seed.health(shoot).await, Ok(h) if h.ready)
+    }
+
+    async fn remove(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self.seed.remove_data(shoot).await?)
+    }
+
+    async fn stop_at_shutdown(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self.seed.stop(shoot).await?)
+    }
+
+    async fn fence_moved(&self, _shoot: &str) -> Result<(), RingError> {
+        Ok(()) // local processes died with the ringd that supervised them
+    }
+
+    fn mover(&self) -> Result<&dyn Mover, String> {
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Mover for LocalExecutor {
+    fn backup_source(&self, shoot: &str) -> Result<BackupSource, RingError> {
+        let layout = self.layout(shoot);
+        let spec = self.spec(shoot)?;
+        Ok(BackupSource {
+            etcd: backup::EtcdConfig::for_local_shoot(&layout, &spec),
+            spool_dir: layout.dir.join("backup-spool"),
+            identity: layout,
+        })
+    }
+
+    async fn source_view(&self, shoot: &str, op: u64) -> Result<SourceView, RingError> {
+        self.claim_handover(shoot, op)?;
+        let running = self.seed.running_components(shoot).await;
+        Ok(SourceView {
+            writers_running: WRITERS.iter().any(|c| running.contains(c)),
+            snapshot_taken: handover::read_info(&self.layout(shoot)).is_some(),
+            etcd_running: running.contains(&Component::Etcd),
+            handover_recorded: false,
+        })
+    }
+
+    async fn stop_writers(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self.seed.stop_only(shoot, &WRITERS).await?)
+    }
+
+    async fn start_etcd(&self, shoot: &str) -> Result<(), RingError> {
+        let spec = self.spec(shoot)?;
+        Ok(self.seed.start_only(&spec, &[Component::Etcd]).await?)
+    }
+
+    async fn take_final_snapshot(&self, shoot: &str) -> Result<(), RingError> {
+        let spec = self.spec(shoot)?;
+        handover::take_final_snapshot(&self.layout(shoot), &spec).await?;
+        Ok(())
+    }
+
+    async fn stop_etcd(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self.seed.stop_only(shoot, &[Component::Etcd]).await?)
+    }
+
+    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo> {
+        handover::read_info(&self.layout(shoot))
+    }
+
+    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
+        let layout = self.layout(shoot);
+        let files = handover::files(&layout)?;
+        Ok((layout.dir, files))
+    }
+
+    async fn target_facts(
+        &self,
+        shoot: &str,
+        op: u64,
+        from_bucket: bool,
+    ) -> Result<TargetFacts, RingError> {
+        let layout = self.layout(shoot);
+        seed::pki::create_private_dir(&layout.dir)?;
+        let running = self.seed.running_components(shoot).await.len() == Component::ALL.len();
+        if from_bucket {
+            let restored = self.bucket_report(shoot, op).is_some();
+            return Ok(TargetFacts {
+                fetched: restored,
+                restored,
+                running,
+            });
+        }
+        self.claim_handover(shoot, op)?;
+        Ok(TargetFacts {
+            fetched: handover::read_info(&layout).is_some() && layout.spec_file().exists(),
+            restored: handover::restored(&layout),
+            running,
+        })
+    }
+
+    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError> {
+        Ok(handover::safe_path(&self.layout(shoot), rel)?)
+    }
+
+    async fn restore_handover(&self, shoot: &str) -> Result<(), RingError> {
+        let spec = self.spec(shoot)?;
+        let etcdctl = self.bins().find("etcdctl")?;
+        handover::restore(&self.layout(shoot), &spec, &etcdctl).await?;
+        Ok(())
+    }
+
+    async fn restore_bucket(
+        &self,
+        shoot: &str,
+        op: u64,
+        bucket: &RingBucket,
+    ) -> Result<backup::restore::RestoreReport, RingError> {
+        let bins = self.bins();
+        let (etcd, etcdctl) = (bins.find("etcd")?, bins.find("etcdctl")?);
+        let cancel = CancellationToken::new();
+        let report =
+            restore_from_bucket(bucket, &self.seed, shoot, &etcd, &etcdctl, &cancel).await?;
+        let json = serde_json::to_string(&report).map_err(|e| RingError::Encode(e.to_string()))?;
+        seed::pki::write_private(
+            &self.restore_record(shoot),
+            format!("{op}\n{json}").as_bytes(),
+        )?;
+        Ok(report)
+    }
+
+    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
+        let text = std::fs::read_to_string(self.restore_record(shoot)).ok()?;
+        let (id, json) = text.split_once('\n')?;
+        if id.trim() != op.to_string() {
+            return None;
+        }
+        serde_json::from_str(json).ok()
+    }
+
+    async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
+        Ok(seed::wait_ready(self.seed.as_ref(), shoot, timeout).await?)
+    }
+
+    async fn verify_handover(&self, shoot: &str) -> Result<Objects, RingError> {
+        let layout = self.layout(shoot);
+        let spec = self.spec(shoot)?;
+        let info = handover::read_info(&layout).ok_or_else(|| {
+            RingError::Migrate(migrate::MigrateError::Handover {
+                shoot: shoot.to_string(),
+                message: "the handover info vanished before verification".into(),
+            })
+        })?;
+        Ok(handover::verify(&layout, &spec, &info).await?)
+    }
+
+    async fn count_objects(&self, shoot: &str, revision: i64) -> Result<Objects, RingError> {
+        let layout = self.layout(shoot);
+        let spec = self.spec(shoot)?;
+        let mut client = handover::etcd(&layout, &spec).await?;
+        handover::count_objects(&mut client, revision)
+            .await
+            .map_err(|e| {
+                RingError::Migrate(migrate::MigrateError::Etcd {
+                    shoot: shoot.to_string(),
+                    message: format!("counting objects at revision {revision}: {e}"),
+                })
+            })
+    }
+
+    fn finish_move(&self, shoot: &str, _op: u64) {
+        handover::clear(&self.layout(shoot));
+        let _ = std::fs::remove_file(self.restore_record(shoot));
+    }
+}
+
+/// Restores `shoot` from the bucket into a local seed (spec, PKI, etcd data at
+/// the newest durable revision); a stale copy from an earlier stay is moved
+/// aside first. Returns the restore report.
+pub async fn restore_from_bucket(
+    rb: &RingBucket,
+    seed: &LocalSeed,
+    shoot: &str,
+    etcd: &Path,
+    etcdctl: &Path,
+    cancel: &CancellationToken,
+) -> Result<backup::restore::RestoreReport, RingError> {
+    let layout = seed.layout(shoot);
+    seed::pki::create_private_dir(&layout.dir)?;
+    download_identity(rb, &layout, shoot).await?;
+    let spec = seed.spec_for(shoot, None)?;
+    let data = layout.etcd_data();
+    let holds_data = std::fs::read_dir(&data).is_ok_and(|mut d| d.next().is_some());
+    if holds_data {
+        let aside = layout.dir.join(format!("etcd.replaced-{}", now_ms()));
+        std::fs::rename(&data, &aside).map_err(|source| RingError::Io {
+            what: format!("moving {} aside", data.display()),
+            source,
+        })?;
+    }
+    let opts = backup::restore::RestoreOptions {
+        bucket: backup::Bucket::open(&rb.config, shoot, false)?,
+        key: rb.key().cloned(),
+        data_dir: data,
+        target: backup::restore::RestoreTarget::Latest,
+        allow_gap: false,
+        member: backup::etcd::Member::for_shoot(&spec),
+        etcd: etcd.to_path_buf(),
+        etcdctl: etcdctl.to_path_buf(),
+        work_dir: Some(layout.dir.join("restore-work")),
+    };
+    let span = tracing::info_span!("restore", %shoot, bucket = %rb.config.url);
+    backup::restore::restore(&opts, &|msg| tracing::info!("{msg}"), cancel)
+        .instrument(span)
+        .await
+        .map_err(|e| rb.key_err(e))
+}

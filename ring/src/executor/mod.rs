@@ -1,0 +1,135 @@
+//! Executors: how one kind of seed carries out the member's duties. The member
+//! loop knows only these traits; [`for_config`] is the one place that builds a
+//! concrete seed from a member's config.
+//!
+//! - [`Executor`]: serve a shoot's control plane (start, fence, health, remove).
+//! - [`Mover`]: take part in moves and backups (the source's final snapshot,
+//!   the target's restore from a handover or the bucket, verification). A seed
+//!   without one refuses moves with its reason.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use migrate::handover::SnapshotInfo;
+use migrate::plan::SourceView;
+
+use crate::backups::{BackupSource, RingBucket};
+use crate::config::SeedConfig;
+use crate::RingError;
+
+mod kubernetes;
+mod local;
+
+pub use kubernetes::KubernetesExecutor;
+pub use local::{restore_from_bucket, LocalExecutor};
+
+/// Objects per resource type, as verified after a move.
+pub type Objects = BTreeMap<String, u64>;
+
+/// How a seed serves control planes.
+#[async_trait]
+pub trait Executor: Send + Sync {
+    /// The seed's kind, for logs and status ("local", "kubernetes").
+    fn kind(&self) -> &'static str;
+
+    /// Shoots the seed keeps data or workloads of.
+    fn shoots(&self) -> Vec<String>;
+
+    /// Starts serving `shoot` (idempotent: an already running control plane is fine).
+    async fn start(&self, shoot: &str) -> Result<(), RingError>;
+
+    /// Stops serving `shoot` at once; its data stays.
+    async fn fence(&self, shoot: &str) -> Result<(), RingError>;
+
+    /// Whether `shoot`'s control plane answers ready.
+    async fn ready(&self, shoot: &str) -> bool;
+
+    /// Deletes everything the seed keeps of `shoot`.
+    async fn remove(&self, shoot: &str) -> Result<(), RingError>;
+
+    /// What a graceful ringd shutdown does to a control plane it serves.
+    async fn stop_at_shutdown(&self, shoot: &str) -> Result<(), RingError>;
+
+    /// The shoot moved away: make sure nothing of it still serves here (workloads
+    /// in a cluster outlive a crashed ringd; local processes die with it).
+    async fn fence_moved(&self, shoot: &str) -> Result<(), RingError>;
+
+    /// The seed's part in moves and backups, or why it has none.
+    fn mover(&self) -> Result<&dyn Mover, String>;
+}
+
+/// What the target observed of its side of a move.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetFacts {
+    /// The data is here: handover fetched, or the bucket restore recorded.
+    pub fetched: bool,
+    /// The data is restored into the shoot's etcd.
+    pub restored: bool,
+    /// Every component of the control plane runs.
+    pub running: bool,
+}
+
+/// A seed's part in moves (planned migrations and failovers) and backups.
+#[async_trait]
+pub trait Mover: Send + Sync {
+    /// Where the continuous backup of `shoot` reads from.
+    fn backup_source(&self, shoot: &str) -> Result<BackupSource, RingError>;
+
+    /// The source's view of migration `op` of `shoot` (stale files of another
+    /// operation are cleared first).
+    async fn source_view(&self, shoot: &str, op: u64) -> Result<SourceView, RingError>;
+    /// Stops kube-apiserver, controller-manager and scheduler; etcd keeps running.
+    async fn stop_writers(&self, shoot: &str) -> Result<(), RingError>;
+    /// Starts etcd alone (after a crash between steps).
+    async fn start_etcd(&self, shoot: &str) -> Result<(), RingError>;
+    /// Takes the final snapshot of a shoot whose writers are stopped.
+    async fn take_final_snapshot(&self, shoot: &str) -> Result<(), RingError>;
+    /// Stops etcd.
+    async fn stop_etcd(&self, shoot: &str) -> Result<(), RingError>;
+    /// The final snapshot's info, once taken.
+    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo>;
+    /// The handover's directory and its files (relative), in sending order.
+    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError>;
+
+    /// The target's facts for move `op` of `shoot` (`from_bucket`: a failover).
+    async fn target_facts(
+        &self,
+        shoot: &str,
+        op: u64,
+        from_bucket: bool,
+    ) -> Result<TargetFacts, RingError>;
+    /// Where a fetched handover file `rel` goes (rejects paths that leave the shoot).
+    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError>;
+    /// Restores the fetched final snapshot into the shoot's etcd.
+    async fn restore_handover(&self, shoot: &str) -> Result<(), RingError>;
+    /// Restores `shoot` from the bucket for failover `op` and records the report.
+    async fn restore_bucket(
+        &self,
+        shoot: &str,
+        op: u64,
+        bucket: &RingBucket,
+    ) -> Result<backup::restore::RestoreReport, RingError>;
+    /// The recorded report of failover `op`'s restore, if it completed.
+    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport>;
+    /// Waits (bounded) for the restored control plane to answer ready.
+    async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError>;
+    /// Checks revision and HashKV against the handover; objects per type.
+    async fn verify_handover(&self, shoot: &str) -> Result<Objects, RingError>;
+    /// Counts objects at `revision` (after a restore from the bucket).
+    async fn count_objects(&self, shoot: &str, revision: i64) -> Result<Objects, RingError>;
+    /// Removes what the finished move `op` left (handover files, restore records).
+    fn finish_move(&self, shoot: &str, op: u64);
+}
+
+/// Builds the executor of a member's seed from its config.
+pub async fn for_config(sc: &SeedConfig) -> Result<Arc<dyn Executor>, RingError> {
+    match &sc.kubernetes {
+        Some(kc) => Ok(Arc::new(
+            KubernetesExecutor::connect(kc, &sc.state_dir).await?,
+        )),
+        None => Ok(Arc::new(LocalExecutor::from_config(sc)?)),
+    }
+}

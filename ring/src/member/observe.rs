@@ -1,0 +1,146 @@
+//! What the member sees of its seed each round: what serves, starts, backs
+//! up; the facts of the moves it takes part in; the leases it holds; the
+//! release clocks of data that moved away.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::duties::{HeldLease, Observed, OperationFacts, OperationSeen, SeedFacts};
+use super::MemberLoop;
+use crate::now_ms;
+use crate::shared::lock;
+use crate::state::{Operation, OperationKind, RingState, Role};
+
+impl MemberLoop {
+    /// Observes the seed and this member's records for one round.
+    pub(super) async fn observe(&self, state: &RingState, release_due: bool) -> Observed {
+        let me = self.shared.name();
+        let mut observed = Observed {
+            seed: self.seed_facts(),
+            wall_ms: now_ms(),
+            release_due,
+            ..Default::default()
+        };
+        for shoot in self.executor.shoots() {
+            observed.shoots.entry(shoot).or_default().has_data = true;
+        }
+        for (shoot, h) in lock(&self.shared.hosted).iter() {
+            let seen = observed.shoots.entry(shoot.clone()).or_default();
+            seen.serving = h.serving;
+            seen.starting = h.starting;
+            seen.retry_start_at = h.next_attempt;
+            seen.last_health = h.last_health;
+            seen.lease_retry_at = h.lease_retry;
+        }
+        for (shoot, seen) in observed.shoots.iter_mut() {
+            seen.backup_running = self.shared.backups.running(shoot);
+            if release_due && seen.has_data {
+                seen.released = self.released(shoot);
+            }
+        }
+        for op in state.operations.iter().filter(|o| !o.step.is_finished()) {
+            if op.role_of(me) == Role::None {
+                continue;
+            }
+            if let Some(seen) = self.operation_seen(op).await {
+                let shoot = op.shoot().to_string();
+                observed.shoots.entry(shoot).or_default().operation = Some(seen);
+            }
+        }
+        observed.leases = lock(&self.shared.leases)
+            .iter()
+            .map(|(shoot, l)| {
+                let held = HeldLease {
+                    epoch: l.epoch,
+                    valid_until: l.valid_until,
+                    renew_at: l.renew_at,
+                };
+                (shoot.clone(), held)
+            })
+            .collect();
+        observed
+    }
+
+    fn seed_facts(&self) -> SeedFacts {
+        let me = self.shared.name();
+        let moves = self
+            .executor
+            .mover()
+            .map(|_| ())
+            .map_err(|why| format!("{me}: {why}"));
+        let grace_secs = self
+            .shared
+            .config
+            .seed
+            .as_ref()
+            .map_or(0, |s| s.release_grace_secs);
+        SeedFacts {
+            bucket: self.shared.bucket().is_some() && moves.is_ok(),
+            moves,
+            lease: Duration::from_millis(self.shared.timing().lease_ms),
+            release_grace_ms: grace_secs.saturating_mul(1000),
+        }
+    }
+
+    /// The facts of a move this member takes part in (none while one of its
+    /// steps runs, or when the seed cannot tell: next round).
+    async fn operation_seen(&self, op: &Operation) -> Option<OperationSeen> {
+        if self.busy(&operation_key(op.id)) {
+            return None;
+        }
+        let (retry_at, verified) = lock(&self.ledger)
+            .get(&op.id)
+            .map_or((None, false), |p| (p.retry_at, p.verified.is_some()));
+        let mover = self.executor.mover().ok()?;
+        let shoot = op.shoot();
+        let facts = match op.role_of(self.shared.name()) {
+            Role::Source => mover
+                .source_view(shoot, op.id)
+                .await
+                .map(OperationFacts::Source),
+            Role::Target => {
+                let from_bucket = matches!(op.kind, OperationKind::Failover { .. });
+                mover
+                    .target_facts(shoot, op.id, from_bucket)
+                    .await
+                    .map(|f| OperationFacts::Target {
+                        fetched: f.fetched,
+                        restored: f.restored,
+                        running: f.running,
+                    })
+            }
+            Role::None => return None,
+        };
+        match facts {
+            Ok(facts) => Some(OperationSeen {
+                id: op.id,
+                facts,
+                retry_at,
+                verified,
+            }),
+            Err(e) => {
+                tracing::warn!(op = op.id, %shoot, error = %e, "cannot observe the operation's state on this seed");
+                None
+            }
+        }
+    }
+
+    /// The release clock of `shoot`: (epoch, wall ms) when this member first
+    /// saw it gone, kept in the shoot's dir so it survives restarts.
+    fn released(&self, shoot: &str) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(self.release_marker(shoot)?).ok()?;
+        let (epoch, at) = text.trim().split_once(' ')?;
+        Some((epoch.parse().ok()?, at.parse().ok()?))
+    }
+
+    /// `<state dir>/shoots/<shoot>/released`.
+    pub(super) fn release_marker(&self, shoot: &str) -> Option<PathBuf> {
+        let sc = self.shared.config.seed.as_ref()?;
+        Some(sc.state_dir.join("shoots").join(shoot).join("released"))
+    }
+}
+
+/// The in-flight key of an operation's steps.
+pub(super) fn operation_key(op: u64) -> String {
+    format!("op:{op}")
+}

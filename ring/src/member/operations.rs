@@ -1,0 +1,314 @@
+//! Carrying out one step of a move on this member through its seed's
+//! [`Mover`]: the source's steps of a planned migration (stop the writers,
+//! final snapshot, report the handover) and the target's steps of a migration
+//! or failover (fetch or restore from the bucket, lease, start, verify,
+//! complete). Which step is due comes from `duties`; this module only acts.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use migrate::plan::{SourceAction, TargetAction};
+
+use crate::executor::{Mover, Objects};
+use crate::shared::{lock, Shared};
+use crate::state::{Operation, OperationKind, OperationStep, Outcome, RingCommand};
+use crate::{now_ms, RingError};
+
+mod fetch;
+mod finish;
+
+/// A failed step is tried again after this.
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// A step that failed this many times in a row (retryable errors) ends its
+/// operation: nothing retries for ever; the leader then chooses another way.
+pub(crate) const MAX_ATTEMPTS: u32 = 30;
+/// How long a started control plane may take to answer ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the executing member measured of an operation so far (in memory: after
+/// a restart the figures cover only what ran since).
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// Objects per resource type once verification passed.
+    pub verified: Option<Objects>,
+    pub restore: Duration,
+    pub start: Duration,
+    /// After a failed step: not before this.
+    pub retry_at: Option<Instant>,
+    /// Failed attempts in a row.
+    pub failures: u32,
+}
+
+/// Operation id → progress, shared by the member loop and its step tasks.
+pub(crate) type Ledger = Arc<Mutex<BTreeMap<u64, Progress>>>;
+
+/// One step of an operation, as `duties` chose it.
+#[derive(Debug, Clone)]
+pub(crate) enum Step {
+    Source(SourceAction),
+    Target(TargetAction),
+    BeginRestore,
+}
+
+impl Step {
+    fn name(&self) -> &'static str {
+        match self {
+            Step::Source(a) => match a {
+                SourceAction::StopWriters => "stop_writers",
+                SourceAction::StartEtcd => "start_etcd",
+                SourceAction::TakeSnapshot => "final_snapshot",
+                SourceAction::StopEtcd => "stop_etcd",
+                SourceAction::ReportHandover => "report_handover",
+                SourceAction::Wait => "wait",
+            },
+            Step::Target(a) => match a {
+                TargetAction::Fetch => "fetch",
+                TargetAction::Restore => "restore",
+                TargetAction::AcquireLease => "acquire_lease",
+                TargetAction::Start => "start",
+                TargetAction::Verify => "verify",
+                TargetAction::Complete => "complete",
+            },
+            Step::BeginRestore => "begin_restore",
+        }
+    }
+}
+
+/// What kind of operation this is, for metrics and logs.
+pub(crate) fn kind_of(op: &Operation) -> &'static str {
+    if op.is_migration() {
+        "migration"
+    } else {
+        "failover"
+    }
+}
+
+/// Runs one step of `op`; on error records when to retry, and ends the
+/// operation with the reason when the error is permanent or the step failed
+/// [`MAX_ATTEMPTS`] times.
+pub(crate) async fn run_step(
+    shared: &Arc<Shared>,
+    mover: &dyn Mover,
+    op: &Operation,
+    step: Step,
+    ledger: &Ledger,
+) {
+    let began = Instant::now();
+    tracing::info!(step = step.name(), "operation step");
+    let result = match &step {
+        Step::Source(a) => source_step(shared, mover, op, *a).await,
+        Step::Target(a) => target_step(shared, mover, op, *a, ledger).await,
+        Step::BeginRestore => begin_restore(shared, op).await,
+    };
+    let took = began.elapsed();
+    if let Step::Target(a) = &step {
+        if *a != TargetAction::Complete {
+            let mut all = lock(ledger);
+            let p = all.entry(op.id).or_default();
+            match a {
+                TargetAction::Fetch | TargetAction::Restore => p.restore += took,
+                TargetAction::Start | TargetAction::Verify => p.start += took,
+                _ => {}
+            }
+        }
+    }
+    let role = if matches!(step, Step::Source(_)) {
+        "source"
+    } else {
+        "target"
+    };
+    shared
+        .metrics()
+        .step(kind_of(op), role, step.name(), took.as_secs_f64());
+    match result {
+        Ok(()) => {
+            if let Some(p) = lock(ledger).get_mut(&op.id) {
+                p.retry_at = None;
+                p.failures = 0;
+            }
+        }
+        Err(e) => step_failed(shared, op, &step, e, ledger).await,
+    }
+}
+
+/// Records a failed step; ends the operation when the error is permanent or
+/// the step keeps failing.
+async fn step_failed(shared: &Shared, op: &Operation, step: &Step, e: RingError, ledger: &Ledger) {
+    let failures = {
+        let mut all = lock(ledger);
+        let p = all.entry(op.id).or_default();
+        p.failures += 1;
+        p.retry_at = Some(Instant::now() + RETRY_AFTER);
+        p.failures
+    };
+    let kind = kind_of(op);
+    let reason = if !e.is_retryable() {
+        Some(format!("{} on {}: {e}", step.name(), shared.name()))
+    } else if failures >= MAX_ATTEMPTS {
+        Some(format!(
+            "{} on {} failed {failures} times in a row; giving up: {e}",
+            step.name(),
+            shared.name()
+        ))
+    } else {
+        None
+    };
+    tracing::warn!(step = step.name(), failures, permanent = reason.is_some(), error = %e, "operation step failed");
+    shared.set_hosted_detail(op.shoot(), format!("{kind} {}: {e}", op.id));
+    if let Some(reason) = reason {
+        if let Err(e) = fail(shared, op, &reason).await {
+            tracing::warn!(error = %e, "cannot record the operation as failed; trying again");
+        } else {
+            lock(ledger).remove(&op.id);
+        }
+    }
+}
+
+/// Ends `op` as failed with `why` (the ring rolls its placement back).
+pub(crate) async fn fail(shared: &Shared, op: &Operation, why: &str) -> Result<(), RingError> {
+    shared.metrics().finished(kind_of(op), "failed");
+    shared
+        .propose_cmd(RingCommand::AdvanceOperation {
+            id: op.id,
+            step: OperationStep::Failed,
+            detail: why.to_string(),
+            at_ms: now_ms(),
+            outcome: None,
+        })
+        .await
+}
+
+/// A failover whose old lease ended: this member restores now.
+async fn begin_restore(shared: &Shared, op: &Operation) -> Result<(), RingError> {
+    let url = shared
+        .bucket()
+        .map_or_else(String::new, |b| b.config.url.to_string());
+    shared
+        .propose_cmd(RingCommand::AdvanceOperation {
+            id: op.id,
+            step: OperationStep::Restoring,
+            detail: format!("{} restores {} from {url}", shared.name(), op.shoot()),
+            at_ms: now_ms(),
+            outcome: None,
+        })
+        .await
+}
+
+/// One step of a migration's source.
+async fn source_step(
+    shared: &Shared,
+    mover: &dyn Mover,
+    op: &Operation,
+    action: SourceAction,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    match action {
+        SourceAction::StopWriters => {
+            shared.backups.stop(shoot);
+            shared.set_hosted(shoot, false, "handing over: writers stopped".into());
+            mover.stop_writers(shoot).await
+        }
+        SourceAction::StartEtcd => mover.start_etcd(shoot).await,
+        SourceAction::TakeSnapshot => mover.take_final_snapshot(shoot).await,
+        SourceAction::StopEtcd => mover.stop_etcd(shoot).await,
+        SourceAction::ReportHandover => {
+            let info = mover.handover_info(shoot).ok_or_else(|| {
+                RingError::Migrate(migrate::MigrateError::Handover {
+                    shoot: shoot.to_string(),
+                    message: "the final snapshot vanished before the handover".into(),
+                })
+            })?;
+            shared
+                .propose_cmd(RingCommand::HandoverReady {
+                    id: op.id,
+                    revision: info.revision,
+                    at_ms: now_ms(),
+                })
+                .await?;
+            let detail = format!(
+                "handed over at revision {} to {}",
+                info.revision,
+                op.target()
+            );
+            shared.set_hosted(shoot, false, detail);
+            Ok(())
+        }
+        SourceAction::Wait => Ok(()),
+    }
+}
+
+/// One step of a move's target.
+async fn target_step(
+    shared: &Arc<Shared>,
+    mover: &dyn Mover,
+    op: &Operation,
+    action: TargetAction,
+    ledger: &Ledger,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let epoch = op.epoch();
+    let from_bucket = matches!(op.kind, OperationKind::Failover { .. });
+    match action {
+        TargetAction::Fetch | TargetAction::Restore if from_bucket => {
+            let bucket = shared.bucket().ok_or_else(|| {
+                RingError::Unsupported(format!("{} has no backup bucket", shared.name()))
+            })?;
+            let report = mover.restore_bucket(shoot, op.id, bucket).await?;
+            let detail = format!("restored revision {}", report.reached_revision);
+            shared.set_hosted(shoot, false, detail);
+            Ok(())
+        }
+        TargetAction::Fetch => {
+            let OperationKind::Migration { from, .. } = &op.kind else {
+                return Ok(());
+            };
+            fetch::fetch(shared, mover, op, from).await
+        }
+        TargetAction::Restore => mover.restore_handover(shoot).await,
+        TargetAction::AcquireLease => shared.renew_lease(shoot, epoch).await,
+        TargetAction::Start => {
+            shared
+                .executor()
+                .map(Arc::clone)
+                .ok_or_else(|| RingError::Unsupported(format!("{} has no seed", shared.name())))?
+                .start(shoot)
+                .await?;
+            let from = if from_bucket { " from the bucket" } else { "" };
+            let detail = format!("restored{from}; verifying (epoch {epoch})");
+            shared.set_hosted(shoot, true, detail);
+            Ok(())
+        }
+        TargetAction::Verify => {
+            mover.wait_ready(shoot, READY_TIMEOUT).await?;
+            let objects = if from_bucket {
+                finish::verify_bucket_restore(mover, op).await?
+            } else {
+                mover.verify_handover(shoot).await?
+            };
+            lock(ledger).entry(op.id).or_default().verified = Some(objects);
+            Ok(())
+        }
+        TargetAction::Complete => {
+            let progress = lock(ledger).remove(&op.id).unwrap_or_default();
+            finish::complete(shared, mover, op, progress).await
+        }
+    }
+}
+
+/// The outcome figures a finished move reports.
+pub(crate) fn outcome(
+    restored_revision: i64,
+    restore_ms: u64,
+    progress: &Progress,
+    rpo: (Option<i64>, Option<u64>),
+) -> Outcome {
+    Outcome {
+        restored_revision,
+        restore_ms,
+        start_ms: progress.start.as_millis() as u64,
+        rpo_revisions: rpo.0,
+        rpo_ms: rpo.1,
+        objects: progress.verified.clone().unwrap_or_default(),
+    }
+}

@@ -1,0 +1,218 @@
+//! The member's part in the quorum: keeping the directory of peers current,
+//! bootstrapping the ring state, reporting health to the leader and, while
+//! this member leads, the decision loop (`decide.rs`) that proposes failovers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use raft::StateRole;
+use ring_proto::v1::ring_admin_client::RingAdminClient;
+use ring_proto::v1::{HealthReport, ShootHealth};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::decide::{decide, DecisionTiming, LeaderView};
+use crate::now_ms;
+use crate::shared::{lock, Shared};
+use crate::state::RingCommand;
+use crate::transport::channel;
+
+/// Sleeps `d` unless shutdown comes first; false on shutdown.
+pub(crate) async fn pause(stop: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Keeps the directory of peers in step with the ring's members.
+pub(crate) async fn sync_directory(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut rx = shared.node.watch();
+    let mut known: Vec<(String, u64, String)> = Vec::new();
+    loop {
+        let members: Vec<(String, u64, String)> = rx
+            .borrow_and_update()
+            .state
+            .members
+            .iter()
+            .map(|m| (m.name.clone(), m.id, m.address.clone()))
+            .collect();
+        if !members.is_empty() && members != known {
+            let mut all = members.clone();
+            // peers from the config stay reachable (a joiner talks to them before it learns the state)
+            for m in &shared.config.members {
+                if !all.iter().any(|(n, _, _)| *n == m.name) {
+                    all.push((m.name.clone(), m.id, m.address.clone()));
+                }
+            }
+            if !all.iter().any(|(n, _, _)| n == shared.name()) {
+                all.push((
+                    shared.name().to_string(),
+                    shared.config.id,
+                    shared.config.listen.clone(),
+                ));
+            }
+            shared.directory.replace(all);
+            known = members;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            r = rx.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// Proposes the initial ring state once this member leads a new ring.
+pub(crate) async fn bootstrap(shared: Arc<Shared>, stop: CancellationToken) {
+    if shared.config.join {
+        return;
+    }
+    let members: Vec<(String, u64, String)> = shared
+        .config
+        .members
+        .iter()
+        .map(|m| (m.name.clone(), m.id, m.address.clone()))
+        .collect();
+    loop {
+        let v = shared.node.view();
+        if !v.state.members.is_empty() {
+            return;
+        }
+        if v.role == StateRole::Leader {
+            match shared
+                .propose(RingCommand::Bootstrap {
+                    members: members.clone(),
+                })
+                .await
+            {
+                Ok(_) => tracing::info!("ring bootstrapped"),
+                Err(e) => tracing::debug!(error = %e, "bootstrap proposal"),
+            }
+        }
+        if !pause(&stop, Duration::from_millis(200)).await {
+            return;
+        }
+    }
+}
+
+/// Reports the health of what this member serves to the leader, every heartbeat.
+pub(crate) async fn report_health(shared: Arc<Shared>, stop: CancellationToken) {
+    let every = Duration::from_millis(shared.timing().heartbeat_ms);
+    let mut client: Option<(String, RingAdminClient<Channel>)> = None;
+    while pause(&stop, every).await {
+        let v = shared.node.view();
+        if v.leader_id == 0 {
+            continue;
+        }
+        let shoots: Vec<ShootHealth> = lock(&shared.hosted)
+            .iter()
+            .filter(|(_, h)| h.serving)
+            .map(|(s, h)| ShootHealth {
+                shoot: s.clone(),
+                ready: h.ready,
+                detail: h.detail.clone(),
+            })
+            .collect();
+        if v.leader_id == v.id {
+            shared.record_report(shared.name(), shoots);
+            continue;
+        }
+        let Some((leader, address)) = shared.directory.by_id(v.leader_id) else {
+            continue;
+        };
+        if client.as_ref().is_none_or(|(n, _)| *n != leader) {
+            match channel(&shared.identity, &address, &leader) {
+                Ok(ch) => client = Some((leader.clone(), RingAdminClient::new(ch))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no channel to the leader");
+                    continue;
+                }
+            }
+        }
+        if let Some((_, c)) = client.as_mut() {
+            let report = HealthReport {
+                member: shared.name().to_string(),
+                shoots,
+            };
+            match tokio::time::timeout(every * 2, c.report_health(report)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::debug!(%leader, error = %e, "health report refused"),
+                Err(_) => tracing::debug!(%leader, "health report timed out"),
+            }
+        }
+    }
+}
+
+/// While this member leads: decides (`decide.rs`) and proposes, every heartbeat.
+pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
+    let every = Duration::from_millis(shared.timing().heartbeat_ms);
+    let t = shared.timing();
+    let timing = DecisionTiming {
+        failure_window_ms: t.failure_window_ms,
+        lease_margin_ms: t.lease_margin_ms,
+    };
+    let mut leader_since: Option<(u64, u64)> = None; // (term, since)
+    let mut last_round = Instant::now();
+    while pause(&stop, every).await {
+        // If this process itself stalled (SIGSTOP, swap, a long pause), the silence
+        // it measured is its own: count silence from now, not from before.
+        if last_round.elapsed() > every * 4 {
+            tracing::warn!(stalled = ?last_round.elapsed(), "this member stalled; restarting failure detection");
+            leader_since = None;
+        }
+        last_round = Instant::now();
+        let v = shared.node.view();
+        if v.role != StateRole::Leader || v.state.members.is_empty() {
+            leader_since = None;
+            continue;
+        }
+        let now = now_ms();
+        let since = match leader_since {
+            Some((term, since)) if term == v.term => since,
+            _ => {
+                lock(&shared.reports).clear();
+                leader_since = Some((v.term, now));
+                now
+            }
+        };
+        let reports: BTreeMap<String, u64> = lock(&shared.reports)
+            .iter()
+            .map(|(k, (at, _))| (k.clone(), *at))
+            .collect();
+        let view = LeaderView {
+            now_ms: now,
+            leader_since_ms: since,
+            leader: shared.name(),
+            last_report_ms: &reports,
+        };
+        for cmd in decide(&v.state, &view, &timing) {
+            tracing::info!(?cmd, "leader decision");
+            if let Err(e) = shared.propose(cmd).await {
+                tracing::info!(error = %e, "decision not applied");
+            }
+        }
+    }
+}
+
+/// Proposes the commands background work queues (backup progress), one at a
+/// time; a command that does not commit is logged and dropped (the next
+/// report carries newer progress).
+pub(crate) async fn forward_commands(
+    shared: Arc<Shared>,
+    mut commands: tokio::sync::mpsc::Receiver<RingCommand>,
+    stop: CancellationToken,
+) {
+    loop {
+        let cmd = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            c = commands.recv() => match c { Some(c) => c, None => return },
+        };
+        if let Err(e) = shared.propose(cmd).await {
+            tracing::debug!(error = %e, "queued command not applied");
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! State shared by a ringd's tasks and gRPC services: the Raft node, the
+//! member directory, this member's leases, what it hosts, and its status.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use raft::StateRole;
+use ring_proto::v1::ShootHealth;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::backups::{Backups, RingBucket};
+use crate::config::{RingdConfig, Timing};
+use crate::executor::Executor;
+use crate::identity::IdentityPem;
+use crate::metrics::Metrics;
+use crate::node::{NodeHandle, NodeView, ProposeError};
+use crate::state::RingCommand;
+use crate::status::{HostedStatus, MemberStatus, PlacementStatus, RingStatus};
+use crate::transport::Directory;
+use crate::{now_ms, RingError};
+
+/// This member's lease on a shoot, as far as it knows.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalLease {
+    pub epoch: u64,
+    pub valid_until: Instant,
+    /// When to renew next.
+    pub renew_at: Instant,
+}
+
+/// A control plane this member hosts (or hosted).
+#[derive(Debug, Clone, Default)]
+pub struct Hosted {
+    pub epoch: u64,
+    pub serving: bool,
+    pub starting: bool,
+    pub ready: bool,
+    pub detail: String,
+    /// After a failed start: not before this.
+    pub next_attempt: Option<Instant>,
+    pub last_health: Option<Instant>,
+    /// After a failed lease renewal (with no lease held): not before this.
+    pub lease_retry: Option<Instant>,
+}
+
+/// State shared by the daemon's tasks and gRPC services.
+pub struct Shared {
+    pub(crate) config: RingdConfig,
+    pub(crate) node: NodeHandle,
+    pub(crate) directory: Directory,
+    pub(crate) identity: IdentityPem,
+    /// The executor of this member's seed, if it hosts control planes.
+    pub(crate) executor: Option<Arc<dyn Executor>>,
+    pub(crate) metrics: Metrics,
+    /// Leader only: member → (when it last reported, its shoots' health).
+    pub(crate) reports: Mutex<BTreeMap<String, (u64, Vec<ShootHealth>)>>,
+    pub(crate) leases: Mutex<BTreeMap<String, LocalLease>>,
+    pub(crate) hosted: Mutex<BTreeMap<String, Hosted>>,
+    pub(crate) backups: Backups,
+    /// `config.backup` with its key loaded.
+    pub(crate) bucket: Option<RingBucket>,
+    /// Commands for the quorum from background work (backup progress).
+    pub(crate) commands: mpsc::Sender<RingCommand>,
+    pub(crate) stop: CancellationToken,
+}
+
+/// Locks `m`, taking over a poisoned lock (its data stays consistent: every
+/// writer sets whole fields).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// This member's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The Raft node.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
+    }
+
+    /// This member's Prometheus metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Known members' ids and addresses.
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// This member's TLS identity.
+    pub fn identity(&self) -> &IdentityPem {
+        &self.identity
+    }
+
+    /// The bucket this member backs up to and restores from, if configured.
+    pub fn bucket(&self) -> Option<&RingBucket> {
+        self.bucket.as_ref()
+    }
+
+    /// The executor of this member's seed, if any.
+    pub fn executor(&self) -> Option<&Arc<dyn Executor>> {
+        self.executor.as_ref()
+    }
+
+    /// Records whether this member serves `shoot`, and why.
+    pub fn set_hosted(&self, shoot: &str, serving: bool, detail: String) {
+        let mut all = lock(&self.hosted);
+        let h = all.entry(shoot.to_string()).or_default();
+        h.serving = serving;
+        if !serving {
+            h.ready = false;
+        }
+        h.detail = detail;
+    }
+
+    /// Records why `shoot` is in its state.
+    pub fn set_hosted_detail(&self, shoot: &str, detail: String) {
+        lock(&self.hosted)
+            .entry(shoot.to_string())
+            .or_default()
+            .detail = detail;
+    }
+
+    pub(crate) fn timing(&self) -> &Timing {
+        &self.config.timing
+    }
+
+    pub(crate) fn lease_length(&self) -> Duration {
+        Duration::from_millis(self.timing().lease_ms)
+    }
+
+    pub(crate) fn proposal_timeout(&self) -> Duration {
+        Duration::from_millis(self.timing().election_timeout_ms * 3)
+    }
+
+    /// Renews (or acquires) this member's lease on `shoot` for `epoch` through
+    /// the quorum. A failed renewal is tried again soon (200 ms), so electing a
+    /// new leader does not fence healthy control planes.
+    pub async fn renew_lease(&self, shoot: &str, epoch: u64) -> Result<(), RingError> {
+        let lease = self.lease_length();
+        let sent = Instant::now();
+        let cmd = RingCommand::RenewLease {
+            shoot: shoot.to_string(),
+            holder: self.name().to_string(),
+            epoch,
+            expires_at_ms: now_ms() + self.timing().lease_ms,
+        };
+        if let Err(e) = self.node.propose(cmd, lease / 3).await {
+            let retry = Instant::now() + Duration::from_millis(200);
+            if let Some(l) = lock(&self.leases).get_mut(shoot) {
+                l.renew_at = retry;
+            }
+            lock(&self.hosted)
+                .entry(shoot.to_string())
+                .or_default()
+                .lease_retry = Some(retry);
+            return Err(e.into());
+        }
+        lock(&self.leases).insert(
+            shoot.to_string(),
+            LocalLease {
+                epoch,
+                valid_until: sent + lease,
+                renew_at: sent + lease / 3,
+            },
+        );
+        Ok(())
+    }
+
+    /// Commits `cmd` through the quorum.
+    pub async fn propose_cmd(&self, cmd: RingCommand) -> Result<(), RingError> {
+        self.propose(cmd).await.map(|_| ()).map_err(RingError::from)
+    }
+
+    pub(crate) async fn propose(&self, cmd: RingCommand) -> Result<u64, ProposeError> {
+        let res = self.node.propose(cmd, self.proposal_timeout()).await;
+        self.metrics.proposal(res.is_ok());
+        res
+    }
+
+    pub(crate) fn record_report(&self, member: &str, shoots: Vec<ShootHealth>) {
+        lock(&self.reports).insert(member.to_string(), (now_ms(), shoots));
+    }
+
+    /// The answering member's view of the ring.
+    pub fn status(&self) -> RingStatus {
+        let v = self.node.view();
+        let leader = self.directory.by_id(v.leader_id).map(|(n, _)| n);
+        let election = Duration::from_millis(self.timing().election_timeout_ms * 2);
+        let quorum_contact = v.role == StateRole::Leader
+            || v.last_leader_contact
+                .is_some_and(|t| t.elapsed() < election);
+        RingStatus {
+            member: self.name().to_string(),
+            id: v.id,
+            role: format!("{:?}", v.role),
+            leader,
+            term: v.term,
+            commit_index: v.commit,
+            applied_index: v.applied,
+            quorum_contact,
+            members: self.members_status(&v),
+            placements: self.placements_status(&v),
+            hosted: self.hosted_status(),
+            operations: v.state.operations.clone(),
+        }
+    }
+
+    fn members_status(&self, v: &NodeView) -> Vec<MemberStatus> {
+        let now = now_ms();
+        let reports = lock(&self.reports).clone();
+        let is_leader = v.role == StateRole::Leader;
+        v.state
+            .members
+            .iter()
+            .map(|m| MemberStatus {
+                name: m.name.clone(),
+                id: m.id,
+                address: m.address.clone(),
+                state: m.state,
+                voter: v.voters.contains(&m.id),
+                leader: m.id == v.leader_id,
+                last_report_ms_ago: if !is_leader {
+                    None
+                } else if m.name == self.name() {
+                    Some(0)
+                } else {
+                    reports.get(&m.name).map(|(at, _)| now.saturating_sub(*at))
+                },
+            })
+            .collect()
+    }
+
+    fn placements_status(&self, v: &NodeView) -> Vec<PlacementStatus> {
+        let now = now_ms();
+        let reports = lock(&self.reports).clone();
+        v.state
+            .placements
+            .values()
+            .map(|p| {
+                let backup = v.state.backups.get(&p.shoot);
+                PlacementStatus {
+                    shoot: p.shoot.clone(),
+                    host: p.host.clone(),
+                    epoch: p.epoch,
+                    lease_expires_in_ms: p
+                        .lease
+                        .as_ref()
+                        .map(|l| l.expires_at_ms as i64 - now as i64),
+                    last_backup_age_ms: backup.map(|b| now.saturating_sub(b.at_ms)),
+                    last_backup_revision: backup.map(|b| b.revision),
+                    ready: reports
+                        .get(&p.host)
+                        .and_then(|(_, shoots)| shoots.iter().find(|s| s.shoot == p.shoot))
+                        .map(|s| s.ready),
+                }
+            })
+            .collect()
+    }
+
+    fn hosted_status(&self) -> Vec<HostedStatus> {
+        let leases = lock(&self.leases).clone();
+        let now = Instant::now();
+        lock(&self.hosted)
+            .iter()
+            .map(|(shoot, h)| HostedStatus {
+                shoot: shoot.clone(),
+                epoch: h.epoch,
+                serving: h.serving,
+                ready: h.ready,
+                lease_valid_for_ms: leases.get(shoot).map(|l| {
+                    if l.valid_until >= now {
+                        (l.valid_until - now).as_millis() as i64
+                    } else {
+                        -((now - l.valid_until).as_millis() as i64)
+                    }
+                }),
+                detail: h.detail.clone(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,233 @@
+use super::*;
+
+pub(crate) fn ring3() -> RingState {
+    let mut s = RingState::default();
+    s.apply(&RingCommand::Bootstrap {
+        members: vec![
+            ("a".into(), 1, "127.0.0.1:1".into()),
+            ("b".into(), 2, "127.0.0.1:2".into()),
+            ("c".into(), 3, "127.0.0.1:3".into()),
+        ],
+    })
+    .unwrap();
+    s
+}
+
+#[test]
+fn bootstrap_makes_each_member_host_its_successor_once() {
+    let s = ring3();
+    assert_eq!(s.placements["b"].host, "a");
+    assert_eq!(s.placements["c"].host, "b");
+    assert_eq!(s.placements["a"].host, "c");
+    assert!(s
+        .placements
+        .values()
+        .all(|p| p.epoch == 1 && p.lease.is_none()));
+    let mut again = s.clone();
+    assert!(again
+        .apply(&RingCommand::Bootstrap { members: vec![] })
+        .is_err());
+    assert_eq!(again, s);
+    assert_eq!(s.predecessor("a").unwrap().name, "c");
+}
+
+#[test]
+fn lease_only_for_current_host_and_epoch_and_never_shrinks() {
+    let mut s = ring3();
+    let renew = |holder: &str, epoch, at| RingCommand::RenewLease {
+        shoot: "b".into(),
+        holder: holder.into(),
+        epoch,
+        expires_at_ms: at,
+    };
+    s.apply(&renew("a", 1, 1000)).unwrap();
+    assert!(s
+        .apply(&renew("c", 1, 2000))
+        .unwrap_err()
+        .contains("hosted by a"));
+    assert!(s
+        .apply(&renew("a", 2, 2000))
+        .unwrap_err()
+        .contains("stale epoch"));
+    s.apply(&renew("a", 1, 500)).unwrap();
+    assert_eq!(
+        s.placements["b"].lease.as_ref().unwrap().expires_at_ms,
+        1000
+    );
+}
+
+#[test]
+fn failover_bumps_epoch_fences_old_host_and_waits_for_lease_end() {
+    let mut s = ring3();
+    s.apply(&RingCommand::RenewLease {
+        shoot: "b".into(),
+        holder: "a".into(),
+        epoch: 1,
+        expires_at_ms: 9_000,
+    })
+    .unwrap();
+    s.apply(&RingCommand::MarkDown {
+        member: "a".into(),
+        at_ms: 5_000,
+    })
+    .unwrap();
+    s.apply(&RingCommand::StartFailover {
+        shoot: "b".into(),
+        to: "c".into(),
+        at_ms: 5_000,
+        not_before_ms: 6_000,
+    })
+    .unwrap();
+    let p = &s.placements["b"];
+    assert_eq!(
+        (p.host.as_str(), p.epoch, p.lease.is_none()),
+        ("c", 2, true)
+    );
+    let op = s.open_operation("b").unwrap().clone();
+    assert_eq!(op.step, OperationStep::WaitingForLeaseExpiry);
+    // never before the old lease's end, whatever the proposer said
+    assert!(matches!(
+        op.kind,
+        OperationKind::Failover {
+            not_before_ms: 9_000,
+            epoch: 2,
+            ..
+        }
+    ));
+    // the old host's renewals are refused now
+    let old = RingCommand::RenewLease {
+        shoot: "b".into(),
+        holder: "a".into(),
+        epoch: 1,
+        expires_at_ms: 20_000,
+    };
+    assert!(s.apply(&old).is_err());
+    // the target gets no lease before it is restoring, and only as target
+    let new = RingCommand::RenewLease {
+        shoot: "b".into(),
+        holder: "c".into(),
+        epoch: 2,
+        expires_at_ms: 20_000,
+    };
+    assert!(s
+        .apply(&new)
+        .unwrap_err()
+        .contains("no lease until it is done"));
+    // a second failover of the same shoot is refused while one is open
+    assert!(s
+        .apply(&RingCommand::StartFailover {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: 6_000,
+            not_before_ms: 0
+        })
+        .is_err());
+    for step in [OperationStep::Pending, OperationStep::Restoring] {
+        s.apply(&RingCommand::AdvanceOperation {
+            id: op.id,
+            step,
+            detail: String::new(),
+            at_ms: 10_000,
+            outcome: None,
+        })
+        .unwrap();
+    }
+    s.apply(&new).unwrap();
+    s.apply(&RingCommand::AdvanceOperation {
+        id: op.id,
+        step: OperationStep::Done,
+        detail: "serving".into(),
+        at_ms: 11_000,
+        outcome: None,
+    })
+    .unwrap();
+    assert!(s.open_operation("b").is_none());
+    assert!(s
+        .apply(&RingCommand::AdvanceOperation {
+            id: op.id,
+            step: OperationStep::Pending,
+            detail: String::new(),
+            at_ms: 12_000,
+            outcome: None
+        })
+        .is_err());
+}
+
+#[test]
+fn failover_to_a_down_member_is_refused() {
+    let mut s = ring3();
+    s.apply(&RingCommand::MarkDown {
+        member: "c".into(),
+        at_ms: 1,
+    })
+    .unwrap();
+    let err = s
+        .apply(&RingCommand::StartFailover {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: 1,
+            not_before_ms: 1,
+        })
+        .unwrap_err();
+    assert!(err.contains("not an up member"));
+}
+
+#[test]
+fn finished_operations_are_bounded() {
+    let mut s = ring3();
+    for i in 0..(FINISHED_OPERATIONS_KEPT as u64 + 10) {
+        s.apply(&RingCommand::StartFailover {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: i,
+            not_before_ms: i,
+        })
+        .unwrap();
+        s.apply(&RingCommand::AdvanceOperation {
+            id: i,
+            step: OperationStep::Failed,
+            detail: String::new(),
+            at_ms: i,
+            outcome: None,
+        })
+        .unwrap();
+    }
+    assert_eq!(s.operations.len(), FINISHED_OPERATIONS_KEPT);
+    assert_eq!(s.operations[0].id, 10);
+}
+
+#[test]
+fn membership_and_backup_pointers() {
+    let mut s = ring3();
+    s.apply(&RingCommand::AddMember {
+        name: "d".into(),
+        id: 4,
+        address: "x".into(),
+    })
+    .unwrap();
+    assert!(s
+        .apply(&RingCommand::AddMember {
+            name: "d".into(),
+            id: 5,
+            address: "x".into()
+        })
+        .is_err());
+    s.apply(&RingCommand::RemoveMember { name: "d".into() })
+        .unwrap();
+    assert!(s
+        .apply(&RingCommand::RemoveMember { name: "d".into() })
+        .is_err());
+    s.apply(&RingCommand::ReportBackup {
+        shoot: "a".into(),
+        revision: 10,
+        at_ms: 1,
+    })
+    .unwrap();
+    s.apply(&RingCommand::ReportBackup {
+        shoot: "a".into(),
+        revision: 5,
+        at_ms: 2,
+    })
+    .unwrap();
+    assert_eq!(s.backups["a"].revision, 10);
+}
