@@ -182,6 +182,10 @@ impl Bucket {
     }
 
     /// Maps an object-store error of `what` (an operation) to a clear error.
+    /// `object_store` carries a store's own error code (S3 `NoSuchBucket`, a
+    /// refused connection inside the HTTP client) only in its message, so
+    /// this one function reads the text; nothing else in Ring matches on
+    /// error strings.
     pub fn error(&self, what: &str, e: object_store::Error) -> BackupError {
         let text = chain(&e);
         let lower = text.to_lowercase();

@@ -112,8 +112,26 @@ pub async fn key_count(client: &mut Client, endpoint: &str, revision: i64) -> Re
     if revision > 0 {
         opts = opts.with_revision(revision);
     }
-    let r = call(endpoint, "counting keys", client.get(vec![0u8], Some(opts))).await?;
-    Ok(r.count())
+    let what = "counting keys";
+    match tokio::time::timeout(CALL_TIMEOUT, client.get(vec![0u8], Some(opts))).await {
+        Ok(Ok(r)) => Ok(r.count()),
+        Ok(Err(e)) if is_compacted(&e) => Err(BackupError::Compacted {
+            requested: revision,
+            compacted: 0,
+        }),
+        Ok(Err(e)) => Err(err(endpoint, what, e)),
+        Err(_) => Err(err(
+            endpoint,
+            what,
+            format!("no answer within {CALL_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// Whether etcd refused a read because the revision is compacted: etcd
+/// answers such a Range with gRPC code `OutOfRange` (`ErrGRPCCompacted`).
+pub fn is_compacted(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::OutOfRange)
 }
 
 /// `HashKV` at `revision`.
@@ -346,5 +364,38 @@ impl Drop for TempEtcd {
         if let Some(child) = &mut self.child {
             let _ = child.start_kill();
         }
+    }
+}
+
+/// Whether etcd refused a lease grant because the lease id exists already
+/// (gRPC `FailedPrecondition`, `ErrGRPCLeaseExist`): a replay that granted it
+/// before, which is fine.
+pub fn is_lease_taken(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::FailedPrecondition)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_out_of_range_means_compacted() {
+        let compacted = etcd_client::Error::GRpcStatus(tonic::Status::out_of_range(
+            "etcdserver: mvcc: required revision has been compacted",
+        ));
+        assert!(is_compacted(&compacted));
+        // the word alone does not make it a compaction: the code does
+        let other = etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "compacted connection refused",
+        ));
+        assert!(!is_compacted(&other));
+        assert!(!is_compacted(&etcd_client::Error::InvalidArgs(
+            "compacted".into()
+        )));
+        let taken = etcd_client::Error::GRpcStatus(tonic::Status::failed_precondition(
+            "etcdserver: lease already exists",
+        ));
+        assert!(is_lease_taken(&taken) && !is_compacted(&taken));
+        assert!(!is_lease_taken(&compacted));
     }
 }

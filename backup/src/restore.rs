@@ -910,7 +910,7 @@ async fn apply(
                     .await
                 {
                     Ok(_) => {}
-                    Err(err) if err.to_string().contains("already exists") => {}
+                    Err(err) if etcd::is_lease_taken(&err) => {}
                     Err(err) => {
                         return Err(etcd::err(ep, &format!("granting lease {:x}", e.lease), err))
                     }

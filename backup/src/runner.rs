@@ -343,7 +343,7 @@ impl Backup {
         }
         let keys = match etcd::key_count(client, endpoint, latest).await {
             Ok(k) => k,
-            Err(e) if e.to_string().contains("compacted") => {
+            Err(BackupError::Compacted { .. }) => {
                 tracing::info!(latest, "revision {latest} is compacted in etcd: a new full snapshot starts a new chain");
                 return Ok(None);
             }
@@ -390,158 +390,6 @@ impl Backup {
                 tracing::warn!(shoot = %self.config.shoot, error = %e, "garbage collection failed; retried after the next full snapshot");
             }
         }
-    }
-
-    /// The delta loop.
-    async fn record(
-        &self,
-        client: &Client,
-        chain: &mut Option<Chain>,
-        shutdown: &CancellationToken,
-    ) -> Result<()> {
-        let endpoint = self.endpoint();
-        let Some(start) = *chain else {
-            return Ok(());
-        };
-        let schedule = &self.config.schedule;
-        let mut watch_client = client.watch_client().max_decoding_message_size(512 << 20);
-        let mut stream = etcd::call(
-            &endpoint,
-            "watch",
-            watch_client.watch(
-                vec![0u8],
-                Some(
-                    WatchOptions::new()
-                        .with_all_keys()
-                        .with_start_revision(start.next_revision)
-                        .with_progress_notify(),
-                ),
-            ),
-        )
-        .await?;
-        let mut lease_client = client.clone();
-        let mut hash_client = client.clone();
-        let mut batch = Batch::default();
-        let mut tick = tokio::time::interval(Duration::from_millis(schedule.delta_period_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut full_task: Option<tokio::task::JoinHandle<Result<FullSnapshot>>> = None;
-        let mut next_full_attempt_ms = 0i64;
-        let mut full_backoff = Backoff::new(
-            Duration::from_secs(1),
-            Duration::from_millis(schedule.max_backoff_ms).max(Duration::from_secs(1)),
-        );
-        let mut etcd_revision = start.next_revision - 1;
-        let outcome: Result<()> = loop {
-            let room = self.spool.has_room(batch.bytes());
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break Ok(()),
-                joined = async {
-                    match full_task.as_mut() {
-                        Some(t) => t.await,
-                        None => std::future::pending().await,
-                    }
-                }, if full_task.is_some() => {
-                    full_task = None;
-                    match joined {
-                        Ok(Ok(snap)) => {
-                            self.full_stored(&snap).await;
-                            full_backoff.reset();
-                            if let Some(c) = chain.as_mut() {
-                                c.last_full_ms = snap.time_ms;
-                                c.delta_bytes = 0;
-                                c.last_full_revision = snap.base_revision;
-                            }
-                        }
-                        Ok(Err(e)) => {
-                            self.metrics.upload_failed("full");
-                            let d = full_backoff.next_delay();
-                            next_full_attempt_ms = now_ms() + d.as_millis() as i64;
-                            tracing::warn!(shoot = %self.config.shoot, error = %e, retry_in = ?d, "scheduled full snapshot failed; deltas continue");
-                        }
-                        Err(e) => tracing::error!(error = %e, "full snapshot task failed"),
-                    }
-                }
-                msg = stream.message(), if room => {
-                    let resp = match msg {
-                        Ok(Some(r)) => r,
-                        Ok(None) => break Err(etcd::err(&endpoint, "watch", "the stream ended")),
-                        Err(e) => break Err(etcd::err(&endpoint, "watch", e)),
-                    };
-                    if resp.canceled() {
-                        let next = chain.map_or(start.next_revision, |c| c.next_revision);
-                        break Err(if resp.compact_revision() > 0 {
-                            BackupError::Compacted { requested: next.max(batch.last_revision().unwrap_or(0) + 1), compacted: resp.compact_revision() }
-                        } else {
-                            etcd::err(&endpoint, "watch", format!("cancelled by etcd: {}", resp.cancel_reason()))
-                        });
-                    }
-                    if let Some(h) = resp.header() {
-                        etcd_revision = etcd_revision.max(h.revision());
-                    }
-                    let events = resp.events();
-                    if events.is_empty() {
-                        continue;
-                    }
-                    let new_leases = match batch.add(events, now_ms()) {
-                        Ok(l) => l,
-                        Err(e) => break Err(e),
-                    };
-                    self.metrics.events(events.len() as u64);
-                    for lease in new_leases {
-                        let ttl = etcd::call(&endpoint, "lease TTL", lease_client.lease_time_to_live(lease, None))
-                            .await
-                            .map_or(0, |r| r.granted_ttl());
-                        batch.set_lease_ttl(lease, ttl);
-                    }
-                    if batch.bytes() >= schedule.delta_max_bytes {
-                        if let Err(e) = self.seal(&mut batch, chain, &mut hash_client).await {
-                            break Err(e);
-                        }
-                    }
-                }
-                _ = self.spool.popped(), if !room => {}
-                _ = tick.tick() => {
-                    if let Err(e) = self.seal(&mut batch, chain, &mut hash_client).await {
-                        break Err(e);
-                    }
-                    let now = now_ms();
-                    if let Some(c) = chain.as_ref() {
-                        let due = now - c.last_full_ms >= (schedule.full_interval_secs as i64) * 1000
-                            || c.delta_bytes >= schedule.full_after_delta_bytes
-                            || (schedule.full_after_revisions > 0
-                                && c.next_revision - 1 - c.last_full_revision
-                                    >= schedule.full_after_revisions as i64);
-                        if due && full_task.is_none() && now >= next_full_attempt_ms {
-                            let (client, endpoint, bucket, shoot, encoding) = (client.clone(), endpoint.clone(), self.bucket.clone(), self.config.shoot.clone(), self.encoding.clone());
-                            full_task = Some(tokio::spawn(async move {
-                                full::take(&client, &endpoint, &bucket, &shoot, &encoding).await
-                            }));
-                        }
-                    }
-                    let stats = self.spool.stats();
-                    self.metrics.pending(stats.objects, stats.bytes, stats.on_disk);
-                    let oldest = self.spool.oldest_pending_ms().into_iter().chain(batch.oldest_ms).min();
-                    self.metrics.lag(etcd_revision, oldest, now);
-                    self.progress.send_modify(|p| {
-                        p.etcd_revision = etcd_revision;
-                        p.pending = stats.objects;
-                    });
-                }
-            }
-        };
-        // Whatever was received is complete revisions: keep it.
-        if let Err(e) = self.seal(&mut batch, chain, &mut hash_client).await {
-            tracing::error!(shoot = %self.config.shoot, error = %e, "cannot seal the last delta");
-        }
-        if let Some(task) = full_task {
-            if shutdown.is_cancelled() {
-                task.abort();
-            } else if let Ok(Ok(snap)) = task.await {
-                self.full_stored(&snap).await;
-            }
-        }
-        outcome
     }
 
     /// Seals the pending events into an encoded delta in the spool.
@@ -666,6 +514,8 @@ async fn upload_loop(
         }
     }
 }
+
+mod record;
 
 #[cfg(test)]
 mod tests {

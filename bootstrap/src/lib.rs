@@ -10,8 +10,6 @@
 
 pub mod bench;
 pub mod config;
-pub mod failover_bench;
-pub mod migrate_bench;
 pub mod nodes;
 pub mod plan;
 pub mod restore;

@@ -147,7 +147,8 @@ async fn restore_shoot(
     let seed = seed::LocalSeed::new(layout.seed_dir(host), bins);
     let cancel = tokio_util::sync::CancellationToken::new();
     let report =
-        ringd::executor::restore_from_bucket(bucket, &seed, shoot, &etcd, &etcdctl, &cancel).await?;
+        ringd::executor::restore_from_bucket(bucket, &seed, shoot, &etcd, &etcdctl, &cancel)
+            .await?;
     let done = ShootRestore {
         shoot: shoot.to_string(),
         host: host.to_string(),

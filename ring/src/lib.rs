@@ -5,12 +5,9 @@
 //! run the same code in-process.
 
 pub mod admin;
-pub mod backup;
 pub mod backups;
-pub mod bench;
 pub mod client;
 pub mod config;
-pub mod controlplane;
 pub mod daemon;
 pub mod decide;
 pub mod executor;
@@ -19,7 +16,6 @@ pub mod localring;
 pub mod member;
 pub mod metrics;
 pub mod node;
-pub mod output;
 pub mod quorum;
 pub mod shared;
 pub mod state;

@@ -2,8 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::output::table;
 use crate::state::{MemberState, Operation};
+
+/// A borderless table with `header` (what `render` prints).
+fn table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_header(header.iter().copied());
+    t
+}
 
 /// A member as seen by the answering ringd.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

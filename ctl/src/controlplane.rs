@@ -8,7 +8,7 @@ use std::time::Duration;
 use seed::{BinarySearch, ControlPlaneStatus, LocalSeed, Seed, SeedError, ShootLayout};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Result, RingError};
+use ringd::{Result, RingError};
 
 /// Where a command finds the seed and its binaries.
 #[derive(Debug, Clone)]

@@ -1,5 +1,11 @@
+//! Benchmark drivers of `ringctl bench`: `controlplane` here (and `raft`),
+//! `failover` and `migrate` in their modules.
+//!
 //! `ringctl bench controlplane`: how fast a hosted control plane becomes ready
 //! and how much memory its components take.
+
+pub mod failover;
+pub mod migrate;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -10,7 +16,7 @@ use serde::Serialize;
 
 use crate::controlplane::SeedOptions;
 use crate::output::table;
-use crate::Result;
+use ringd::Result;
 
 /// Options of the control-plane benchmark.
 #[derive(Debug, Clone)]
@@ -262,9 +268,9 @@ impl Drop for Procs {
 }
 
 async fn measure_ring(opts: &RaftBenchOptions, n: usize) -> Result<(Vec<f64>, Vec<f64>, f64, f64)> {
-    use crate::client::AdminClient;
+    use ringd::client::AdminClient;
     let dir = opts.dir.join(format!("ring-{n}"));
-    let ring = crate::localring::LocalRing::write(&dir, n, &[], crate::config::Timing::default())?;
+    let ring = ringd::localring::LocalRing::write(&dir, n, &[], ringd::config::Timing::default())?;
     let mut procs = Procs(
         (0..n)
             .map(|i| ring.spawn(&opts.ringd, i).map(Some))
@@ -272,7 +278,7 @@ async fn measure_ring(opts: &RaftBenchOptions, n: usize) -> Result<(Vec<f64>, Ve
     );
     let status_of = |i: usize| AdminClient::connect(&ring.members[i].address, &ring.pki);
     let wait = |i: usize| {
-        crate::client::wait_status(
+        ringd::client::wait_status(
             &ring.members[i].address,
             &ring.pki,
             Duration::from_secs(30),
@@ -330,14 +336,14 @@ async fn measure_ring(opts: &RaftBenchOptions, n: usize) -> Result<(Vec<f64>, Ve
                 }
             }
             if t.elapsed() > Duration::from_secs(30) {
-                return Err(crate::RingError::Transport(
+                return Err(ringd::RingError::Transport(
                     "no new leader within 30s".into(),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         procs.0[leader] = Some(ring.spawn(&opts.ringd, leader)?);
-        crate::client::wait_status(
+        ringd::client::wait_status(
             &ring.members[leader].address,
             &ring.pki,
             Duration::from_secs(30),
@@ -359,8 +365,8 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
     let ports: Vec<(u16, u16)> = (0..n)
         .map(|_| {
             Ok((
-                crate::localring::free_port()?,
-                crate::localring::free_port()?,
+                ringd::localring::free_port()?,
+                ringd::localring::free_port()?,
             ))
         })
         .collect::<Result<_>>()?;
@@ -388,7 +394,7 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|source| crate::RingError::Io {
+            .map_err(|source| ringd::RingError::Io {
                 what: format!("starting {}", etcd.display()),
                 source,
             })?;
@@ -403,7 +409,7 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
             }
         }
         if Instant::now() >= deadline {
-            return Err(crate::RingError::Transport(
+            return Err(ringd::RingError::Transport(
                 "the reference etcd cluster did not start within 30s".into(),
             ));
         }
@@ -418,7 +424,7 @@ async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
         client
             .put("k", vec![0u8; 64], None)
             .await
-            .map_err(|e| crate::RingError::Transport(format!("etcd put: {e}")))?;
+            .map_err(|e| ringd::RingError::Transport(format!("etcd put: {e}")))?;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     drop(procs);

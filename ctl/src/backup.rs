@@ -376,7 +376,7 @@ pub async fn run(
                 let metrics = b.metrics();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
-                    let _ = crate::metrics::serve(
+                    let _ = ringd::metrics::serve(
                         listener,
                         move || metrics.encode(backup::now_ms()),
                         stop,

@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::output::{table, Format};
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use ringd::output::{table, Format};
 use seed::images::{self, BuiltImage, ImageInputs};
 
 #[derive(Subcommand)]

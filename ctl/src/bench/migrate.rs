@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::config::{Ports, RingConfig};
-use crate::{bootstrap, down, BootstrapError, BootstrapOptions, RingLayout};
+use bootstrap::config::{Ports, RingConfig};
+use bootstrap::{bootstrap, down, BootstrapError, BootstrapOptions, RingLayout};
 use ringd::client::AdminClient;
 use ringd::state::OperationStep;
 
@@ -60,11 +60,11 @@ pub async fn migrate_bench(
             address: "127.0.0.1".into(),
             base: base_port,
         },
-        nodes: crate::config::Nodes { per_member: 0 },
+        nodes: bootstrap::config::Nodes { per_member: 0 },
         ..RingConfig::default()
     };
     let ring_dir = dir.join("ring");
-    let _kill = crate::KillRingOnDrop(crate::RingLayout {
+    let _kill = bootstrap::KillRingOnDrop(bootstrap::RingLayout {
         dir: ring_dir.clone(),
     });
     let opts = BootstrapOptions {
@@ -74,7 +74,7 @@ pub async fn migrate_bench(
         timeout: Duration::from_secs(300),
     };
     struct Quiet;
-    impl crate::Progress for Quiet {
+    impl bootstrap::Progress for Quiet {
         fn step(&self, _: &str) {}
         fn finished(&self, _: &str, _: Duration) {}
     }
@@ -86,7 +86,7 @@ pub async fn migrate_bench(
         fill(&layout.kubeconfig("m2"), objects).await?;
         let mut moves = Vec::new();
         for i in 0..runs {
-            let status = crate::ring_status(&layout, &config).await?;
+            let status = bootstrap::ring_status(&layout, &config).await?;
             let from = status
                 .placements
                 .iter()

@@ -12,8 +12,8 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 
 use serde::Serialize;
 
-use crate::config::{Ports, RingConfig};
-use crate::{bootstrap, down, BootstrapError, BootstrapOptions, RingLayout};
+use bootstrap::config::{Ports, RingConfig};
+use bootstrap::{bootstrap, down, BootstrapError, BootstrapOptions, RingLayout};
 use ringd::client::AdminClient;
 use ringd::state::OperationStep;
 
@@ -149,11 +149,11 @@ pub async fn failover_bench(
             address: "127.0.0.1".into(),
             base: base_port,
         },
-        nodes: crate::config::Nodes { per_member: 0 },
+        nodes: bootstrap::config::Nodes { per_member: 0 },
         ..RingConfig::default()
     };
     let ring_dir = dir.join("ring");
-    let _kill = crate::KillRingOnDrop(crate::RingLayout {
+    let _kill = bootstrap::KillRingOnDrop(bootstrap::RingLayout {
         dir: ring_dir.clone(),
     });
     let opts = BootstrapOptions {
@@ -163,7 +163,7 @@ pub async fn failover_bench(
         timeout: Duration::from_secs(300),
     };
     struct Quiet;
-    impl crate::Progress for Quiet {
+    impl bootstrap::Progress for Quiet {
         fn step(&self, _: &str) {}
         fn finished(&self, _: &str, _: Duration) {}
     }
@@ -172,7 +172,7 @@ pub async fn failover_bench(
     };
     let result = async {
         bootstrap(&opts, &Quiet).await?;
-        crate::migrate_bench::fill(&layout.kubeconfig("m2"), objects).await?;
+        super::migrate::fill(&layout.kubeconfig("m2"), objects).await?;
         let client = seed::kubeconfig::client("m2", &layout.kubeconfig("m2"))
             .await
             .map_err(|e| BootstrapError::Ring(e.into()))?;

@@ -4,7 +4,7 @@ use comfy_table::{presets::NOTHING, Table};
 use seed::ControlPlaneStatus;
 use serde::Serialize;
 
-use crate::{Result, RingError};
+use ringd::{Result, RingError};
 
 /// Output format selected with `-o`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
