@@ -448,10 +448,15 @@ impl LocalSeed {
     }
 }
 
-/// Creates `dir` (0700) if needed and proves it writable.
+/// Creates `dir` (0700) if needed and proves it writable. Each call writes its
+/// own probe file: callers run concurrently (a member starts one control plane
+/// while it restores another), and a shared probe name let one caller remove
+/// the file another had just written (ENOENT, a spurious "not writable").
 fn check_writable(dir: &Path) -> Result<()> {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     create_private_dir(dir)?;
-    let probe = dir.join(".write-probe");
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!(".write-probe-{}-{n}", std::process::id()));
     std::fs::write(&probe, b"")
         .and_then(|_| std::fs::remove_file(&probe))
         .map_err(|source| SeedError::StateDir {
@@ -798,6 +803,26 @@ impl Seed for LocalSeed {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn concurrent_writability_checks_never_trip_over_each_other() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    (0..300)
+                        .map(|_| super::check_writable(&dir))
+                        .filter(|r| r.is_err())
+                        .count()
+                })
+            })
+            .collect();
+        let failed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(failed, 0, "checks that failed while others ran");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no probe left");
+    }
+
     use super::*;
 
     fn bins() -> Binaries {

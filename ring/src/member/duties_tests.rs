@@ -157,6 +157,22 @@ fn serving_follows_the_lease() {
             vec![Duty::StartBackup { shoot: "b".into() }],
         ),
         (
+            "a backup left running after serving stopped: stop it",
+            Some(ShootSeen {
+                serving: false,
+                backup_running: true,
+                ..Default::default()
+            }),
+            Some(fresh),
+            vec![
+                Duty::Start {
+                    shoot: "b".into(),
+                    epoch: 1,
+                },
+                Duty::StopBackup { shoot: "b".into() },
+            ],
+        ),
+        (
             "a lease of an older epoch does not count",
             None,
             Some(lease(now, 0, LEASE, LEASE)),
