@@ -4,11 +4,15 @@
 use std::time::Instant;
 
 use etcd_client::Client;
+use object_store::WriteMultipart;
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 
 use crate::bucket::{Bucket, PART_SIZE};
 use crate::catalog::object_name;
-use crate::codec::{EncryptionKey, FullMeta, FullTrailer, Header, Kind, ObjectWriter, Trailer};
+use crate::codec::{
+    EncryptionKey, FullMeta, FullTrailer, HashKv, Header, Kind, ObjectWriter, Trailer,
+};
 use crate::etcd;
 use crate::{now_ms, Result};
 
@@ -43,8 +47,22 @@ pub struct Encoding {
     pub key: Option<EncryptionKey>,
 }
 
-/// Takes a full snapshot of the etcd behind `client` and stores it in `bucket`.
+/// Takes a full snapshot of the etcd behind `client` and stores it in `bucket`
+/// (inside a `full_snapshot` span with `shoot` and, once known, `revision`).
 pub async fn take(
+    client: &Client,
+    endpoint: &str,
+    bucket: &Bucket,
+    shoot: &str,
+    encoding: &Encoding,
+) -> Result<FullSnapshot> {
+    let span = tracing::info_span!("full_snapshot", shoot, revision = tracing::field::Empty);
+    take_in_span(client, endpoint, bucket, shoot, encoding)
+        .instrument(span)
+        .await
+}
+
+async fn take_in_span(
     client: &Client,
     endpoint: &str,
     bucket: &Bucket,
@@ -56,6 +74,7 @@ pub async fn take(
     let mut c = client.clone();
     let status = etcd::status(&mut c, endpoint).await?;
     let base = status.revision;
+    tracing::Span::current().record("revision", base);
     let keys = etcd::key_count(&mut c, endpoint, base).await?;
     // HashKV scans etcd's database: run it while the snapshot streams.
     let hash_task = {
@@ -71,7 +90,47 @@ pub async fn take(
         encoding.level > 0,
         encoding.key.is_some(),
     );
-    let header = Header {
+    let writer = ObjectWriter::new(
+        header(shoot, time_ms, &status),
+        encoding.level,
+        encoding.key.as_ref(),
+    )?;
+    let mut upload = bucket.upload(&name).await?;
+    let target = Target {
+        bucket,
+        name: &name,
+        upload: &mut upload,
+    };
+    let written = write_object(client, endpoint, writer, target, base, keys, hash_task).await;
+    let written = match written {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = upload.abort().await;
+            return Err(e);
+        }
+    };
+    upload
+        .finish()
+        .await
+        .map_err(|e| bucket.upload_error(&name, e))?;
+    let snap = FullSnapshot {
+        name,
+        base_revision: base,
+        revision_after: written.revision_after,
+        keys,
+        db_bytes: written.db_bytes,
+        stored_bytes: written.stored_bytes,
+        sha256: written.sha256,
+        time_ms,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    tracing::info!(shoot, name = %snap.name, revision = base, db_bytes = snap.db_bytes, stored_bytes = snap.stored_bytes, seconds = snap.seconds, "full snapshot stored");
+    Ok(snap)
+}
+
+/// The header of a full snapshot of the etcd whose status is `status`.
+fn header(shoot: &str, time_ms: i64, status: &etcd::Status) -> Header {
+    Header {
         format: crate::codec::FORMAT,
         kind: Kind::Full,
         shoot: shoot.to_string(),
@@ -79,94 +138,115 @@ pub async fn take(
         compression: String::new(),
         encryption: None,
         full: Some(FullMeta {
-            base_revision: base,
+            base_revision: status.revision,
             etcd_version: status.version.clone(),
             cluster_id: status.cluster_id,
         }),
         delta: None,
-    };
-    let mut writer = ObjectWriter::new(header, encoding.level, encoding.key.as_ref())?;
-    let mut upload = bucket.upload(&name).await?;
-    let result: Result<(u64, u64, i64, String)> = async {
-        let mut stream = c
-            .snapshot()
-            .await
-            .map_err(|e| etcd::err(endpoint, "snapshot", e))?;
-        let mut db_bytes = 0u64;
-        let mut stored = 0u64;
-        let mut revision_after = None;
-        while let Some(msg) = stream
-            .message()
-            .await
-            .map_err(|e| etcd::err(endpoint, "snapshot stream", e))?
-        {
-            if revision_after.is_none() {
-                // The snapshot's read transaction is open now: it holds at most this.
-                revision_after = Some(etcd::status(&mut client.clone(), endpoint).await?.revision);
-            }
-            db_bytes += msg.blob().len() as u64;
-            writer.write(msg.blob())?;
-            if writer.ready() >= PART_SIZE {
-                let bytes = writer.take();
-                stored += bytes.len() as u64;
-                upload
-                    .wait_for_capacity(UPLOAD_CONCURRENCY)
-                    .await
-                    .map_err(|e| bucket.upload_error(&name, e))?;
-                upload.write(&bytes);
-            }
-        }
-        if db_bytes == 0 {
-            return Err(etcd::err(endpoint, "snapshot", "etcd sent an empty snapshot"));
-        }
-        let hash_kv = match hash_task.await {
-            Ok(Ok(h)) => Some(h),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "HashKV for the full snapshot failed; restores will not compare it");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "HashKV task failed");
-                None
-            }
-        };
-        let trailer = Trailer {
-            full: Some(FullTrailer {
-                revision_after: revision_after.unwrap_or(base),
-                keys,
-                hash_kv,
-            }),
-            ..Default::default()
-        };
-        let (rest, sha) = writer.finish(trailer)?;
-        stored += rest.len() as u64;
-        upload.write(&rest);
-        Ok((db_bytes, stored, revision_after.unwrap_or(base), sha))
     }
-    .await;
-    match result {
-        Ok((db_bytes, stored_bytes, revision_after, sha256)) => {
-            upload
-                .finish()
-                .await
-                .map_err(|e| bucket.upload_error(&name, e))?;
-            let snap = FullSnapshot {
-                name,
-                base_revision: base,
-                revision_after,
-                keys,
-                db_bytes,
-                stored_bytes,
-                sha256,
-                time_ms,
-                seconds: started.elapsed().as_secs_f64(),
-            };
-            tracing::info!(shoot, name = %snap.name, revision = base, db_bytes, stored_bytes, seconds = snap.seconds, "full snapshot stored");
-            Ok(snap)
+}
+
+/// Where the encoded object goes.
+struct Target<'a> {
+    bucket: &'a Bucket,
+    name: &'a str,
+    upload: &'a mut WriteMultipart,
+}
+
+impl Target<'_> {
+    /// Queues a part, waiting while too many are in flight.
+    async fn part(&mut self, bytes: Vec<u8>) -> Result<()> {
+        self.upload
+            .wait_for_capacity(UPLOAD_CONCURRENCY)
+            .await
+            .map_err(|e| self.bucket.upload_error(self.name, e))?;
+        self.upload.write(&bytes);
+        Ok(())
+    }
+}
+
+/// What writing the object achieved.
+struct Written {
+    db_bytes: u64,
+    stored_bytes: u64,
+    revision_after: i64,
+    sha256: String,
+}
+
+/// Streams etcd's snapshot through `writer` into the upload and ends the
+/// object with the trailer (the HashKV of `hash_task`, when it succeeded).
+async fn write_object(
+    client: &Client,
+    endpoint: &str,
+    mut writer: ObjectWriter,
+    mut target: Target<'_>,
+    base: i64,
+    keys: i64,
+    hash_task: tokio::task::JoinHandle<Result<HashKv>>,
+) -> Result<Written> {
+    let mut stream = client
+        .clone()
+        .snapshot()
+        .await
+        .map_err(|e| etcd::err(endpoint, "snapshot", e))?;
+    let (mut db_bytes, mut stored_bytes) = (0u64, 0u64);
+    let mut revision_after = None;
+    while let Some(msg) = stream
+        .message()
+        .await
+        .map_err(|e| etcd::err(endpoint, "snapshot stream", e))?
+    {
+        if revision_after.is_none() {
+            // The snapshot's read transaction is open now: it holds at most this.
+            revision_after = Some(etcd::status(&mut client.clone(), endpoint).await?.revision);
+        }
+        db_bytes += msg.blob().len() as u64;
+        writer.write(msg.blob())?;
+        if writer.ready() >= PART_SIZE {
+            let bytes = writer.take();
+            stored_bytes += bytes.len() as u64;
+            target.part(bytes).await?;
+        }
+    }
+    if db_bytes == 0 {
+        return Err(etcd::err(
+            endpoint,
+            "snapshot",
+            "etcd sent an empty snapshot",
+        ));
+    }
+    let revision_after = revision_after.unwrap_or(base);
+    let trailer = Trailer {
+        full: Some(FullTrailer {
+            revision_after,
+            keys,
+            hash_kv: hash_kv_of(hash_task).await,
+        }),
+        ..Default::default()
+    };
+    let (rest, sha256) = writer.finish(trailer)?;
+    stored_bytes += rest.len() as u64;
+    target.upload.write(&rest);
+    Ok(Written {
+        db_bytes,
+        stored_bytes,
+        revision_after,
+        sha256,
+    })
+}
+
+/// The HashKV computed while the snapshot streamed; a failure only means
+/// restores will not compare it.
+async fn hash_kv_of(task: tokio::task::JoinHandle<Result<HashKv>>) -> Option<HashKv> {
+    match task.await {
+        Ok(Ok(h)) => Some(h),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "HashKV for the full snapshot failed; restores will not compare it");
+            None
         }
         Err(e) => {
-            let _ = upload.abort().await;
-            Err(e)
+            tracing::warn!(error = %e, "HashKV task failed");
+            None
         }
     }
 }

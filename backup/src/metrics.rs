@@ -40,14 +40,11 @@ fn kind(k: &str) -> Labels {
     vec![("kind".into(), k.into())]
 }
 
-impl Metrics {
-    /// Metrics named `ring_backup_*`, labelled with the shoot.
-    pub fn new(shoot: &str) -> Self {
-        let mut r = Registry::with_prefix_and_labels(
-            "ring_backup",
-            [("shoot".into(), shoot.to_string().into())].into_iter(),
-        );
-        let i = Inner {
+impl Inner {
+    /// Every metric at zero (none stored yet); the registry is filled by
+    /// [`Metrics::new`].
+    fn new() -> Self {
+        Inner {
             registry: Registry::default(),
             last_full_ms: AtomicI64::new(0),
             last_delta_ms: AtomicI64::new(0),
@@ -64,66 +61,81 @@ impl Metrics {
             pending_bytes: Gauge::default(),
             pending_objects: Gauge::default(),
             spooled_objects: Gauge::default(),
-        };
-        r.register(
-            "last_full_age_seconds",
-            "Seconds since the last full snapshot was stored (-1: none yet)",
-            i.last_full_age.clone(),
+        }
+    }
+}
+
+/// The registration list: every metric with its name and help.
+fn register(r: &mut Registry, i: &Inner) {
+    r.register(
+        "last_full_age_seconds",
+        "Seconds since the last full snapshot was stored (-1: none yet)",
+        i.last_full_age.clone(),
+    );
+    r.register(
+        "last_delta_age_seconds",
+        "Seconds since the last delta was stored (-1: none yet)",
+        i.last_delta_age.clone(),
+    );
+    r.register(
+        "last_full_revision",
+        "Base revision of the last full snapshot stored",
+        i.last_full_revision.clone(),
+    );
+    r.register(
+        "durable_revision",
+        "Newest etcd revision stored in the bucket",
+        i.durable_revision.clone(),
+    );
+    r.register(
+        "uploaded_bytes",
+        "Bytes stored in the bucket, by kind (full, delta)",
+        i.uploaded_bytes.clone(),
+    );
+    r.register(
+        "upload_errors",
+        "Failed uploads (retried), by kind",
+        i.upload_errors.clone(),
+    );
+    r.register("objects", "Objects stored, by kind", i.objects.clone());
+    r.register("events", "Watch events recorded", i.events.clone());
+    r.register(
+        "lag_revisions",
+        "Revisions etcd is ahead of the bucket",
+        i.lag_revisions.clone(),
+    );
+    r.register(
+        "lag_seconds",
+        "Age of the oldest event not yet in the bucket (0: none pending)",
+        i.lag_seconds.clone(),
+    );
+    r.register(
+        "pending_bytes",
+        "Encoded deltas waiting for the bucket",
+        i.pending_bytes.clone(),
+    );
+    r.register(
+        "pending_objects",
+        "Deltas waiting for the bucket",
+        i.pending_objects.clone(),
+    );
+    r.register(
+        "spooled_objects",
+        "Deltas waiting for the bucket on disk",
+        i.spooled_objects.clone(),
+    );
+}
+
+impl Metrics {
+    /// Metrics named `ring_backup_*`, labelled with the shoot.
+    pub fn new(shoot: &str) -> Self {
+        let mut registry = Registry::with_prefix_and_labels(
+            "ring_backup",
+            [("shoot".into(), shoot.to_string().into())].into_iter(),
         );
-        r.register(
-            "last_delta_age_seconds",
-            "Seconds since the last delta was stored (-1: none yet)",
-            i.last_delta_age.clone(),
-        );
-        r.register(
-            "last_full_revision",
-            "Base revision of the last full snapshot stored",
-            i.last_full_revision.clone(),
-        );
-        r.register(
-            "durable_revision",
-            "Newest etcd revision stored in the bucket",
-            i.durable_revision.clone(),
-        );
-        r.register(
-            "uploaded_bytes",
-            "Bytes stored in the bucket, by kind (full, delta)",
-            i.uploaded_bytes.clone(),
-        );
-        r.register(
-            "upload_errors",
-            "Failed uploads (retried), by kind",
-            i.upload_errors.clone(),
-        );
-        r.register("objects", "Objects stored, by kind", i.objects.clone());
-        r.register("events", "Watch events recorded", i.events.clone());
-        r.register(
-            "lag_revisions",
-            "Revisions etcd is ahead of the bucket",
-            i.lag_revisions.clone(),
-        );
-        r.register(
-            "lag_seconds",
-            "Age of the oldest event not yet in the bucket (0: none pending)",
-            i.lag_seconds.clone(),
-        );
-        r.register(
-            "pending_bytes",
-            "Encoded deltas waiting for the bucket",
-            i.pending_bytes.clone(),
-        );
-        r.register(
-            "pending_objects",
-            "Deltas waiting for the bucket",
-            i.pending_objects.clone(),
-        );
-        r.register(
-            "spooled_objects",
-            "Deltas waiting for the bucket on disk",
-            i.spooled_objects.clone(),
-        );
-        let mut i = i;
-        i.registry = r;
+        let mut i = Inner::new();
+        register(&mut registry, &i);
+        i.registry = registry;
         Metrics { inner: Arc::new(i) }
     }
 

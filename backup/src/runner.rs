@@ -18,6 +18,7 @@ use etcd_client::{Client, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::bucket::Bucket;
 use crate::catalog::object_name;
@@ -208,6 +209,7 @@ impl Backup {
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let stop_uploads = CancellationToken::new();
         let uploader = tokio::spawn(upload_loop(
+            self.config.shoot.clone(),
             self.bucket.clone(),
             self.spool.clone(),
             self.metrics.clone(),
@@ -225,7 +227,10 @@ impl Backup {
             if shutdown.is_cancelled() {
                 break Ok(());
             }
-            match self.session(&mut chain, &mut force_full, &shutdown).await {
+            // One backup cycle: connect, resume (or a full snapshot), deltas.
+            let cycle = tracing::info_span!("backup_cycle", shoot = %self.config.shoot);
+            let session = self.session(&mut chain, &mut force_full, &shutdown);
+            match session.instrument(cycle).await {
                 Ok(()) => break Ok(()),
                 Err(BackupError::Compacted {
                     requested,
@@ -450,6 +455,7 @@ impl Backup {
 
 /// Uploads spooled deltas in order, retrying with backoff, until `stop`.
 async fn upload_loop(
+    shoot: String,
     bucket: Bucket,
     spool: Arc<Spool>,
     metrics: Metrics,
@@ -463,7 +469,7 @@ async fn upload_loop(
         let front = match spool.front() {
             Ok(f) => f,
             Err(e) => {
-                tracing::error!(error = %e, "cannot read the spool");
+                tracing::error!(shoot, error = %e, "cannot read the spool");
                 if !sleep_or_cancel(backoff.next_delay(), &stop).await {
                     return;
                 }
@@ -477,26 +483,19 @@ async fn upload_loop(
                 _ = spool.pushed() => continue,
             }
         };
+        let span = tracing::info_span!("delta_upload", shoot, revision = p.last_revision);
         let result = tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            r = bucket.put(&p.name, p.bytes.clone()) => r,
+            r = bucket.put(&p.name, p.bytes.clone()).instrument(span.clone()) => r,
         };
         match result {
             Ok(()) => {
                 spool.pop_front();
-                let now = now_ms();
-                metrics.delta_stored(p.last_revision, p.bytes.len() as u64, now);
-                let stats = spool.stats();
-                metrics.pending(stats.objects, stats.bytes, stats.on_disk);
-                progress.send_modify(|pr| {
-                    pr.durable_revision = pr.durable_revision.max(p.last_revision);
-                    pr.durable_at_ms = now;
-                    pr.deltas += 1;
-                    pr.pending = stats.objects;
-                });
+                delta_stored(&p, &spool, &metrics, &progress);
+                tracing::debug!(parent: &span, object = %p.name, bytes = p.bytes.len(), "delta stored");
                 if let Some(since) = failing_since.take() {
-                    tracing::info!(bucket = %bucket.describe(), down_for = ?since.elapsed(), "uploads succeed again");
+                    tracing::info!(parent: &span, bucket = %bucket.describe(), down_for = ?since.elapsed(), "uploads succeed again");
                 }
                 backoff.reset();
             }
@@ -506,13 +505,27 @@ async fn upload_loop(
                 if failing_since.is_none() {
                     failing_since = Some(tokio::time::Instant::now());
                 }
-                tracing::warn!(bucket = %bucket.describe(), object = %p.name, error = %e, retry_in = ?d, pending = spool.stats().objects, "upload failed; the delta stays pending");
+                tracing::warn!(parent: &span, bucket = %bucket.describe(), object = %p.name, error = %e, retry_in = ?d, pending = spool.stats().objects, "upload failed; the delta stays pending");
                 if !sleep_or_cancel(d, &stop).await {
                     return;
                 }
             }
         }
     }
+}
+
+/// A delta reached the bucket: metrics and progress.
+fn delta_stored(p: &Pending, spool: &Spool, metrics: &Metrics, progress: &watch::Sender<Progress>) {
+    let now = now_ms();
+    metrics.delta_stored(p.last_revision, p.bytes.len() as u64, now);
+    let stats = spool.stats();
+    metrics.pending(stats.objects, stats.bytes, stats.on_disk);
+    progress.send_modify(|pr| {
+        pr.durable_revision = pr.durable_revision.max(p.last_revision);
+        pr.durable_at_ms = now;
+        pr.deltas += 1;
+        pr.pending = stats.objects;
+    });
 }
 
 mod record;

@@ -150,15 +150,13 @@ impl Backup {
         };
         if resp.canceled() {
             let next = chain.map_or(rec.start.next_revision, |c| c.next_revision);
-            return Err(if resp.compact_revision() > 0 {
-                BackupError::Compacted {
-                    requested: next.max(rec.batch.last_revision().unwrap_or(0) + 1),
-                    compacted: resp.compact_revision(),
-                }
-            } else {
-                let why = format!("cancelled by etcd: {}", resp.cancel_reason());
-                etcd::err(&endpoint, "watch", why)
-            });
+            let requested = next.max(rec.batch.last_revision().unwrap_or(0) + 1);
+            return Err(watch_cancelled(
+                &endpoint,
+                requested,
+                resp.compact_revision(),
+                resp.cancel_reason(),
+            ));
         }
         if let Some(h) = resp.header() {
             rec.etcd_revision = rec.etcd_revision.max(h.revision());
@@ -206,9 +204,11 @@ impl Backup {
                 self.config.shoot.clone(),
                 self.encoding.clone(),
             );
-            rec.full_task = Some(tokio::spawn(async move {
-                full::take(&client, &endpoint, &bucket, &shoot, &encoding).await
-            }));
+            // inside the cycle's span, like the first full snapshot
+            rec.full_task = Some(tokio::spawn(
+                async move { full::take(&client, &endpoint, &bucket, &shoot, &encoding).await }
+                    .in_current_span(),
+            ));
         }
         let stats = self.spool.stats();
         self.metrics
@@ -256,5 +256,52 @@ impl Backup {
                 self.full_stored(&snap).await;
             }
         }
+    }
+}
+
+/// Why etcd cancelled a watch that wanted `requested` on: its typed
+/// `compact_revision` field says a compaction (a new full snapshot follows,
+/// not a retry); any other cancel is an etcd error, retried.
+fn watch_cancelled(
+    endpoint: &str,
+    requested: i64,
+    compact_revision: i64,
+    reason: &str,
+) -> BackupError {
+    if compact_revision > 0 {
+        BackupError::Compacted {
+            requested,
+            compacted: compact_revision,
+        }
+    } else {
+        etcd::err(endpoint, "watch", format!("cancelled by etcd: {reason}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_watch_is_a_compaction_only_by_its_compact_revision() {
+        let err = watch_cancelled("e", 12, 30, "");
+        assert!(
+            matches!(
+                err,
+                BackupError::Compacted {
+                    requested: 12,
+                    compacted: 30
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            !err.is_retryable(),
+            "a compaction is not retried: a full snapshot follows"
+        );
+        // the reason's words do not make a compaction
+        let err = watch_cancelled("e", 12, 0, "mvcc: required revision has been compacted");
+        assert!(matches!(err, BackupError::Etcd { .. }), "{err}");
+        assert!(err.is_retryable());
     }
 }

@@ -1,0 +1,142 @@
+//! Downloading backup objects for a restore, checked on the way: the full
+//! snapshot streamed to a file (with etcd's own checksum), deltas in memory.
+
+use std::io::Write;
+use std::path::Path;
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+
+use super::{FullInfo, RestoreOptions};
+use crate::bucket::Bucket;
+use crate::codec::{self, EncryptionKey, ObjectReader};
+use crate::delta::{self, RevisionRecord};
+use crate::error::io_at;
+use crate::{BackupError, Result};
+
+/// Downloads, checks and decodes a delta.
+pub async fn fetch_delta(
+    bucket: &Bucket,
+    name: &str,
+    key: Option<&EncryptionKey>,
+) -> Result<(codec::DeltaMeta, Vec<RevisionRecord>)> {
+    let bytes = bucket.get_all(name).await?;
+    let (decoded, body) = codec::decode(name, &bytes, key)?;
+    let meta = decoded
+        .header
+        .delta
+        .ok_or_else(|| BackupError::corrupt(name, "the header describes no delta"))?;
+    check_name(name, meta.first_revision, meta.last_revision)?;
+    let records = delta::decode_records(name, &body, &meta)?;
+    Ok((meta, records))
+}
+
+/// The name and the header must agree on the revisions.
+pub fn check_name(name: &str, first: i64, last: i64) -> Result<()> {
+    match crate::catalog::parse_name(name, 0) {
+        Some(e) if e.first == first && e.last == last => Ok(()),
+        _ => Err(BackupError::corrupt(
+            name,
+            format!("its name does not match its header (revisions {first}..{last})"),
+        )),
+    }
+}
+
+/// Checks etcd's own SHA-256 at the end of a snapshot database.
+#[derive(Default)]
+pub struct DbHash {
+    hasher: Sha256,
+    tail: Vec<u8>,
+    bytes: u64,
+}
+
+impl DbHash {
+    /// Adds plain bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        self.bytes += data.len() as u64;
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > 32 {
+            let cut = self.tail.len() - 32;
+            self.hasher.update(&self.tail[..cut]);
+            self.tail.drain(..cut);
+        }
+    }
+
+    /// Whether the last 32 bytes are the SHA-256 of the rest (etcd appends it).
+    pub fn check(self, object: &str) -> Result<u64> {
+        let digest = self.hasher.finalize();
+        if self.tail.len() != 32 || digest[..] != self.tail[..] {
+            return Err(BackupError::corrupt(
+                object,
+                "etcd's own checksum at the end of the snapshot does not match its data",
+            ));
+        }
+        Ok(self.bytes)
+    }
+}
+
+/// Downloads the full snapshot into `path`, checking it on the way.
+pub(super) async fn download_full(
+    opts: &RestoreOptions,
+    name: &str,
+    path: &Path,
+) -> Result<FullInfo> {
+    let part = path.with_extension("part");
+    let file = std::fs::File::create(&part).map_err(io_at("creating", &part))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut reader = ObjectReader::new(name, opts.key.as_ref());
+    let mut db = DbHash::default();
+    let mut stream = opts.bucket.get(name).await?;
+    while let Some(bytes) = stream.next().await {
+        let bytes = bytes?;
+        reader.feed(&bytes, &mut |plain| {
+            db.update(plain);
+            out.write_all(plain).map_err(io_at("writing", &part))
+        })?;
+    }
+    let decoded = reader.finish()?;
+    let db_bytes = db.check(name)?;
+    let file = out.into_inner().map_err(|e| BackupError::Io {
+        what: format!("writing {}", part.display()),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(io_at("syncing", &part))?;
+    std::fs::rename(&part, path).map_err(io_at("renaming", &part))?;
+    let meta = decoded
+        .header
+        .full
+        .ok_or_else(|| BackupError::corrupt(name, "the header describes no full snapshot"))?;
+    check_name(name, meta.base_revision, meta.base_revision)?;
+    let trailer = decoded
+        .trailer
+        .full
+        .ok_or_else(|| BackupError::corrupt(name, "the trailer records no revisions"))?;
+    Ok(FullInfo {
+        base_revision: meta.base_revision,
+        revision_after: trailer.revision_after,
+        keys: trailer.keys,
+        hash_kv: trailer.hash_kv,
+        db_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    #[test]
+    fn etcd_db_hash_is_checked() {
+        let data = b"some database bytes".to_vec();
+        let mut with_hash = data.clone();
+        with_hash.extend_from_slice(&Sha256::digest(&data));
+        let mut h = DbHash::default();
+        for piece in with_hash.chunks(5) {
+            h.update(piece);
+        }
+        assert_eq!(h.check("o").unwrap(), with_hash.len() as u64);
+        let mut bad = DbHash::default();
+        bad.update(&data);
+        assert!(bad.check("o").is_err());
+    }
+}

@@ -1,0 +1,329 @@
+//! Restore to a fresh data dir: the newest full snapshot at or before the
+//! target, `etcdctl snapshot restore`, a temporary etcd on loopback that the
+//! deltas are replayed into (one transaction per recorded revision, so the
+//! revisions are etcd's own), verification, and the data dir moved in place.
+//!
+//! The work is an explicit state machine: [`RestoreState::action`] says what
+//! to do next and the pure [`step`] applies what happened. The state is saved
+//! in the work dir after every step, so a rerun resumes (a replay resumes at
+//! the temporary etcd's revision).
+//!
+//! By concern: `state.rs` (the state machine), `plan.rs` (choosing the
+//! objects), `download.rs` (fetching and checking them), `replay.rs` (the
+//! temporary etcd and the replay) and `verify.rs` (the checks after it).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::bucket::Bucket;
+use crate::catalog::Plan;
+use crate::codec::{EncryptionKey, HashKv};
+use crate::error::io_at;
+use crate::etcd::{self, Member};
+use crate::{BackupError, Result};
+
+mod download;
+mod plan;
+mod replay;
+mod state;
+mod verify;
+
+pub use download::{check_name, fetch_delta, DbHash};
+pub use state::{step, Action, Outcome, RestoreState};
+
+use state::{load_state, save_state};
+
+/// What to restore to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RestoreTarget {
+    /// The newest revision in the bucket.
+    Latest,
+    /// Exactly this etcd revision.
+    Revision(i64),
+    /// Everything Ring had received at this time (ms since the epoch).
+    Time(i64),
+}
+
+/// How to restore.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    pub bucket: Bucket,
+    pub key: Option<EncryptionKey>,
+    /// Must not exist or be empty.
+    pub data_dir: PathBuf,
+    pub target: RestoreTarget,
+    /// Skip missing revisions instead of failing (the result is not exact).
+    pub allow_gap: bool,
+    /// How the restored member is named (must match how its etcd is started).
+    pub member: Member,
+    pub etcd: PathBuf,
+    pub etcdctl: PathBuf,
+    /// Scratch space [default: `<data_dir>.restore` next to the data dir].
+    pub work_dir: Option<PathBuf>,
+}
+
+impl RestoreOptions {
+    fn work_dir(&self) -> PathBuf {
+        self.work_dir.clone().unwrap_or_else(|| {
+            let mut name = self
+                .data_dir
+                .file_name()
+                .map(|n| n.to_os_string())
+                .unwrap_or_else(|| "etcd".into());
+            name.push(".restore");
+            self.data_dir.with_file_name(name)
+        })
+    }
+
+    /// What identifies this restore, so a rerun with other options starts over.
+    fn fingerprint(&self) -> String {
+        format!(
+            "{}|{}|{:?}|{}",
+            self.bucket.describe(),
+            self.data_dir.display(),
+            self.target,
+            self.allow_gap
+        )
+    }
+}
+
+/// What the full snapshot's object recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FullInfo {
+    pub base_revision: i64,
+    pub revision_after: i64,
+    pub keys: i64,
+    pub hash_kv: Option<HashKv>,
+    pub db_bytes: u64,
+}
+
+/// What a restore did and checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreReport {
+    pub data_dir: PathBuf,
+    pub target_revision: i64,
+    /// The revision the restored etcd reached.
+    pub reached_revision: i64,
+    /// The full snapshot restored, and the revision etcd had after restoring it.
+    pub full: String,
+    pub full_revision: i64,
+    pub deltas: usize,
+    pub revisions_replayed: u64,
+    pub events_replayed: u64,
+    pub replay_seconds: f64,
+    pub expected_keys: i64,
+    pub keys: i64,
+    /// What the `HashKV` check found.
+    pub hash_kv: String,
+    /// Revisions skipped with `--allow-gap`.
+    pub gaps: Vec<(i64, i64)>,
+    /// Revision, key count and (where recorded) `HashKV` all match the source.
+    pub verified: bool,
+    pub total_seconds: f64,
+}
+
+/// Restores; `progress` hears about every step. Cancelling stops between
+/// transactions (a rerun resumes). Runs inside a `restore` span naming the
+/// shoot (the bucket prefix's) and the target.
+pub async fn restore(
+    opts: &RestoreOptions,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &CancellationToken,
+) -> Result<RestoreReport> {
+    let span = tracing::info_span!("restore", shoot = %opts.bucket.shoot(), target = ?opts.target);
+    run(opts, progress, cancel).instrument(span).await
+}
+
+/// The state machine's loop: load the saved state, do what it says, save the
+/// next one, until done.
+async fn run(
+    opts: &RestoreOptions,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &CancellationToken,
+) -> Result<RestoreReport> {
+    let started = Instant::now();
+    let work = opts.work_dir();
+    let fingerprint = opts.fingerprint();
+    std::fs::create_dir_all(&work).map_err(io_at("creating", &work))?;
+    let state_file = work.join("state.json");
+    let mut state = load_state(&state_file, &fingerprint);
+    // the damage found in full snapshots this run, for the error if none is usable
+    let mut damaged: Vec<(String, String)> = Vec::new();
+    if opts.data_dir.exists()
+        && !is_empty_dir(&opts.data_dir)
+        && !matches!(state, RestoreState::Done { .. })
+    {
+        return Err(BackupError::Restore(format!(
+            "{} exists and is not empty: restore into a fresh data dir (move the old one aside)",
+            opts.data_dir.display()
+        )));
+    }
+    loop {
+        if cancel.is_cancelled() {
+            return Err(BackupError::Cancelled);
+        }
+        let outcome = match &state {
+            RestoreState::Start { excluded } => {
+                plan_step(opts, excluded, &mut damaged, progress).await?
+            }
+            RestoreState::Planned { plan, .. } => {
+                download_step(opts, plan, &work, &mut damaged, progress).await?
+            }
+            RestoreState::Downloaded { .. } => restore_snapshot_step(opts, &work, progress).await?,
+            RestoreState::SnapshotRestored { plan, full, .. } => {
+                replay::replay(opts, &work, plan, full, progress, cancel).await?
+            }
+            RestoreState::Replayed { .. } => finalize_step(opts, &work)?,
+            RestoreState::Done { report } => {
+                let mut report = report.clone();
+                report.total_seconds = started.elapsed().as_secs_f64();
+                let _ = std::fs::remove_dir_all(&work);
+                return Ok(report);
+            }
+        };
+        state = step(state, outcome)?;
+        save_state(&state_file, &fingerprint, &state)?;
+    }
+}
+
+/// Chooses the objects; when every usable full snapshot turned out damaged,
+/// says what is wrong with them.
+async fn plan_step(
+    opts: &RestoreOptions,
+    excluded: &[String],
+    damaged: &mut Vec<(String, String)>,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Outcome> {
+    let plan = match plan::plan(opts, excluded).await {
+        Ok(plan) => plan,
+        Err(e) if !damaged.is_empty() => {
+            let (object, problem) = damaged.remove(0);
+            return Err(BackupError::Corrupt {
+                object,
+                problem: format!("{problem}; no other full snapshot to fall back on ({e})"),
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    progress(&format!(
+        "plan: full snapshot {} (revision {}), {} deltas, target revision {}{}",
+        plan.full.name,
+        plan.full.first,
+        plan.deltas.len(),
+        plan.target_revision,
+        if plan.gaps.is_empty() {
+            String::new()
+        } else {
+            format!(", skipping missing revisions {:?} (--allow-gap)", plan.gaps)
+        }
+    ));
+    Ok(Outcome::Planned(plan))
+}
+
+/// Downloads and checks the planned full snapshot; a damaged one is planned
+/// around (an older full snapshot and its deltas reach the same revision).
+async fn download_step(
+    opts: &RestoreOptions,
+    plan: &Plan,
+    work: &Path,
+    damaged: &mut Vec<(String, String)>,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Outcome> {
+    let t = Instant::now();
+    match download::download_full(opts, &plan.full.name, &work.join("snapshot.db")).await {
+        Ok(full) => {
+            progress(&format!(
+                "downloaded and checked {} ({} MiB) in {:.1}s",
+                plan.full.name,
+                full.db_bytes >> 20,
+                t.elapsed().as_secs_f64()
+            ));
+            Ok(Outcome::Downloaded(full))
+        }
+        Err(BackupError::Corrupt { object, problem }) => {
+            let msg = format!("{object} is corrupt ({problem}): planning again without it");
+            tracing::warn!("{msg}");
+            progress(&msg);
+            damaged.push((object.clone(), problem.clone()));
+            Ok(Outcome::FullCorrupt { object, problem })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `etcdctl snapshot restore` of the downloaded snapshot into `work/data`.
+async fn restore_snapshot_step(
+    opts: &RestoreOptions,
+    work: &Path,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Outcome> {
+    let data = work.join("data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).map_err(io_at("removing", &data))?;
+    }
+    etcd::restore_snapshot(
+        &opts.etcdctl,
+        &work.join("snapshot.db"),
+        &data,
+        &opts.member,
+    )
+    .await?;
+    progress("etcdctl snapshot restore done");
+    Ok(Outcome::SnapshotRestored)
+}
+
+/// Moves the replayed and verified data dir in place (owner-only).
+fn finalize_step(opts: &RestoreOptions, work: &Path) -> Result<Outcome> {
+    let data = work.join("data");
+    if opts.data_dir.exists() {
+        std::fs::remove_dir(&opts.data_dir)
+            .map_err(io_at("replacing the empty", &opts.data_dir))?;
+    }
+    if let Some(parent) = opts.data_dir.parent() {
+        std::fs::create_dir_all(parent).map_err(io_at("creating", parent))?;
+    }
+    move_dir(&data, &opts.data_dir)
+        .map_err(io_at("moving the restored data to", &opts.data_dir))?;
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(&opts.data_dir, std::fs::Permissions::from_mode(0o700));
+    Ok(Outcome::Finalized)
+}
+
+/// Renames `from` to `to`, copying (and syncing) across file systems.
+fn move_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+            copy_dir(from, to)?;
+            std::fs::remove_dir_all(from)
+        }
+        other => other,
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+            std::fs::File::open(&target)?.sync_all()?;
+        }
+    }
+    std::fs::File::open(to)?.sync_all()
+}
+
+fn is_empty_dir(p: &Path) -> bool {
+    std::fs::read_dir(p)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false)
+}

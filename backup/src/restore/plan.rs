@@ -1,0 +1,59 @@
+//! Choosing what to restore: the newest usable full snapshot at or before
+//! the target and the deltas after it (a time target becomes a revision first).
+
+use super::{fetch_delta, RestoreOptions, RestoreTarget};
+use crate::catalog::{Catalog, Plan, Target};
+use crate::{BackupError, Result};
+
+/// Chooses the objects (resolving a time target to a revision first).
+pub(super) async fn plan(opts: &RestoreOptions, excluded: &[String]) -> Result<Plan> {
+    let catalog = opts.bucket.catalog().await?;
+    if catalog.is_empty() {
+        return Err(BackupError::Catalog(format!(
+            "{} holds no backup (is the bucket URL and shoot right?)",
+            opts.bucket.describe()
+        )));
+    }
+    let target = match opts.target {
+        RestoreTarget::Latest => Target::Latest,
+        RestoreTarget::Revision(r) => Target::Revision(r),
+        RestoreTarget::Time(t) => Target::Revision(revision_at(opts, &catalog, t).await?),
+    };
+    let plan = catalog.plan(target, opts.allow_gap, excluded)?;
+    if opts.key.is_none() {
+        if let Some(e) = std::iter::once(&plan.full)
+            .chain(&plan.deltas)
+            .find(|e| e.encrypted)
+        {
+            return Err(BackupError::KeyRequired {
+                object: e.name.clone(),
+                key_id: "recorded in the object".into(),
+            });
+        }
+    }
+    Ok(plan)
+}
+
+/// The newest revision Ring had received at `time_ms`.
+async fn revision_at(opts: &RestoreOptions, catalog: &Catalog, time_ms: i64) -> Result<i64> {
+    if catalog.oldest_time().is_some_and(|o| time_ms < o) {
+        return Err(BackupError::Catalog(format!(
+            "{} is older than the oldest backup ({})",
+            crate::catalog::rfc3339(time_ms),
+            crate::catalog::rfc3339(catalog.oldest_time().unwrap_or(0))
+        )));
+    }
+    let Some(d) = catalog.first_delta_after(time_ms) else {
+        return catalog
+            .latest_revision()
+            .ok_or_else(|| BackupError::Catalog("the bucket holds no backup".into()));
+    };
+    let records = fetch_delta(&opts.bucket, &d.name, opts.key.as_ref())
+        .await?
+        .1;
+    Ok(records
+        .iter()
+        .take_while(|r| r.time_ms <= time_ms)
+        .last()
+        .map_or(d.first - 1, |r| r.revision))
+}

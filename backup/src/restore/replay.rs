@@ -1,0 +1,427 @@
+//! Replaying deltas into a temporary etcd on the restored data dir: one
+//! transaction per recorded revision, in order, so the revisions are etcd's
+//! own; leases granted with their recorded ids and kept alive meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, LeaseGrantOptions, PutOptions, Txn, TxnOp};
+use tokio_util::sync::CancellationToken;
+
+use super::verify::{self, Checked};
+use super::{fetch_delta, FullInfo, Outcome, RestoreOptions, RestoreReport, RestoreTarget};
+use crate::catalog::Plan;
+use crate::codec::{DeltaMeta, HashKv};
+use crate::delta::RevisionRecord;
+use crate::etcd::{self, TempEtcd};
+use crate::{BackupError, Result};
+
+/// TTL of a lease a delta uses but whose TTL was not recorded.
+const DEFAULT_LEASE_TTL: i64 = 60;
+
+/// The leases the temporary etcd holds, shared with their keeper.
+type Leases = Arc<Mutex<BTreeSet<i64>>>;
+
+/// A fetched and decoded delta.
+type Fetched = Result<(String, (DeltaMeta, Vec<RevisionRecord>))>;
+
+/// Keeps every lease of the temporary etcd alive while the replay runs (an
+/// expiring lease would delete keys and shift the revisions).
+fn keep_leases_alive(client: Client, leases: Leases, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let ids: Vec<i64> = leases
+                .lock()
+                .map(|l| l.iter().copied().collect())
+                .unwrap_or_default();
+            for id in ids {
+                let mut c = client.clone();
+                let keep = async move {
+                    let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(2), keep).await;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    });
+}
+
+/// Starts a temporary etcd on `work/data`, replays and verifies, stops it.
+pub(super) async fn replay(
+    opts: &RestoreOptions,
+    work: &Path,
+    plan: &Plan,
+    full: &FullInfo,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &CancellationToken,
+) -> Result<Outcome> {
+    let mut temp = TempEtcd::start(
+        &opts.etcd,
+        &work.join("data"),
+        &opts.member.name,
+        &work.join("etcd.log"),
+    )
+    .await?;
+    let result = replay_into(&temp, opts, plan, full, progress, cancel).await;
+    temp.stop().await;
+    result
+}
+
+/// The revision to reach: the plan's; but a full snapshot taken while etcd
+/// was written may hold a few revisions past its base, and when nothing newer
+/// exists, "latest" is what it holds.
+fn target_revision(target: RestoreTarget, plan: &Plan, restored_revision: i64) -> i64 {
+    if target == RestoreTarget::Latest && plan.deltas.iter().all(|d| d.last <= restored_revision) {
+        plan.target_revision.max(restored_revision)
+    } else {
+        plan.target_revision
+    }
+}
+
+async fn replay_into(
+    temp: &TempEtcd,
+    opts: &RestoreOptions,
+    plan: &Plan,
+    full: &FullInfo,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &CancellationToken,
+) -> Result<Outcome> {
+    let ep = temp.url.clone();
+    let mut client = temp.client().await?;
+    let restored_revision = etcd::status(&mut client, &ep).await?.revision;
+    let target = target_revision(opts.target, plan, restored_revision);
+    if restored_revision > target {
+        progress(&format!(
+            "{} holds revision {restored_revision}, past the target {target}: trying an older full snapshot",
+            plan.full.name
+        ));
+        return Ok(Outcome::FullTooNew { restored_revision });
+    }
+    if restored_revision < full.base_revision {
+        return Err(BackupError::Restore(format!(
+            "{} restored to revision {restored_revision}, before its base revision {}: the snapshot does not hold what its name says",
+            plan.full.name, full.base_revision
+        )));
+    }
+    let leases = existing_leases(&mut client, &ep).await?;
+    let stop_keeper = CancellationToken::new();
+    keep_leases_alive(client.clone(), leases.clone(), stop_keeper.clone());
+    let _stop_keeper = stop_keeper.drop_guard();
+    // Download and decode the next deltas while the current one is applied.
+    let (mut rx, _abort) = fetch_ahead(opts, plan);
+
+    let t = Instant::now();
+    let mut r = Replayer::new(opts, plan, full, ep, leases, target, restored_revision);
+    while let Some(item) = rx.recv().await {
+        let (name, (meta, records)) = item?;
+        r.delta(&mut client, &name, &meta, records, progress, cancel)
+            .await?;
+    }
+    let replay_seconds = t.elapsed().as_secs_f64();
+    r.summarize(replay_seconds, progress);
+    let checked = verify::verify(&mut client, &r).await?;
+    progress(&format!(
+        "verified: revision {}, {} keys, HashKV {}",
+        checked.reached, checked.keys, checked.hash_kv
+    ));
+    Ok(Outcome::Replayed(r.report(
+        opts,
+        plan,
+        replay_seconds,
+        checked,
+    )))
+}
+
+/// The leases the restored snapshot holds already.
+async fn existing_leases(client: &mut Client, ep: &str) -> Result<Leases> {
+    let existing: BTreeSet<i64> = etcd::call(ep, "listing leases", client.leases())
+        .await?
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    Ok(Arc::new(Mutex::new(existing)))
+}
+
+/// Fetches the plan's deltas in order, two ahead of the replay; the first
+/// failure ends the stream.
+fn fetch_ahead(
+    opts: &RestoreOptions,
+    plan: &Plan,
+) -> (tokio::sync::mpsc::Receiver<Fetched>, AbortOnDrop) {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let bucket = opts.bucket.clone();
+    let key = opts.key.clone();
+    let names: Vec<String> = plan.deltas.iter().map(|d| d.name.clone()).collect();
+    let fetcher = tokio::spawn(async move {
+        for name in names {
+            let r = fetch_delta(&bucket, &name, key.as_ref())
+                .await
+                .map(|x| (name, x));
+            let failed = r.is_err();
+            if tx.send(r).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    (rx, AbortOnDrop(fetcher))
+}
+
+/// What a recorded revision asks for.
+enum Next {
+    /// Already seen (an overlapping delta), in the snapshot, or applied before a crash.
+    Skip,
+    /// Past the target: the rest of this delta is not needed.
+    Stop,
+    Apply,
+}
+
+/// The replay's progress.
+pub(super) struct Replayer {
+    ep: String,
+    allow_gap: bool,
+    leases: Leases,
+    pub(super) target: i64,
+    restored_revision: i64,
+    /// etcd's revision after the last transaction.
+    current: i64,
+    pub(super) expected_keys: i64,
+    /// No revision was skipped: etcd's revisions are the recorded ones.
+    pub(super) aligned: bool,
+    gaps: Vec<(i64, i64)>,
+    revisions: u64,
+    events: u64,
+    pub(super) recorded_hashes: Vec<HashKv>,
+    pub(super) last_seen: i64,
+    last_report: Instant,
+}
+
+impl Replayer {
+    fn new(
+        opts: &RestoreOptions,
+        plan: &Plan,
+        full: &FullInfo,
+        ep: String,
+        leases: Leases,
+        target: i64,
+        restored_revision: i64,
+    ) -> Self {
+        Replayer {
+            ep,
+            allow_gap: opts.allow_gap,
+            leases,
+            target,
+            restored_revision,
+            current: restored_revision,
+            expected_keys: full.keys,
+            aligned: plan.gaps.is_empty(),
+            gaps: Vec::new(),
+            revisions: 0,
+            events: 0,
+            recorded_hashes: full.hash_kv.into_iter().collect(),
+            last_seen: full.base_revision,
+            last_report: Instant::now(),
+        }
+    }
+
+    pub(super) fn ep(&self) -> &str {
+        &self.ep
+    }
+
+    /// Replays one delta's records up to the target.
+    async fn delta(
+        &mut self,
+        client: &mut Client,
+        name: &str,
+        meta: &DeltaMeta,
+        records: Vec<RevisionRecord>,
+        progress: &(dyn Fn(&str) + Sync),
+        cancel: &CancellationToken,
+    ) -> Result<()> {
+        let ttls: BTreeMap<i64, i64> = meta.leases.iter().copied().collect();
+        if let Some(h) = meta.hash_kv {
+            if h.revision <= self.target {
+                self.recorded_hashes.push(h);
+            }
+        }
+        for r in records {
+            match self.next(name, &r)? {
+                Next::Skip => continue,
+                Next::Stop => break,
+                Next::Apply => {}
+            }
+            if cancel.is_cancelled() {
+                return Err(BackupError::Cancelled);
+            }
+            self.apply(client, &r, &ttls, progress).await?;
+        }
+        Ok(())
+    }
+
+    /// Accounts for record `r` of delta `name` (gaps, key count) and says
+    /// whether it is to be applied.
+    fn next(&mut self, name: &str, r: &RevisionRecord) -> Result<Next> {
+        if r.revision <= self.last_seen {
+            return Ok(Next::Skip); // an overlapping delta
+        }
+        if r.revision > self.target {
+            return Ok(Next::Stop);
+        }
+        if r.revision != self.last_seen + 1 {
+            self.gaps.push((self.last_seen + 1, r.revision - 1));
+            if !self.allow_gap {
+                return Err(BackupError::Gap {
+                    from: self.last_seen + 1,
+                    to: r.revision - 1,
+                    detail: format!("{name} does not continue the previous object"),
+                });
+            }
+            self.aligned = false;
+        }
+        self.last_seen = r.revision;
+        self.expected_keys += r.key_delta();
+        if r.revision <= self.restored_revision || (self.aligned && r.revision <= self.current) {
+            return Ok(Next::Skip); // already in the snapshot (or applied before a crash)
+        }
+        Ok(Next::Apply)
+    }
+
+    /// Applies record `r` and checks etcd's revision after it.
+    async fn apply(
+        &mut self,
+        client: &mut Client,
+        r: &RevisionRecord,
+        ttls: &BTreeMap<i64, i64>,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<()> {
+        let got = apply(client, &self.ep, r, ttls, &self.leases).await?;
+        if self.aligned && got != r.revision {
+            return Err(BackupError::Restore(format!(
+                "replay diverged at revision {}: etcd answered revision {got}; the full snapshot and the deltas do not fit together",
+                r.revision
+            )));
+        }
+        self.current = got;
+        self.revisions += 1;
+        self.events += r.events.len() as u64;
+        if self.last_report.elapsed() >= Duration::from_secs(5) {
+            progress(&format!(
+                "replayed up to revision {} ({} events)",
+                r.revision, self.events
+            ));
+            self.last_report = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Tells what was replayed (and skipped, with `--allow-gap`).
+    fn summarize(&self, seconds: f64, progress: &(dyn Fn(&str) + Sync)) {
+        if !self.gaps.is_empty() && self.allow_gap {
+            progress(&format!(
+                "skipped missing revisions {:?} (--allow-gap): the result is not exact",
+                self.gaps
+            ));
+        }
+        progress(&format!(
+            "replayed {} revisions ({} events) in {seconds:.1}s",
+            self.revisions, self.events
+        ));
+    }
+
+    fn report(
+        self,
+        opts: &RestoreOptions,
+        plan: &Plan,
+        replay_seconds: f64,
+        checked: Checked,
+    ) -> RestoreReport {
+        let mut gaps = plan.gaps.clone();
+        gaps.extend(self.gaps.iter().copied().filter(|g| !plan.gaps.contains(g)));
+        RestoreReport {
+            data_dir: opts.data_dir.clone(),
+            target_revision: self.target,
+            reached_revision: checked.reached,
+            full: plan.full.name.clone(),
+            full_revision: self.restored_revision,
+            deltas: plan.deltas.len(),
+            revisions_replayed: self.revisions,
+            events_replayed: self.events,
+            replay_seconds,
+            expected_keys: self.expected_keys,
+            keys: checked.keys,
+            hash_kv: checked.hash_kv,
+            gaps,
+            verified: self.aligned,
+            total_seconds: 0.0,
+        }
+    }
+}
+
+/// Aborts the task when dropped.
+pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Applies one recorded revision as one transaction (granting the leases it
+/// uses first); returns etcd's revision after it. Transactions go one at a
+/// time: etcd may apply concurrent requests in any order, and the revisions
+/// must be the recorded ones.
+async fn apply(
+    client: &mut Client,
+    ep: &str,
+    r: &RevisionRecord,
+    ttls: &BTreeMap<i64, i64>,
+    leases: &Mutex<BTreeSet<i64>>,
+) -> Result<i64> {
+    let mut ops = Vec::with_capacity(r.events.len());
+    for e in &r.events {
+        if e.delete {
+            ops.push(TxnOp::delete(e.key.clone(), None));
+            continue;
+        }
+        let mut opts = None;
+        if e.lease != 0 {
+            let known = leases.lock().map(|l| l.contains(&e.lease)).unwrap_or(false);
+            if !known {
+                let ttl = ttls
+                    .get(&e.lease)
+                    .copied()
+                    .filter(|t| *t > 0)
+                    .unwrap_or(DEFAULT_LEASE_TTL);
+                match client
+                    .lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(e.lease)))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(err) if etcd::is_lease_taken(&err) => {}
+                    Err(err) => {
+                        return Err(etcd::err(ep, &format!("granting lease {:x}", e.lease), err))
+                    }
+                }
+                if let Ok(mut l) = leases.lock() {
+                    l.insert(e.lease);
+                }
+            }
+            opts = Some(PutOptions::new().with_lease(e.lease));
+        }
+        ops.push(TxnOp::put(e.key.clone(), e.value.clone(), opts));
+    }
+    let resp = etcd::call(
+        ep,
+        &format!("replaying revision {}", r.revision),
+        client.txn(Txn::new().and_then(ops)),
+    )
+    .await?;
+    Ok(resp.header().map_or(0, |h| h.revision()))
+}
