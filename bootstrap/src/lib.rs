@@ -8,7 +8,6 @@
 //! rerun resumes wherever the ring is; `ringctl down` stops the members and
 //! keeps every byte of data.
 
-pub mod bench;
 pub mod config;
 pub mod nodes;
 pub mod plan;
@@ -185,40 +184,6 @@ pub trait Progress: Send + Sync {
     fn step(&self, label: &str);
     /// A step finished after `took`.
     fn finished(&self, label: &str, took: Duration);
-}
-
-/// Progress on a terminal: an indicatif spinner and one line per finished step
-/// (plain lines when stderr is not a terminal).
-pub struct TerminalProgress {
-    bar: indicatif::ProgressBar,
-}
-
-impl Default for TerminalProgress {
-    fn default() -> Self {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.enable_steady_tick(Duration::from_millis(120));
-        TerminalProgress { bar }
-    }
-}
-
-impl Progress for TerminalProgress {
-    fn step(&self, label: &str) {
-        self.bar.set_message(label.to_string());
-    }
-    fn finished(&self, label: &str, took: Duration) {
-        let line = format!("  ok  {label} ({:.1}s)", took.as_secs_f64());
-        if self.bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            self.bar.println(line);
-        }
-    }
-}
-
-impl Drop for TerminalProgress {
-    fn drop(&mut self) {
-        self.bar.finish_and_clear();
-    }
 }
 
 /// What bootstrap did and where the ring stands.

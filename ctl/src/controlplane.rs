@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use seed::{BinarySearch, ControlPlaneStatus, LocalSeed, Seed, SeedError, ShootLayout};
@@ -64,20 +64,32 @@ pub async fn up(opts: &UpOptions, supervisor_exe: &Path) -> Result<UpOutcome> {
     // Fail here, with the real reason, rather than in the detached process.
     seed.prepare(&spec)?;
     seed::local::check_ports(&spec)?;
+    let child = spawn_supervisor(opts, &layout, supervisor_exe)?;
+    let status = wait_ready(opts, &seed, &layout, child).await?;
+    Ok(UpOutcome {
+        started: true,
+        status,
+    })
+}
 
+/// Starts `supervisor_exe controlplane run ...` in its own session, its output
+/// appended to the shoot's supervisor log.
+fn spawn_supervisor(
+    opts: &UpOptions,
+    layout: &ShootLayout,
+    supervisor_exe: &Path,
+) -> Result<Child> {
     let log_path = layout.supervisor_log();
+    let opening = |source: std::io::Error| RingError::Io {
+        what: format!("opening {}", log_path.display()),
+        source,
+    };
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log_path)
-        .map_err(|source| RingError::Io {
-            what: format!("opening {}", log_path.display()),
-            source,
-        })?;
-    let err_log = log.try_clone().map_err(|source| RingError::Io {
-        what: format!("opening {}", log_path.display()),
-        source,
-    })?;
+        .map_err(opening)?;
+    let err_log = log.try_clone().map_err(opening)?;
     let mut cmd = std::process::Command::new(supervisor_exe);
     cmd.args(["controlplane", "run", "--shoot", &opts.shoot, "--state-dir"])
         .arg(&opts.seed.state_dir)
@@ -98,30 +110,38 @@ pub async fn up(opts: &UpOptions, supervisor_exe: &Path) -> Result<UpOutcome> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|source| RingError::Io {
+    let child = cmd.spawn().map_err(|source| RingError::Io {
         what: format!("starting {} controlplane run", supervisor_exe.display()),
         source,
     })?;
     tracing::info!(shoot = %opts.shoot, pid = child.id(), "supervisor started");
+    Ok(child)
+}
 
+/// Waits until the control plane is ready (`/readyz` ok and every component
+/// running). A supervisor that exits fails at once with its log's tail; at the
+/// timeout the control plane is stopped again and the apiserver log's tail told.
+async fn wait_ready(
+    opts: &UpOptions,
+    seed: &LocalSeed,
+    layout: &ShootLayout,
+    mut child: Child,
+) -> Result<ControlPlaneStatus> {
     let deadline = tokio::time::Instant::now() + opts.timeout;
     loop {
         if let Ok(Some(_)) = child.try_wait() {
+            let log = layout.supervisor_log();
             return Err(SeedError::SupervisorExited {
                 shoot: opts.shoot.clone(),
-                tail: ShootLayout::tail(&log_path, 20),
-                log: log_path,
+                tail: ShootLayout::tail(&log, 20),
+                log,
             }
             .into());
         }
-        // Ready = /readyz ok and every component running.
         let status = seed.inspect(&opts.shoot).await;
         if let Ok(status) = &status {
             if status.phase == seed::Phase::Ready {
-                return Ok(UpOutcome {
-                    started: true,
-                    status: status.clone(),
-                });
+                return Ok(status.clone());
             }
         }
         if tokio::time::Instant::now() >= deadline {

@@ -71,7 +71,7 @@ pub async fn run(cmd: ImagesCommand, format: Format) -> anyhow::Result<()> {
             let built = tokio::task::spawn_blocking(move || images::build_all(&dir, &inputs))
                 .await
                 .context("the image build stopped")??;
-            crate::print(&built, format, || {
+            crate::commands::print(&built, format, || {
                 let written = built.iter().filter(|b| b.rebuilt).count();
                 format!(
                     "{}\n{written} written, {} up to date, in {:.1}s\n",
@@ -84,7 +84,7 @@ pub async fn run(cmd: ImagesCommand, format: Format) -> anyhow::Result<()> {
         ImagesCommand::List(args) => {
             let dir = args.dir();
             let built = images::list(&dir)?;
-            crate::print(&built, format, || {
+            crate::commands::print(&built, format, || {
                 if built.is_empty() {
                     format!(
                         "no image archives in {}; build them with `ringctl images build`\n",
@@ -138,7 +138,7 @@ async fn import(args: ImportArgs, format: Format) -> anyhow::Result<()> {
     })
     .await
     .context("the import stopped")??;
-    crate::print(&imported, format, || render(&imported))
+    crate::commands::print(&imported, format, || render(&imported))
 }
 
 /// The `ringd` in the directory of this executable.

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use bootstrap::config::SeedSpec;
 use bootstrap::RingConfig;
 use clap::Args;
 use ringd::config::{MemberConfig, RingdConfig, SeedConfig, TlsFiles, API_VERSION};
@@ -47,6 +48,49 @@ fn parse_member_address(s: &str) -> Result<(String, SocketAddr), String> {
 
 /// The manifests of every member (or only `--member`), as one YAML stream.
 pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
+    let ring = read_ring(args)?;
+    let addresses = (0..ring.members.len())
+        .map(|i| member_address(args, &ring, i))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let members: Vec<MemberConfig> = ring
+        .members
+        .iter()
+        .zip(&addresses)
+        .enumerate()
+        .map(|(i, (m, address))| MemberConfig {
+            name: m.name.clone(),
+            id: i as u64 + 1,
+            address: address.to_string(),
+        })
+        .collect();
+    let manifests = Manifests {
+        ring: ring.name.clone(),
+        namespace: args.namespace.clone(),
+        image: args.image.clone(),
+        storage: args.storage.clone(),
+    };
+    let mut out = String::new();
+    for (i, m) in ring.members.iter().enumerate() {
+        if args.member.as_ref().is_some_and(|only| only != &m.name) {
+            continue;
+        }
+        let member = member(&ring, &members, i, addresses[i].port())?;
+        let objects = manifests
+            .member(&member)
+            .map_err(|e| anyhow::anyhow!("rendering member {}: {e}", m.name))?;
+        out.push_str(&format!(
+            "# member {name}: {target}\n# needs Secret {ns}/ringd-{name}-tls with ca.crt, tls.crt, tls.key (ringctl pki init --member {name}=IP)\n",
+            name = m.name,
+            target = apply_hint(&m.seed),
+            ns = args.namespace
+        ));
+        out.push_str(&to_yaml(&objects));
+    }
+    Ok(out)
+}
+
+/// The Ring config of `--ring-config`, checked against `--member-address` and `--member`.
+fn read_ring(args: &ManifestsArgs) -> anyhow::Result<RingConfig> {
     let path = &args.ring_config;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -65,115 +109,111 @@ pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
             ring.name
         );
     }
-    let address = |i: usize| -> anyhow::Result<SocketAddr> {
-        let name = &ring.members[i].name;
-        match args.member_addresses.iter().find(|(n, _)| n == name) {
-            Some((_, a)) => Ok(*a),
-            None => ring
-                .member_address(i)
-                .parse()
-                .with_context(|| format!("address of member {name}")),
-        }
-    };
-    let members: Vec<MemberConfig> = (0..ring.members.len())
-        .map(|i| {
-            Ok(MemberConfig {
-                name: ring.members[i].name.clone(),
-                id: i as u64 + 1,
-                address: address(i)?.to_string(),
-            })
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let manifests = Manifests {
-        ring: ring.name.clone(),
-        namespace: args.namespace.clone(),
-        image: args.image.clone(),
-        storage: args.storage.clone(),
-    };
-    let mut out = String::new();
-    for (i, m) in ring.members.iter().enumerate() {
-        if args.member.as_ref().is_some_and(|only| only != &m.name) {
-            continue;
-        }
-        let port = address(i)?.port();
-        let metrics_port: u16 = ring
-            .metrics_address(i)
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .context("metrics port")?;
-        let config = RingdConfig {
-            api_version: API_VERSION.into(),
-            kind: "RingMember".into(),
-            name: m.name.clone(),
-            id: members[i].id,
-            listen: format!("0.0.0.0:{port}"),
-            metrics_listen: Some(format!("0.0.0.0:{metrics_port}")),
-            data_dir: format!("{DATA_DIR}/data").into(),
-            tls: TlsFiles {
-                ca: format!("{TLS_DIR}/ca.crt").into(),
-                cert: format!("{TLS_DIR}/tls.crt").into(),
-                key: format!("{TLS_DIR}/tls.key").into(),
-            },
-            members: members.clone(),
-            join: false,
-            timing: ring.timing,
-            // In its own cluster, ringd hosts control planes there with its service account.
-            seed: Some(SeedConfig {
-                state_dir: format!("{DATA_DIR}/seed").into(),
-                bin_dir: None,
-                kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
-                release_grace_secs: ringd::config::default_release_grace_secs(),
-                api_advertise: Default::default(),
-            }),
-            backup: ring
-                .bucket
-                .as_ref()
-                .map(|url| ringd::config::BackupSection {
-                    bucket: backup::BucketConfig::url(url.clone()),
-                    // a Kubernetes seed backs up nothing yet (see the README)
-                    encryption: None,
-                }),
-        };
-        config
-            .validate()
-            .with_context(|| format!("ringd config of member {}", m.name))?;
-        let member = Member {
-            name: m.name.clone(),
-            config,
-            port,
-            metrics_port: Some(metrics_port),
-            hosts: ring
-                .members
-                .iter()
-                .filter(|o| o.name != m.name)
-                .map(|o| o.name.clone())
-                .collect(),
-        };
-        let objects = manifests
-            .member(&member)
-            .map_err(|e| anyhow::anyhow!("rendering member {}: {e}", m.name))?;
-        let target = match &m.seed {
-            bootstrap::config::SeedSpec::Kubernetes {
-                kubeconfig,
-                context,
-            } => format!(
-                "kubectl --kubeconfig {kubeconfig}{} apply -f -",
-                context
-                    .as_ref()
-                    .map(|c| format!(" --context {c}"))
-                    .unwrap_or_default()
-            ),
-            bootstrap::config::SeedSpec::Local => {
-                "kubectl apply -f - (the member's own cluster)".into()
-            }
-        };
-        out.push_str(&format!(
-            "# member {name}: {target}\n# needs Secret {ns}/ringd-{name}-tls with ca.crt, tls.crt, tls.key (ringctl pki init --member {name}=IP)\n",
-            name = m.name,
-            ns = args.namespace
-        ));
-        out.push_str(&to_yaml(&objects));
+    Ok(ring)
+}
+
+/// Where members reach member `i`: its `--member-address`, else from the Ring config's ports.
+fn member_address(args: &ManifestsArgs, ring: &RingConfig, i: usize) -> anyhow::Result<SocketAddr> {
+    let name = &ring.members[i].name;
+    match args.member_addresses.iter().find(|(n, _)| n == name) {
+        Some((_, a)) => Ok(*a),
+        None => ring
+            .member_address(i)
+            .parse()
+            .with_context(|| format!("address of member {name}")),
     }
-    Ok(out)
+}
+
+/// Member `i` as the manifests see it: its validated ringd config, ports, and
+/// the shoots it may host (every other member's).
+fn member(
+    ring: &RingConfig,
+    members: &[MemberConfig],
+    i: usize,
+    port: u16,
+) -> anyhow::Result<Member<RingdConfig>> {
+    let name = &ring.members[i].name;
+    let metrics_port: u16 = ring
+        .metrics_address(i)
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("metrics port")?;
+    let config = ringd_config(ring, members, i, port, metrics_port);
+    config
+        .validate()
+        .with_context(|| format!("ringd config of member {name}"))?;
+    Ok(Member {
+        name: name.clone(),
+        config,
+        port,
+        metrics_port: Some(metrics_port),
+        hosts: ring
+            .members
+            .iter()
+            .filter(|o| &o.name != name)
+            .map(|o| o.name.clone())
+            .collect(),
+    })
+}
+
+/// Member `i`'s ringd config in its own cluster: files in the pod's volumes,
+/// control planes hosted there with its service account.
+fn ringd_config(
+    ring: &RingConfig,
+    members: &[MemberConfig],
+    i: usize,
+    port: u16,
+    metrics_port: u16,
+) -> RingdConfig {
+    RingdConfig {
+        api_version: API_VERSION.into(),
+        kind: "RingMember".into(),
+        name: ring.members[i].name.clone(),
+        id: members[i].id,
+        listen: format!("0.0.0.0:{port}"),
+        metrics_listen: Some(format!("0.0.0.0:{metrics_port}")),
+        data_dir: format!("{DATA_DIR}/data").into(),
+        tls: TlsFiles {
+            ca: format!("{TLS_DIR}/ca.crt").into(),
+            cert: format!("{TLS_DIR}/tls.crt").into(),
+            key: format!("{TLS_DIR}/tls.key").into(),
+        },
+        members: members.to_vec(),
+        join: false,
+        timing: ring.timing,
+        // In its own cluster, ringd hosts control planes there with its service account.
+        seed: Some(SeedConfig {
+            state_dir: format!("{DATA_DIR}/seed").into(),
+            bin_dir: None,
+            kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
+            release_grace_secs: ringd::config::default_release_grace_secs(),
+            api_advertise: Default::default(),
+        }),
+        backup: ring
+            .bucket
+            .as_ref()
+            .map(|url| ringd::config::BackupSection {
+                bucket: backup::BucketConfig::url(url.clone()),
+                // a Kubernetes seed backs up nothing yet (see the README)
+                encryption: None,
+            }),
+    }
+}
+
+/// How to apply a member's manifests to its cluster.
+fn apply_hint(seed: &SeedSpec) -> String {
+    match seed {
+        SeedSpec::Kubernetes {
+            kubeconfig,
+            context,
+        } => format!(
+            "kubectl --kubeconfig {kubeconfig}{} apply -f -",
+            context
+                .as_ref()
+                .map(|c| format!(" --context {c}"))
+                .unwrap_or_default()
+        ),
+        SeedSpec::Local => "kubectl apply -f - (the member's own cluster)".into(),
+    }
 }

@@ -12,10 +12,12 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 
 use serde::Serialize;
 
-use bootstrap::config::{Ports, RingConfig};
-use bootstrap::{bootstrap, down, BootstrapError, BootstrapOptions, RingLayout};
+use bootstrap::BootstrapError;
 use ringd::client::AdminClient;
-use ringd::state::OperationStep;
+use ringd::state::{MemberState, Operation, OperationStep};
+use ringd::status::RingStatus;
+
+use super::{upper_median, BenchRing};
 
 /// One failover's figures (seconds from the kill).
 #[derive(Debug, Clone, Serialize)]
@@ -125,14 +127,6 @@ impl Load {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
 /// Bootstraps a 3-member ring under `dir`, fills m2 with `objects` ConfigMaps,
 /// then `runs` times kills the member hosting m2 and times the failover.
 pub async fn failover_bench(
@@ -143,235 +137,300 @@ pub async fn failover_bench(
     runs: usize,
     rate: u64,
 ) -> Result<FailoverBench, BootstrapError> {
-    let config = RingConfig {
-        name: "benchfail".into(),
-        ports: Ports {
-            address: "127.0.0.1".into(),
-            base: base_port,
-        },
-        nodes: bootstrap::config::Nodes { per_member: 0 },
-        ..RingConfig::default()
-    };
-    let ring_dir = dir.join("ring");
-    let _kill = bootstrap::KillRingOnDrop(bootstrap::RingLayout {
-        dir: ring_dir.clone(),
-    });
-    let opts = BootstrapOptions {
-        config: Some(config.clone()),
-        dir: ring_dir.clone(),
-        ringd: ringd.to_path_buf(),
-        timeout: Duration::from_secs(300),
-    };
-    struct Quiet;
-    impl bootstrap::Progress for Quiet {
-        fn step(&self, _: &str) {}
-        fn finished(&self, _: &str, _: Duration) {}
-    }
-    let layout = RingLayout {
-        dir: ring_dir.clone(),
-    };
+    let ring = BenchRing::new(dir, "benchfail", ringd, base_port);
     let result = async {
-        bootstrap(&opts, &Quiet).await?;
-        super::migrate::fill(&layout.kubeconfig("m2"), objects).await?;
-        let client = seed::kubeconfig::client("m2", &layout.kubeconfig("m2"))
+        ring.bootstrap().await?;
+        super::migrate::fill(&ring.layout.kubeconfig("m2"), objects).await?;
+        let client = seed::kubeconfig::client("m2", &ring.layout.kubeconfig("m2"))
             .await
             .map_err(|e| BootstrapError::Ring(e.into()))?;
-        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-            kube::Api::namespaced(client, "default");
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
         let mut out = Vec::new();
         for run in 0..runs {
-            bootstrap(&opts, &Quiet).await?; // every member up, every control plane serving
-            // the placement as the leader knows it once it sees every member up (a
-            // member that just restarted may still hold an older view)
-            let status = {
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let mut seen = None;
-                    for i in 0..config.members.len() {
-                        let (address, pki) = (config.member_address(i), layout.pki());
-                        if let Ok(mut c) = AdminClient::connect_leader(&address, &pki).await {
-                            if let Ok(s) = c.status().await {
-                                seen = Some(s);
-                                break;
-                            }
-                        }
-                    }
-                    let all_up = seen.as_ref().is_some_and(|s| {
-                        s.members
-                            .iter()
-                            .all(|m| m.state == ringd::state::MemberState::Up)
-                    });
-                    match seen {
-                        Some(s) if all_up || Instant::now() > deadline => break s,
-                        None if Instant::now() > deadline => {
-                            return Err(BootstrapError::Unsupported(
-                                "no member knows a leader after 60 s".into(),
-                            ))
-                        }
-                        _ => tokio::time::sleep(Duration::from_millis(200)).await,
-                    }
-                }
-            };
-            let host = status
-                .placements
-                .iter()
-                .find(|p| p.shoot == "m2")
-                .map(|p| p.host.clone())
-                .unwrap_or_default();
-            // wait until the ring knows a backup covering the fill
-            let wanted = status
-                .placements
-                .iter()
-                .find(|p| p.shoot == "m2")
-                .and_then(|p| p.last_backup_revision);
-            let observer = config
-                .members
-                .iter()
-                .position(|m| m.name != host && m.name != "m2")
-                .unwrap_or(0);
-            let mut admin = AdminClient::connect(&config.member_address(observer), &layout.pki())?;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while Instant::now() < deadline {
-                let s = admin.status().await?;
-                let rev = s
-                    .placements
-                    .iter()
-                    .find(|p| p.shoot == "m2")
-                    .and_then(|p| p.last_backup_revision);
-                if rev.is_some() && rev >= wanted {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let pid = layout
-                .running_pid(&host)
-                .ok_or_else(|| BootstrapError::Unsupported(format!("{host} does not run")))?;
-            // only operations started after the kill count (earlier runs left theirs)
-            let seen = admin.status().await?.operations.iter().map(|o| o.id).max();
-            // the RPO load runs for 3 s before the kill and on through the failover
-            let load = Load::start(api.clone(), run, rate);
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let killed = Instant::now();
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            let (mut decided, mut restoring, mut first_read, mut done) = (None, None, None, None);
-            let mut detail = String::new();
-            let mut target = String::new();
-            while done.is_none() || first_read.is_none() {
-                if killed.elapsed() > Duration::from_secs(180) {
-                    return Err(BootstrapError::Timeout {
-                        step: format!("failover after killing {host}"),
-                        waited_secs: 180,
-                        detail: format!(
-                            "decided {decided:?}, restoring {restoring:?}, read {first_read:?}; the ring says: {}; last lines of the members' logs:\n{}",
-                            admin
-                                .status()
-                                .await
-                                .ok()
-                                .and_then(|s| serde_json::to_string(&(s.members, s.placements, s.operations)).ok())
-                                .unwrap_or_default(),
-                            config
-                                .members
-                                .iter()
-                                .map(|m| format!("--- {}\n{}", m.name, seed::ShootLayout::tail(&layout.log(&m.name), 15)))
-                                .collect::<Vec<_>>()
-                                .join("\n")
-                        ),
-                    });
-                }
-                if first_read.is_none() {
-                    let list = tokio::time::timeout(
-                        Duration::from_millis(500),
-                        api.list(&kube::api::ListParams::default().limit(1)),
-                    )
-                    .await;
-                    if matches!(list, Ok(Ok(_))) && decided.is_some() {
-                        first_read = Some(killed.elapsed().as_secs_f64());
-                    }
-                }
-                if let Ok(s) = admin.status().await {
-                    if let Some(op) = s
-                        .operations
-                        .iter()
-                        .rev()
-                        .find(|o| o.shoot() == "m2" && o.source() == host && Some(o.id) > seen)
-                    {
-                        target = op.target().to_string();
-                        decided.get_or_insert(killed.elapsed().as_secs_f64());
-                        if matches!(op.step, OperationStep::Restoring | OperationStep::Done) {
-                            restoring.get_or_insert(killed.elapsed().as_secs_f64());
-                        }
-                        if op.step == OperationStep::Done {
-                            done.get_or_insert(killed.elapsed().as_secs_f64());
-                            detail = op.detail.clone();
-                        }
-                        if op.step == OperationStep::Failed {
-                            return Err(BootstrapError::Unsupported(format!(
-                                "failover failed: {}",
-                                op.detail
-                            )));
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let acked = load.stop().await;
-            let before: Vec<&(String, Instant)> =
-                acked.iter().filter(|(_, at)| *at <= killed).collect();
-            let present: std::collections::BTreeSet<String> = api
-                .list(&ListParams::default().labels(&format!("load={run}")))
-                .await
-                .map_err(|e| BootstrapError::Ring(ringd::RingError::Transport(e.to_string())))?
-                .items
-                .into_iter()
-                .filter_map(|c| c.metadata.name)
-                .collect();
-            let lost: Vec<&&(String, Instant)> = before
-                .iter()
-                .filter(|(n, _)| !present.contains(n))
-                .collect();
-            let rpo_secs = lost
-                .iter()
-                .map(|(_, at)| killed.saturating_duration_since(*at).as_secs_f64())
-                .fold(0.0, f64::max);
-            let outcome = admin
-                .status()
-                .await?
-                .operations
-                .iter()
-                .rev()
-                .find(|o| o.shoot() == "m2" && o.source() == host && Some(o.id) > seen)
-                .and_then(|o| o.outcome.clone())
-                .unwrap_or_default();
-            out.push(FailoverFigures {
-                killed: host,
-                target,
-                decided_secs: decided.unwrap_or(0.0),
-                restoring_secs: restoring.unwrap_or(0.0),
-                first_read_secs: first_read.unwrap_or(0.0),
-                done_secs: done.unwrap_or(0.0),
-                restore_secs: outcome.restore_ms as f64 / 1000.0,
-                start_secs: outcome.start_ms as f64 / 1000.0,
-                writes_lost: lost.len(),
-                writes_acked: before.len(),
-                rpo_secs,
-                detail,
-            });
+            ring.bootstrap().await?; // every member up, every control plane serving
+            out.push(one_failover(&ring, &api, run, rate).await?);
         }
-        Ok(out)
+        Ok::<_, BootstrapError>(out)
     }
     .await;
-    let _ = down(&ring_dir, Duration::from_secs(60)).await;
+    ring.down().await;
     let runs = result?;
     Ok(FailoverBench {
         objects,
         rate,
-        median_rto_secs: median(runs.iter().map(|r| r.first_read_secs).collect()),
-        median_rpo_secs: median(runs.iter().map(|r| r.rpo_secs).collect()),
+        median_rto_secs: upper_median(runs.iter().map(|r| r.first_read_secs).collect()),
+        median_rpo_secs: upper_median(runs.iter().map(|r| r.rpo_secs).collect()),
         max_rpo_secs: runs.iter().map(|r| r.rpo_secs).fold(0.0, f64::max),
         runs,
+    })
+}
+
+/// Run `run`: once a backup covers m2's data, the load starts; 3 s later the
+/// member hosting m2 is killed (kill -9), and the failover is watched until m2
+/// answers again and the ring records it done; then the lost writes are counted.
+async fn one_failover(
+    ring: &BenchRing,
+    api: &kube::Api<ConfigMap>,
+    run: usize,
+    rate: u64,
+) -> Result<FailoverFigures, BootstrapError> {
+    let status = leader_status(ring).await?;
+    let m2 = status.placements.iter().find(|p| p.shoot == "m2");
+    let host = m2.map(|p| p.host.clone()).unwrap_or_default();
+    let observer = ring
+        .config
+        .members
+        .iter()
+        .position(|m| m.name != host && m.name != "m2")
+        .unwrap_or(0);
+    let mut admin =
+        AdminClient::connect(&ring.config.member_address(observer), &ring.layout.pki())?;
+    wait_for_backup(&mut admin, m2.and_then(|p| p.last_backup_revision)).await?;
+    let pid = ring
+        .layout
+        .running_pid(&host)
+        .ok_or_else(|| BootstrapError::Unsupported(format!("{host} does not run")))?;
+    // only operations started after the kill count (earlier runs left theirs)
+    let seen = admin.status().await?.operations.iter().map(|o| o.id).max();
+    // the RPO load runs for 3 s before the kill and on through the failover
+    let load = Load::start(api.clone(), run, rate);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let killed = Instant::now();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let kill = Kill { host, seen, killed };
+    let phases = watch_failover(ring, &mut admin, api, &kill).await?;
+    let acked = load.stop().await;
+    let writes = lost_writes(api, run, &acked, killed).await?;
+    let outcome = failover_of(&admin.status().await?, &kill)
+        .and_then(|o| o.outcome.clone())
+        .unwrap_or_default();
+    Ok(FailoverFigures {
+        killed: kill.host,
+        target: phases.target,
+        decided_secs: phases.decided.unwrap_or(0.0),
+        restoring_secs: phases.restoring.unwrap_or(0.0),
+        first_read_secs: phases.first_read.unwrap_or(0.0),
+        done_secs: phases.done.unwrap_or(0.0),
+        restore_secs: outcome.restore_ms as f64 / 1000.0,
+        start_secs: outcome.start_ms as f64 / 1000.0,
+        writes_lost: writes.lost,
+        writes_acked: writes.acked,
+        rpo_secs: writes.rpo_secs,
+        detail: phases.detail,
+    })
+}
+
+/// The ring's status as a leader knows it once it sees every member up (a
+/// member that just restarted may still hold an older view); after 60 s, what a
+/// leader knows then.
+async fn leader_status(ring: &BenchRing) -> Result<RingStatus, BootstrapError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = any_leader_status(ring).await;
+        let all_up = seen
+            .as_ref()
+            .is_some_and(|s| s.members.iter().all(|m| m.state == MemberState::Up));
+        match seen {
+            Some(s) if all_up || Instant::now() > deadline => return Ok(s),
+            None if Instant::now() > deadline => {
+                return Err(BootstrapError::Unsupported(
+                    "no member knows a leader after 60 s".into(),
+                ))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The status from the leader, asked through the first member that names one.
+async fn any_leader_status(ring: &BenchRing) -> Option<RingStatus> {
+    for i in 0..ring.config.members.len() {
+        let (address, pki) = (ring.config.member_address(i), ring.layout.pki());
+        if let Ok(mut c) = AdminClient::connect_leader(&address, &pki).await {
+            if let Ok(s) = c.status().await {
+                return Some(s);
+            }
+        }
+    }
+    None
+}
+
+/// Waits (at most 60 s) until the ring knows a backup of m2 reaching `wanted`.
+async fn wait_for_backup(
+    admin: &mut AdminClient,
+    wanted: Option<u64>,
+) -> Result<(), BootstrapError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let s = admin.status().await?;
+        let rev = s
+            .placements
+            .iter()
+            .find(|p| p.shoot == "m2")
+            .and_then(|p| p.last_backup_revision);
+        if rev.is_some() && rev >= wanted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// The kill of one run: whom, when, and the newest operation id before it.
+struct Kill {
+    host: String,
+    seen: Option<u64>,
+    killed: Instant,
+}
+
+/// The failover of m2 away from the killed host, if the ring has started one.
+fn failover_of<'a>(status: &'a RingStatus, kill: &Kill) -> Option<&'a Operation> {
+    status
+        .operations
+        .iter()
+        .rev()
+        .find(|o| o.shoot() == "m2" && o.source() == kill.host && Some(o.id) > kill.seen)
+}
+
+/// When (seconds after the kill) the failover reached each phase.
+#[derive(Default)]
+struct Phases {
+    decided: Option<f64>,
+    restoring: Option<f64>,
+    first_read: Option<f64>,
+    done: Option<f64>,
+    detail: String,
+    target: String,
+}
+
+impl Phases {
+    /// Records what the failover's operation shows now; a failed one ends the run.
+    fn observe(&mut self, op: &Operation, killed: Instant) -> Result<(), BootstrapError> {
+        self.target = op.target().to_string();
+        self.decided.get_or_insert(killed.elapsed().as_secs_f64());
+        if matches!(op.step, OperationStep::Restoring | OperationStep::Done) {
+            self.restoring.get_or_insert(killed.elapsed().as_secs_f64());
+        }
+        if op.step == OperationStep::Done {
+            self.done.get_or_insert(killed.elapsed().as_secs_f64());
+            self.detail = op.detail.clone();
+        }
+        if op.step == OperationStep::Failed {
+            return Err(BootstrapError::Unsupported(format!(
+                "failover failed: {}",
+                op.detail
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Polls (every 50 ms, at most 180 s) the shoot's API and the ring until the
+/// failover is done and a read through the kubeconfig succeeded.
+async fn watch_failover(
+    ring: &BenchRing,
+    admin: &mut AdminClient,
+    api: &kube::Api<ConfigMap>,
+    kill: &Kill,
+) -> Result<Phases, BootstrapError> {
+    let mut p = Phases::default();
+    while p.done.is_none() || p.first_read.is_none() {
+        if kill.killed.elapsed() > Duration::from_secs(180) {
+            return Err(failover_timeout(ring, admin, &kill.host, &p).await);
+        }
+        if p.first_read.is_none() {
+            let list = tokio::time::timeout(
+                Duration::from_millis(500),
+                api.list(&ListParams::default().limit(1)),
+            )
+            .await;
+            if matches!(list, Ok(Ok(_))) && p.decided.is_some() {
+                p.first_read = Some(kill.killed.elapsed().as_secs_f64());
+            }
+        }
+        if let Ok(s) = admin.status().await {
+            if let Some(op) = failover_of(&s, kill) {
+                p.observe(op, kill.killed)?;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(p)
+}
+
+/// The error of a failover that did not finish: how far it got, what the ring
+/// says and the last lines of every member's log.
+async fn failover_timeout(
+    ring: &BenchRing,
+    admin: &mut AdminClient,
+    host: &str,
+    p: &Phases,
+) -> BootstrapError {
+    let ring_says = admin
+        .status()
+        .await
+        .ok()
+        .and_then(|s| serde_json::to_string(&(s.members, s.placements, s.operations)).ok())
+        .unwrap_or_default();
+    let logs = ring
+        .config
+        .members
+        .iter()
+        .map(|m| {
+            let log = ring.layout.log(&m.name);
+            format!("--- {}\n{}", m.name, seed::ShootLayout::tail(&log, 15))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    BootstrapError::Timeout {
+        step: format!("failover after killing {host}"),
+        waited_secs: 180,
+        detail: format!(
+            "decided {:?}, restoring {:?}, read {:?}; the ring says: {ring_says}; last lines of the members' logs:\n{logs}",
+            p.decided, p.restoring, p.first_read
+        ),
+    }
+}
+
+/// The load's writes acknowledged before the kill, and those of them the
+/// restored control plane lacks.
+struct Writes {
+    acked: usize,
+    lost: usize,
+    /// How far before the kill the oldest lost write was acknowledged (0 if none).
+    rpo_secs: f64,
+}
+
+async fn lost_writes(
+    api: &kube::Api<ConfigMap>,
+    run: usize,
+    acked: &[(String, Instant)],
+    killed: Instant,
+) -> Result<Writes, BootstrapError> {
+    let before: Vec<&(String, Instant)> = acked.iter().filter(|(_, at)| *at <= killed).collect();
+    let present: std::collections::BTreeSet<String> = api
+        .list(&ListParams::default().labels(&format!("load={run}")))
+        .await
+        .map_err(|e| BootstrapError::Ring(ringd::RingError::Transport(e.to_string())))?
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    let lost: Vec<&&(String, Instant)> = before
+        .iter()
+        .filter(|(n, _)| !present.contains(n))
+        .collect();
+    let rpo_secs = lost
+        .iter()
+        .map(|(_, at)| killed.saturating_duration_since(*at).as_secs_f64())
+        .fold(0.0, f64::max);
+    Ok(Writes {
+        acked: before.len(),
+        lost: lost.len(),
+        rpo_secs,
     })
 }
 

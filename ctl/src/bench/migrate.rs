@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use bootstrap::config::{Ports, RingConfig};
-use bootstrap::{bootstrap, down, BootstrapError, BootstrapOptions, RingLayout};
+use bootstrap::BootstrapError;
 use ringd::client::AdminClient;
 use ringd::state::OperationStep;
+
+use super::{upper_median, BenchRing};
 
 /// One move's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -36,14 +37,6 @@ pub struct MigrateBench {
     pub median_restore_secs: f64,
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
 /// Bootstraps a 3-member ring under `dir`, writes `objects` ConfigMaps into m2's
 /// control plane with kubectl-compatible API calls, then moves m2 `runs` times
 /// around the ring, timing each move.
@@ -54,98 +47,78 @@ pub async fn migrate_bench(
     objects: usize,
     runs: usize,
 ) -> Result<MigrateBench, BootstrapError> {
-    let config = RingConfig {
-        name: "benchmig".into(),
-        ports: Ports {
-            address: "127.0.0.1".into(),
-            base: base_port,
-        },
-        nodes: bootstrap::config::Nodes { per_member: 0 },
-        ..RingConfig::default()
-    };
-    let ring_dir = dir.join("ring");
-    let _kill = bootstrap::KillRingOnDrop(bootstrap::RingLayout {
-        dir: ring_dir.clone(),
-    });
-    let opts = BootstrapOptions {
-        config: Some(config.clone()),
-        dir: ring_dir.clone(),
-        ringd: ringd.to_path_buf(),
-        timeout: Duration::from_secs(300),
-    };
-    struct Quiet;
-    impl bootstrap::Progress for Quiet {
-        fn step(&self, _: &str) {}
-        fn finished(&self, _: &str, _: Duration) {}
-    }
+    let ring = BenchRing::new(dir, "benchmig", ringd, base_port);
     let result = async {
-        bootstrap(&opts, &Quiet).await?;
-        let layout = RingLayout {
-            dir: ring_dir.clone(),
-        };
-        fill(&layout.kubeconfig("m2"), objects).await?;
+        ring.bootstrap().await?;
+        fill(&ring.layout.kubeconfig("m2"), objects).await?;
         let mut moves = Vec::new();
         for i in 0..runs {
-            let status = bootstrap::ring_status(&layout, &config).await?;
-            let from = status
-                .placements
-                .iter()
-                .find(|p| p.shoot == "m2")
-                .map(|p| p.host.clone())
-                .unwrap_or_default();
-            // alternate between m1 and m3 (never m2 itself)
-            let to = if from == "m1" { "m3" } else { "m1" }.to_string();
-            let leader = status.leader.clone().unwrap_or_default();
-            let address = status
-                .members
-                .iter()
-                .find(|m| m.name == leader)
-                .map(|m| m.address.clone())
-                .unwrap_or_else(|| config.member_address(0));
-            let mut admin = AdminClient::connect(&address, &layout.pki())?;
-            let started = Instant::now();
-            let id = admin.migrate("m2", &to).await?;
-            let mut handover = 0.0;
-            let op = admin
-                .wait_operation(id, Duration::from_secs(300), |op, t| {
-                    if op.step == OperationStep::Restoring {
-                        handover = t.as_secs_f64();
-                    }
-                })
-                .await?;
-            let total = started.elapsed().as_secs_f64();
-            if op.step != OperationStep::Done {
-                return Err(BootstrapError::Timeout {
-                    step: format!("migration {i}"),
-                    waited_secs: 300,
-                    detail: op.detail,
-                });
-            }
-            let revision = match op.kind {
-                ringd::state::OperationKind::Migration { revision, .. } => revision.unwrap_or(0),
-                _ => 0,
-            };
-            moves.push(MoveFigures {
-                from,
-                to,
-                handover_secs: handover,
-                restore_secs: total - handover,
-                total_secs: total,
-                revision,
-            });
-            tracing::info!(run = i, total, "migration bench move");
+            let m = one_move(&ring, i).await?;
+            tracing::info!(run = i, total = m.total_secs, "migration bench move");
+            moves.push(m);
         }
-        Ok(moves)
+        Ok::<_, BootstrapError>(moves)
     }
     .await;
-    let _ = down(&ring_dir, Duration::from_secs(60)).await;
+    ring.down().await;
     let moves = result?;
     Ok(MigrateBench {
         objects,
-        median_total_secs: median(moves.iter().map(|m| m.total_secs).collect()),
-        median_handover_secs: median(moves.iter().map(|m| m.handover_secs).collect()),
-        median_restore_secs: median(moves.iter().map(|m| m.restore_secs).collect()),
+        median_total_secs: upper_median(moves.iter().map(|m| m.total_secs).collect()),
+        median_handover_secs: upper_median(moves.iter().map(|m| m.handover_secs).collect()),
+        median_restore_secs: upper_median(moves.iter().map(|m| m.restore_secs).collect()),
         moves,
+    })
+}
+
+/// Move `i`: m2 from its host to m1 or m3 (alternating, never m2 itself) through
+/// the leader, timed until the migration is done.
+async fn one_move(ring: &BenchRing, i: usize) -> Result<MoveFigures, BootstrapError> {
+    let status = bootstrap::ring_status(&ring.layout, &ring.config).await?;
+    let from = status
+        .placements
+        .iter()
+        .find(|p| p.shoot == "m2")
+        .map(|p| p.host.clone())
+        .unwrap_or_default();
+    let to = if from == "m1" { "m3" } else { "m1" }.to_string();
+    let leader = status.leader.clone().unwrap_or_default();
+    let address = status
+        .members
+        .iter()
+        .find(|m| m.name == leader)
+        .map(|m| m.address.clone())
+        .unwrap_or_else(|| ring.config.member_address(0));
+    let mut admin = AdminClient::connect(&address, &ring.layout.pki())?;
+    let started = Instant::now();
+    let id = admin.migrate("m2", &to).await?;
+    let mut handover = 0.0;
+    let op = admin
+        .wait_operation(id, Duration::from_secs(300), |op, t| {
+            if op.step == OperationStep::Restoring {
+                handover = t.as_secs_f64();
+            }
+        })
+        .await?;
+    let total = started.elapsed().as_secs_f64();
+    if op.step != OperationStep::Done {
+        return Err(BootstrapError::Timeout {
+            step: format!("migration {i}"),
+            waited_secs: 300,
+            detail: op.detail,
+        });
+    }
+    let revision = match op.kind {
+        ringd::state::OperationKind::Migration { revision, .. } => revision.unwrap_or(0),
+        _ => 0,
+    };
+    Ok(MoveFigures {
+        from,
+        to,
+        handover_secs: handover,
+        restore_secs: total - handover,
+        total_secs: total,
+        revision,
     })
 }
 

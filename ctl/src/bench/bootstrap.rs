@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{MemberSpec, RingConfig};
-use crate::{bootstrap, down, BootstrapError, BootstrapOptions, Progress};
+use bootstrap::config::{MemberSpec, Ports, RingConfig};
+use bootstrap::{bootstrap, down, BootstrapError, BootstrapOptions, KillRingOnDrop, RingLayout};
+
+use super::Quiet;
 
 /// One bootstrap's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -21,12 +23,6 @@ pub struct BootstrapFigures {
     pub steps: Vec<(String, f64)>,
     /// Peak of the summed resident memory of all the ring's processes (MiB).
     pub peak_rss_mib: f64,
-}
-
-struct Quiet;
-impl Progress for Quiet {
-    fn step(&self, _: &str) {}
-    fn finished(&self, _: &str, _: Duration) {}
 }
 
 /// Summed VmRSS (KiB) of live processes whose command line mentions `dir`.
@@ -63,7 +59,7 @@ pub async fn bootstrap_bench(
     let mut out = Vec::new();
     for &n in sizes {
         let ring_dir: PathBuf = dir.join(format!("ring-{n}"));
-        let _kill = crate::KillRingOnDrop(crate::RingLayout {
+        let _kill = KillRingOnDrop(RingLayout {
             dir: ring_dir.clone(),
         });
         let config = RingConfig {
@@ -71,7 +67,7 @@ pub async fn bootstrap_bench(
             members: (1..=n)
                 .map(|i| MemberSpec::local(format!("m{i}")))
                 .collect(),
-            ports: crate::config::Ports {
+            ports: Ports {
                 address: "127.0.0.1".into(),
                 base: base_port,
             },

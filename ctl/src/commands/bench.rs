@@ -1,0 +1,86 @@
+//! `ringctl bench ...`: each benchmark in a throwaway dir under the temp dir,
+//! removed afterwards; the figures as a table, JSON or YAML.
+
+use std::time::Duration;
+
+use crate::bench::{self, temp_state_dir};
+use crate::cli::{
+    BenchArgs, BenchCommand, BootstrapBenchArgs, FailoverBenchArgs, MigrateBenchArgs, RaftBenchArgs,
+};
+use crate::controlplane::SeedOptions;
+use crate::output::Format;
+
+use super::{init_tracing, print, ringctl_exe, ringd_exe};
+
+pub async fn run(cmd: BenchCommand, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    match cmd {
+        BenchCommand::Controlplane(args) => controlplane(args, format).await,
+        BenchCommand::Raft(args) => raft(args, format).await,
+        BenchCommand::Bootstrap(args) => bootstrap(args, format).await,
+        BenchCommand::Migrate(args) => migrate(args, format).await,
+        BenchCommand::Failover(args) => failover(args, format).await,
+        BenchCommand::Backup(args) => Ok(crate::backup::bench(args, ringctl_exe()?, format).await?),
+    }
+}
+
+async fn controlplane(args: BenchArgs, format: Format) -> anyhow::Result<()> {
+    let opts = bench::controlplane::BenchOptions {
+        runs: args.runs,
+        seed: SeedOptions {
+            state_dir: temp_state_dir(),
+            bin_dir: args.bin_dir,
+        },
+        settle: Duration::from_secs(args.settle),
+    };
+    let result = bench::controlplane::controlplane(&opts).await;
+    let _ = std::fs::remove_dir_all(&opts.seed.state_dir);
+    let result = result?;
+    print(&result, format, || bench::controlplane::render(&result))
+}
+
+async fn raft(args: RaftBenchArgs, format: Format) -> anyhow::Result<()> {
+    let opts = bench::raft::RaftBenchOptions {
+        sizes: args.sizes,
+        proposals: args.proposals,
+        kills: args.kills,
+        idle_secs: args.idle_secs,
+        ringd: ringd_exe()?,
+        dir: temp_state_dir(),
+    };
+    let result = bench::raft::raft(&opts).await;
+    let _ = std::fs::remove_dir_all(&opts.dir);
+    let result = result?;
+    print(&result, format, || bench::raft::render(&result))
+}
+
+async fn bootstrap(args: BootstrapBenchArgs, format: Format) -> anyhow::Result<()> {
+    let ringd = ringd_exe()?;
+    let dir = temp_state_dir();
+    let result = bench::bootstrap::bootstrap_bench(&dir, &args.sizes, &ringd, args.base_port).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = result?;
+    print(&result, format, || bench::bootstrap::render(&result))
+}
+
+async fn migrate(args: MigrateBenchArgs, format: Format) -> anyhow::Result<()> {
+    let ringd = ringd_exe()?;
+    let dir = temp_state_dir();
+    let result =
+        bench::migrate::migrate_bench(&dir, &ringd, args.base_port, args.objects, args.runs).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = result?;
+    print(&result, format, || bench::migrate::render(&result))
+}
+
+async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()> {
+    let ringd = ringd_exe()?;
+    let dir = temp_state_dir();
+    let c = &args.common;
+    let result =
+        bench::failover::failover_bench(&dir, &ringd, c.base_port, c.objects, c.runs, args.rate)
+            .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = result?;
+    print(&result, format, || bench::failover::render(&result))
+}

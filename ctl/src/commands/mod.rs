@@ -1,0 +1,130 @@
+//! One function per subcommand: flags in, a library call, output out. Groups
+//! with several subcommands have their own module (`controlplane`, `ring`,
+//! `bench`); the rest are here.
+
+pub mod bench;
+pub mod controlplane;
+pub mod ring;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::DrillRunArgs;
+use crate::output::{encode, Format};
+
+pub fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        // kube-client logs every failed /readyz poll; Ring reports those itself.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(format!("{default},kube_client=off"))
+        });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Prints `value` as JSON or YAML, or `table()` for the table format.
+pub fn print<T: serde::Serialize>(
+    value: &T,
+    format: Format,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match encode(value, format)? {
+        Some(text) => print!("{text}"),
+        None => print!("{}", table()),
+    }
+    Ok(())
+}
+
+/// A token cancelled at the first SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        t.cancel();
+    });
+    Ok(token)
+}
+
+/// This ringctl executable (`ringd` is expected next to it).
+pub fn ringctl_exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("locating the ringctl executable")
+}
+
+/// The ringd executable next to this ringctl.
+pub fn ringd_exe() -> anyhow::Result<PathBuf> {
+    Ok(ringctl_exe()?.with_file_name("ringd"))
+}
+
+/// The Ring config at `path`, parsed and validated, if a path was given.
+pub fn read_ring_config(path: Option<&Path>) -> anyhow::Result<Option<bootstrap::RingConfig>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(bootstrap::RingConfig::parse(
+        &text,
+        &path.display().to_string(),
+    )?))
+}
+
+/// `ringctl images ...`
+pub async fn images(cmd: crate::images::ImagesCommand, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    crate::images::run(cmd, format).await
+}
+
+/// `ringctl manifests`
+pub async fn manifests(args: crate::manifests::ManifestsArgs) -> anyhow::Result<()> {
+    init_tracing("warn");
+    print!("{}", crate::manifests::render(&args)?);
+    Ok(())
+}
+
+/// `ringctl backup ...`: `start` and `restore` stop (gracefully) at SIGTERM or Ctrl-C.
+pub async fn backup(cmd: crate::backup::BackupCommand, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let shutdown = if cmd.runs_until_stopped() {
+        shutdown_on_signals()?
+    } else {
+        CancellationToken::new()
+    };
+    Ok(crate::backup::run(cmd, format, shutdown).await?)
+}
+
+/// `ringctl drill run`: fails unless every run of every drill passed.
+pub async fn drill_run(args: DrillRunArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let exe = ringctl_exe()?;
+    let opts = scenarios::DrillRunOptions {
+        files: args.files,
+        repeat: args.repeat,
+        seed: args.seed,
+        report_dir: args.report_dir,
+        runner: scenarios::runner::RunOptions {
+            ringd: exe.with_file_name("ringd"),
+            ringctl: exe,
+            work_dir: std::env::temp_dir(),
+            keep: args.keep,
+        },
+    };
+    let runs = scenarios::run_files(&opts, &|line| eprintln!("{line}")).await?;
+    if format != Format::Table {
+        print(&runs, format, String::new)?;
+    }
+    if !runs.all_passed() {
+        anyhow::bail!("drills failed: {:?} (passed, runs)", runs.tally);
+    }
+    Ok(())
+}

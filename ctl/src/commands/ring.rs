@@ -1,0 +1,176 @@
+//! The ring's life: `ringctl bootstrap`, `status`, `join`, `leave`, `migrate`,
+//! `down`, `restore --from-bucket` and `pki init`.
+
+use std::time::Duration;
+
+use ringd::client::AdminClient;
+
+use crate::cli::{
+    BootstrapArgs, JoinArgs, LeaveArgs, MigrateArgs, PkiInitArgs, RestoreArgs, RingArgs,
+    RingDirArgs, StatusView,
+};
+use crate::output::Format;
+use crate::progress::TerminalProgress;
+
+use super::{init_tracing, print, read_ring_config, ringd_exe};
+
+pub async fn bootstrap(args: BootstrapArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let config = read_ring_config(args.config.as_deref())?;
+    let opts = bootstrap::BootstrapOptions {
+        config,
+        dir: args.dir.dir(),
+        ringd: ringd_exe()?,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let report = {
+        let progress = TerminalProgress::default();
+        bootstrap::bootstrap(&opts, &progress).await?
+    };
+    print(&report, format, || render_bootstrap(&report))
+}
+
+/// What `ringctl bootstrap` did, the ring's status and how to use it.
+fn render_bootstrap(report: &bootstrap::BootstrapReport) -> String {
+    let mut out = if report.changed {
+        format!("ring {} is up ({:.1}s)\n\n", report.ring, report.total_secs)
+    } else {
+        format!("ring {} was already up; nothing to do\n\n", report.ring)
+    };
+    out.push_str(&ringd::status::render(&report.status));
+    out.push_str(&bootstrap::nodes::render(&report.nodes));
+    out.push_str("\nkubeconfigs:\n");
+    for (shoot, path) in &report.kubeconfigs {
+        out.push_str(&format!(
+            "  {shoot}: kubectl --kubeconfig {} get namespaces\n",
+            path.display()
+        ));
+    }
+    out.push_str(&format!(
+        "\nstatus: ringctl status --ring-dir {dir}\nstop:   ringctl down --ring-dir {dir}\n",
+        dir = report.state_dir.display()
+    ));
+    out
+}
+
+pub async fn down(args: RingDirArgs) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let stopped = bootstrap::down(&args.dir(), Duration::from_secs(60)).await?;
+    if stopped.is_empty() {
+        println!("no member was running");
+    } else {
+        println!(
+            "stopped {}; data kept in {}",
+            stopped.join(", "),
+            args.dir().display()
+        );
+    }
+    Ok(())
+}
+
+pub async fn status(args: RingArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let status = args.status().await?;
+    let nodes = args.local_nodes()?;
+    let view = StatusView { status, nodes };
+    print(&view, format, || {
+        ringd::status::render(&view.status) + &bootstrap::nodes::render(&view.nodes)
+    })
+}
+
+pub async fn pki_init(args: PkiInitArgs) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let pki = ringd::identity::RingPki::new(&args.dir);
+    pki.ensure_ca()?;
+    let mut issued = vec![pki.ensure_admin()?];
+    for (name, ip) in &args.members {
+        issued.push(pki.ensure_member(name, *ip)?);
+    }
+    for f in issued {
+        println!("{}", f.cert.display());
+    }
+    Ok(())
+}
+
+/// `ringctl join`: a member run elsewhere (`--member-address`), or a new member
+/// of the local ring, created and started here.
+pub async fn join(args: JoinArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    match (&args.member_address, &args.ring.address) {
+        (Some(member_address), _) => {
+            let (address, pki) = args.ring.target()?;
+            let mut client = AdminClient::connect_leader(&address, &pki).await?;
+            println!("{}", client.add_member(&args.name, member_address).await?.0);
+            Ok(())
+        }
+        (None, None) => {
+            let ringd = ringd_exe()?;
+            let dir = args.ring.dir.dir();
+            let timeout = Duration::from_secs(args.timeout);
+            let status = bootstrap::join(&dir, &args.name, &ringd, timeout).await?;
+            print(&status, format, || {
+                let kc = bootstrap::RingLayout { dir: dir.clone() }.kubeconfig(&args.name);
+                format!(
+                    "{} joined\n\n{}\nkubeconfig: kubectl --kubeconfig {} get namespaces\n",
+                    args.name,
+                    ringd::status::render(&status),
+                    kc.display()
+                )
+            })
+        }
+        (None, Some(_)) => anyhow::bail!(
+            "--address names a remote ring: give the new member's --member-address too"
+        ),
+    }
+}
+
+pub async fn migrate(args: MigrateArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let (address, pki) = args.ring.target()?;
+    let mut client = AdminClient::connect_leader(&address, &pki).await?;
+    let id = client.migrate(&args.shoot, &args.to).await?;
+    eprintln!("migration {id}: {} to {}", args.shoot, args.to);
+    let op = client
+        .wait_operation(id, Duration::from_secs(args.timeout), |op, t| {
+            eprintln!("  {:>6.1}s  {:?}: {}", t.as_secs_f64(), op.step, op.detail)
+        })
+        .await?;
+    if op.step == ringd::state::OperationStep::Failed {
+        anyhow::bail!("migration {id} failed: {}", op.detail);
+    }
+    print(&op, format, || {
+        format!("{} now runs on {}: {}\n", args.shoot, args.to, op.detail)
+    })
+}
+
+pub async fn leave(args: LeaveArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    if args.ring.address.is_none() {
+        let status = bootstrap::leave(&args.ring.dir.dir(), &args.name).await?;
+        return print(&status, format, || {
+            format!("{} left\n\n{}", args.name, ringd::status::render(&status))
+        });
+    }
+    let (address, pki) = args.ring.target()?;
+    let mut client = AdminClient::connect_leader(&address, &pki).await?;
+    println!("{}", client.remove_member(&args.name).await?);
+    Ok(())
+}
+
+/// `ringctl restore --from-bucket`: a lost local ring rebuilt from its bucket.
+pub async fn restore(args: RestoreArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let config = read_ring_config(args.config.as_deref())?;
+    let opts = bootstrap::restore::RestoreOptions {
+        config,
+        bucket_url: args.from_bucket,
+        dir: args.dir.dir(),
+        ringd: ringd_exe()?,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let report = {
+        let progress = TerminalProgress::default();
+        bootstrap::restore::restore(&opts, &progress).await?
+    };
+    print(&report, format, || bootstrap::restore::render(&report))
+}
