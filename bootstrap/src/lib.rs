@@ -751,20 +751,18 @@ pub async fn join(
     RingPki::new(layout.pki()).ensure_member(name, grown.member_ip_addr(index)?)?;
     // The live ring's members and Raft ids (ids are never reused, so not the ring order).
     let status = ring_status(&layout, &config).await?;
-    let leader = status
+    // a ring without a leader cannot add a member
+    status
         .leader
-        .clone()
+        .as_ref()
         .ok_or_else(|| BootstrapError::Timeout {
             step: "find the leader".into(),
             waited_secs: 0,
             detail: "the ring has no leader (no quorum?)".into(),
         })?;
     let leader_address = status
-        .members
-        .iter()
-        .find(|m| m.name == leader)
-        .map(|m| m.address.clone())
-        .unwrap_or_else(|| config.member_address(0));
+        .leader_address()
+        .map_or_else(|| config.member_address(0), str::to_string);
     let known: Vec<MemberConfig> = status
         .members
         .iter()
@@ -907,13 +905,9 @@ pub async fn migrate_and_wait(
     {
         return Ok(());
     }
-    let leader = status.leader.clone().unwrap_or_default();
     let address = status
-        .members
-        .iter()
-        .find(|m| m.name == leader)
-        .map(|m| m.address.clone())
-        .unwrap_or_else(|| config.member_address(0));
+        .leader_address()
+        .map_or_else(|| config.member_address(0), str::to_string);
     let mut admin = AdminClient::connect(&address, &layout.pki())?;
     let id = admin.migrate(shoot, to).await?;
     let op = admin.wait_operation(id, timeout, |_, _| {}).await?;

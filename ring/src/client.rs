@@ -41,17 +41,13 @@ impl AdminClient {
     /// Connects to the current leader, asking the member at `address` who it is.
     pub async fn connect_leader(address: &str, pki: &Path) -> Result<Self, RingError> {
         let status = Self::connect(address, pki)?.status().await?;
-        let leader = status.leader.ok_or_else(|| {
+        let leader = status.leader.as_deref().ok_or_else(|| {
             RingError::Transport(format!("ringd at {address} knows no leader (no quorum?)"))
         })?;
-        let member = status
-            .members
-            .iter()
-            .find(|m| m.name == leader)
-            .ok_or_else(|| {
-                RingError::Transport(format!("leader {leader} is not in the member list"))
-            })?;
-        Self::connect(&member.address, pki)
+        let leader_address = status.leader_address().ok_or_else(|| {
+            RingError::Transport(format!("leader {leader} is not in the member list"))
+        })?;
+        Self::connect(leader_address, pki)
     }
 
     /// The member's view of the ring.

@@ -78,6 +78,17 @@ pub struct RingStatus {
     pub operations: Vec<Operation>,
 }
 
+impl RingStatus {
+    /// The address of the leader this member knows, if it knows one.
+    pub fn leader_address(&self) -> Option<&str> {
+        let leader = self.leader.as_deref()?;
+        self.members
+            .iter()
+            .find(|m| m.name == leader)
+            .map(|m| m.address.as_str())
+    }
+}
+
 fn ms(v: Option<i64>) -> String {
     v.map_or("-".into(), |ms| format!("{:.1}s", ms as f64 / 1000.0))
 }

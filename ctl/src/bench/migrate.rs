@@ -82,13 +82,9 @@ async fn one_move(ring: &BenchRing, i: usize) -> Result<MoveFigures, BootstrapEr
         .map(|p| p.host.clone())
         .unwrap_or_default();
     let to = if from == "m1" { "m3" } else { "m1" }.to_string();
-    let leader = status.leader.clone().unwrap_or_default();
     let address = status
-        .members
-        .iter()
-        .find(|m| m.name == leader)
-        .map(|m| m.address.clone())
-        .unwrap_or_else(|| ring.config.member_address(0));
+        .leader_address()
+        .map_or_else(|| ring.config.member_address(0), str::to_string);
     let mut admin = AdminClient::connect(&address, &ring.layout.pki())?;
     let started = Instant::now();
     let id = admin.migrate("m2", &to).await?;

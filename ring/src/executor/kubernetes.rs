@@ -44,10 +44,7 @@ impl Executor for KubernetesExecutor {
 
     async fn start(&self, shoot: &str) -> Result<(), RingError> {
         seed::validate_shoot_name(shoot)?;
-        match self.seed.start(&seed::ControlPlaneSpec::new(shoot)).await {
-            Ok(()) | Err(seed::SeedError::AlreadyRunning { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        super::started(self.seed.start(&seed::ControlPlaneSpec::new(shoot)).await)
     }
 
     async fn fence(&self, shoot: &str) -> Result<(), RingError> {

@@ -92,10 +92,7 @@ impl Executor for LocalExecutor {
 
     async fn start(&self, shoot: &str) -> Result<(), RingError> {
         let spec = self.spec(shoot)?;
-        match self.seed.start(&spec).await {
-            Ok(()) | Err(seed::SeedError::AlreadyRunning { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        super::started(self.seed.start(&spec).await)
     }
 
     async fn fence(&self, shoot: &str) -> Result<(), RingError> {

@@ -124,6 +124,14 @@ pub trait Mover: Send + Sync {
     fn finish_move(&self, shoot: &str, op: u64);
 }
 
+/// A start that found the control plane already running has done its job.
+fn started(res: Result<(), seed::SeedError>) -> Result<(), RingError> {
+    match res {
+        Ok(()) | Err(seed::SeedError::AlreadyRunning { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Builds the executor of a member's seed from its config.
 pub async fn for_config(sc: &SeedConfig) -> Result<Arc<dyn Executor>, RingError> {
     match &sc.kubernetes {

@@ -61,7 +61,8 @@ pub struct ShootSeen {
     pub last_health: Option<Instant>,
     /// The continuous backup runs.
     pub backup_running: bool,
-    /// The seed keeps data (or workloads) of this shoot.
+    /// The seed keeps data (or workloads) of this shoot (observed on
+    /// release rounds, the only ones that look at it).
     pub has_data: bool,
     /// The shoot moved away and this member saw it at (epoch, wall ms).
     pub released: Option<(u64, u64)>,
@@ -184,6 +185,11 @@ impl Duty {
 const FENCE_EARLY_DIVISOR: u32 = 6;
 /// How often a serving control plane's health is probed.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether a duty of kind `is_kind` about `shoot` was decided already this round.
+fn emitted(out: &[Duty], shoot: &str, is_kind: fn(&Duty) -> bool) -> bool {
+    out.iter().any(|d| d.shoot() == shoot && is_kind(d))
+}
 
 /// Whether `lease` is held for `epoch` and does not end within the fencing margin.
 pub fn lease_valid(lease: Option<&HeldLease>, epoch: u64, length: Duration, now: Instant) -> bool {
@@ -401,9 +407,7 @@ fn serving_duties(
                 });
             }
             // a detail an operation step gave wins over the generic reason
-            let reported = out
-                .iter()
-                .any(|d| matches!(d, Duty::Report { shoot: s, .. } if s == shoot));
+            let reported = emitted(out, shoot, |d| matches!(d, Duty::Report { .. }));
             if !seen.starting && !reported {
                 out.push(Duty::Report {
                     shoot: shoot_s.clone(),
@@ -416,10 +420,7 @@ fn serving_duties(
 
 /// A backup runs exactly while the control plane serves here (and a bucket is set).
 fn backup_duty(shoot: &str, seen: &ShootSeen, observed: &Observed, out: &mut Vec<Duty>) {
-    let fenced = out
-        .iter()
-        .any(|d| matches!(d, Duty::Fence { shoot: s, .. } if s == shoot));
-    if fenced {
+    if emitted(out, shoot, |d| matches!(d, Duty::Fence { .. })) {
         return; // fencing stops the backup first
     }
     let want = seen.serving && observed.seed.bucket;

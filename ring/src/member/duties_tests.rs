@@ -200,33 +200,8 @@ fn serving_follows_the_lease() {
 #[test]
 fn a_moved_placement_is_fenced_then_released_after_the_grace() {
     let now = Instant::now();
-    let mut state = ring();
-    apply(
-        &mut state,
-        RingCommand::MarkDown {
-            member: "a".into(),
-            at_ms: 1,
-        },
-    );
-    apply(
-        &mut state,
-        RingCommand::StartFailover {
-            shoot: "b".into(),
-            to: "c".into(),
-            at_ms: 1,
-            not_before_ms: 1,
-        },
-    );
-    apply(
-        &mut state,
-        RingCommand::AdvanceOperation {
-            id: 0,
-            step: OperationStep::Done,
-            detail: String::new(),
-            at_ms: 2,
-            outcome: None,
-        },
-    );
+    // a died; its shoot b failed over to c, done
+    let state = failover_state(Some(OperationStep::Done));
     let moved = "moved to c at epoch 2";
     let mut o = observed(now);
     o.release_due = true;

@@ -21,8 +21,12 @@ impl MemberLoop {
             release_due,
             ..Default::default()
         };
-        for shoot in self.executor.shoots() {
-            observed.shoots.entry(shoot).or_default().has_data = true;
+        // what the seed holds matters only to releases; the shoots it held at
+        // start are in `hosted` already, so the listing is not needed every round
+        if release_due {
+            for shoot in self.executor.shoots() {
+                observed.shoots.entry(shoot).or_default().has_data = true;
+            }
         }
         for (shoot, h) in lock(&self.shared.hosted).iter() {
             let seen = observed.shoots.entry(shoot.clone()).or_default();
