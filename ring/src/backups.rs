@@ -35,6 +35,29 @@ pub struct BackupSource {
     pub spool_dir: PathBuf,
 }
 
+/// How a shoot's continuous backup runs on this member's seed.
+pub enum BackupPlan {
+    /// ringd runs it, reading from this source.
+    Here(BackupSource),
+    /// It runs next to the workload (etcd's sidecar on a Kubernetes seed);
+    /// ringd stores the shoot's identity from `identity` and forwards the
+    /// durable revision `progress` reports.
+    NextToWorkload {
+        identity: ShootLayout,
+        progress: std::sync::Arc<dyn SidecarProgress>,
+    },
+}
+
+/// The progress of a backup that runs next to the workload.
+#[async_trait::async_trait]
+pub trait SidecarProgress: Send + Sync {
+    /// The newest durable revision and when it was stored (unix ms), if any.
+    async fn durable(&self) -> Result<Option<(u64, u64)>, RingError>;
+}
+
+/// How often the progress of a backup next to the workload is read.
+const SIDECAR_POLL: Duration = Duration::from_secs(2);
+
 /// The ring's bucket as this member uses it: where it is, and the key that seals
 /// what goes in (loaded once, so a bad key stops ringd at start, not a failover).
 #[derive(Debug, Clone)]
@@ -231,10 +254,11 @@ impl Backups {
     }
 
     /// Starts backing up `shoot` unless that runs already: identity first, then
-    /// the continuous full + delta loop; its progress goes to `report`.
+    /// the continuous full + delta loop (or, next to the workload, following
+    /// its progress); the progress goes to `report`.
     pub fn ensure(
         &self,
-        source: BackupSource,
+        plan: BackupPlan,
         rb: &RingBucket,
         shoot: &str,
         stop: &CancellationToken,
@@ -250,10 +274,19 @@ impl Backups {
         let (rb, shoot) = (rb.clone(), shoot.to_string());
         tokio::spawn(
             async move {
-                if !store_identity(&rb, &source.identity, &shoot, &token).await {
+                let identity = match &plan {
+                    BackupPlan::Here(source) => &source.identity,
+                    BackupPlan::NextToWorkload { identity, .. } => identity,
+                };
+                if !store_identity(&rb, identity, &shoot, &token).await {
                     return;
                 }
-                run_backup(source, rb, shoot, token, report).await;
+                match plan {
+                    BackupPlan::Here(source) => run_backup(source, rb, shoot, token, report).await,
+                    BackupPlan::NextToWorkload { progress, .. } => {
+                        follow_sidecar(progress, shoot, token, report).await
+                    }
+                }
             }
             .instrument(span),
         );
@@ -325,6 +358,37 @@ async fn run_backup(
         tracing::error!(error = %e, "backup stopped");
     }
     reporter.abort();
+}
+
+/// Sends each new durable revision a backup next to the workload reports.
+async fn follow_sidecar(
+    progress: std::sync::Arc<dyn SidecarProgress>,
+    shoot: String,
+    token: CancellationToken,
+    report: mpsc::Sender<RingCommand>,
+) {
+    let mut last = 0;
+    loop {
+        match progress.durable().await {
+            Ok(Some((revision, at_ms))) if revision > last => {
+                let cmd = RingCommand::ReportBackup {
+                    shoot: shoot.clone(),
+                    revision,
+                    at_ms,
+                };
+                if report.try_send(cmd).is_ok() {
+                    last = revision;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the backup's progress"),
+        }
+        tokio::select! {
+            biased;
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(SIDECAR_POLL) => {}
+        }
+    }
 }
 
 /// Sends each new durable revision to the ring, at most one report a second.

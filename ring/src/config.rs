@@ -182,6 +182,10 @@ pub struct BackupSection {
     pub encryption: Option<backup::config::EncryptionConfig>,
 }
 
+/// Serving stops this fraction of a lease before it ends (ringd's duties and
+/// the lease guard next to a Kubernetes seed's pods alike).
+pub const FENCE_EARLY_DIVISOR: u32 = 6;
+
 fn bad(field: &str, reason: impl Into<String>) -> RingError {
     RingError::Config {
         field: field.to_string(),

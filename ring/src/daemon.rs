@@ -207,16 +207,16 @@ pub async fn start(
     seed::pki::create_private_dir(&config.data_dir)?;
     let store = open_store(&config, &shutdown).await?;
     let (node_task, node, outbox) = raft_node(&config, store)?;
-    let executor = match &config.seed {
-        Some(sc) => Some(crate::executor::for_config(sc).await?),
-        None => None,
-    };
-    let listeners = bind(&config).await?;
     let bucket = config
         .backup
         .as_ref()
         .map(crate::backups::RingBucket::open)
         .transpose()?;
+    let executor = match &config.seed {
+        Some(sc) => Some(crate::executor::for_config(sc, &config.name, bucket.as_ref()).await?),
+        None => None,
+    };
+    let listeners = bind(&config).await?;
     let stop = shutdown.child_token();
     let (commands, commands_rx) = tokio::sync::mpsc::channel(64);
     let shared = Arc::new(Shared {

@@ -5,6 +5,7 @@
 //! run the same code in-process.
 
 pub mod admin;
+pub mod agent;
 pub mod backups;
 pub mod client;
 pub mod config;
@@ -28,6 +29,18 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: info, quiet Raft and
+/// Kubernetes clients); the binaries' one way to start tracing.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,raft=warn,kube_client=off,h2=warn,tower=warn")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Cancels `shutdown` at the first SIGTERM or SIGINT (a task on the current

@@ -145,11 +145,12 @@ impl Shared {
     pub async fn renew_lease(&self, shoot: &str, epoch: u64) -> Result<(), RingError> {
         let lease = self.lease_length();
         let sent = Instant::now();
+        let expires_at_ms = now_ms() + self.timing().lease_ms;
         let cmd = RingCommand::RenewLease {
             shoot: shoot.to_string(),
             holder: self.name().to_string(),
             epoch,
-            expires_at_ms: now_ms() + self.timing().lease_ms,
+            expires_at_ms,
         };
         if let Err(e) = self.node.propose(cmd, lease / 3).await {
             let retry = Instant::now() + Duration::from_millis(200);
@@ -170,6 +171,14 @@ impl Shared {
                 renew_at: sent + lease / 3,
             },
         );
+        if let Some(executor) = &self.executor {
+            // what serves next to the workload must stop as early as ringd
+            // would (the fencing margin of the member's duties)
+            let fence_at = expires_at_ms.saturating_sub(
+                lease.as_millis() as u64 / crate::config::FENCE_EARLY_DIVISOR as u64,
+            );
+            executor.lease_renewed(shoot, epoch, fence_at, lease).await;
+        }
         Ok(())
     }
 

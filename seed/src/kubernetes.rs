@@ -25,8 +25,13 @@
 //!   the Service's DNS name when ringd runs in the seed cluster), and say so
 //!   plainly when it cannot.
 
+pub mod agent;
 pub mod manifests;
+mod records;
 pub mod render;
+
+pub use agent::{LeaseRecord, PodBackup, Wiring};
+pub use records::BackupProgress;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -140,6 +145,12 @@ pub struct KubernetesSeedConfig {
     pub storage_class: Option<String>,
     #[serde(default)]
     pub images: Images,
+    /// An address of a seed cluster node this ringd reaches, for a `NodePort`
+    /// kube-apiserver Service when ringd runs outside the cluster: health
+    /// checks go to `https://<nodeAddress>:<nodePort>`, and the API's serving
+    /// certificate carries the address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_address: Option<IpAddr>,
 }
 
 fn default_etcd_storage() -> String {
@@ -160,6 +171,7 @@ impl KubernetesSeedConfig {
             etcd_storage: default_etcd_storage(),
             storage_class: None,
             images: Images::default(),
+            node_address: None,
         }
     }
 
@@ -237,6 +249,8 @@ pub struct KubernetesSeed {
     stop_grace: Duration,
     /// Serializes starts: they share the local PKI cache.
     starting: tokio::sync::Mutex<()>,
+    /// The lease guard and backup containers of a ring's control planes.
+    wiring: Wiring,
 }
 
 impl KubernetesSeed {
@@ -295,7 +309,15 @@ impl KubernetesSeed {
             in_cluster,
             stop_grace: Duration::from_secs(30),
             starting: tokio::sync::Mutex::new(()),
+            wiring: Wiring::default(),
         }
+    }
+
+    /// Runs etcd and kube-apiserver under the lease guard and, with `backup`,
+    /// backs etcd up from a sidecar and restores it in an init container.
+    pub fn with_wiring(mut self, wiring: Wiring) -> Self {
+        self.wiring = wiring;
+        self
     }
 
     /// How long `stop` waits for pods to end before deleting them without grace.
@@ -357,6 +379,7 @@ impl KubernetesSeed {
             ring: &self.config.ring,
             spec,
             config: &self.config,
+            wiring: &self.wiring,
         }
     }
 
@@ -467,6 +490,7 @@ impl KubernetesSeed {
             IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             IpAddr::V4(KUBERNETES_SERVICE_IP),
         ];
+        api_ips.extend(self.config.node_address);
         for a in lb {
             match a {
                 LbAddress::Ip(ip) => api_ips.push(*ip),
@@ -594,7 +618,20 @@ impl KubernetesSeed {
             .as_ref()
             .and_then(|s| s.type_.clone())
             .unwrap_or_else(|| "ClusterIP".into());
+        let node_port = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|p| p.first())
+            .and_then(|p| p.node_port);
+        if let (Some(ip), Some(node_port), "NodePort") =
+            (self.config.node_address, node_port, ty.as_str())
+        {
+            let port = u16::try_from(node_port).unwrap_or_default();
+            return Ok(format!("https://{}", std::net::SocketAddr::new(ip, port)));
+        }
         Err(match ty.as_str() {
+            "NodePort" if self.config.node_address.is_none() => "Service kube-apiserver is a NodePort, and this ringd runs outside the seed cluster: set seed.kubernetes.nodeAddress to a node address it reaches".to_string(),
             "LoadBalancer" => format!("Service {APISERVER} (LoadBalancer) has no load balancer address yet, and this ringd runs outside the seed cluster"),
             other => format!("Service {APISERVER} is of type {other}, which this ringd (outside the seed cluster) cannot reach"),
         })

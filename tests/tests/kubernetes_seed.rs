@@ -28,6 +28,9 @@ use seed::{
     SeedError,
 };
 
+#[path = "kubernetes_seed/failover.rs"]
+mod failover;
+
 const READY: Duration = Duration::from_secs(120);
 const GC: Duration = Duration::from_secs(60);
 

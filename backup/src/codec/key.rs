@@ -99,6 +99,11 @@ impl EncryptionKey {
         }
     }
 
+    /// The key as 64 hex digits (to hand it to a process that loads it with [`parse`](Self::parse)).
+    pub fn to_hex(&self) -> String {
+        hex(&self.key)
+    }
+
     /// Parses a key: 32 raw bytes, 64 hex digits or base64 of 32 bytes.
     pub fn parse(text: &[u8], source: &str, id: Option<String>) -> Result<Self> {
         let bad = || {

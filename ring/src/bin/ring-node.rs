@@ -22,13 +22,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,kube_client=off,h2=warn,tower=warn")
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    ringd::init_tracing();
     let config = match seed::node::NodeConfig::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {

@@ -1,34 +1,128 @@
 //! The executor of a Kubernetes seed: control planes as workloads in a
-//! cluster. It starts, fences, probes and deletes them; it has no part in
-//! moves or backups yet, and says so.
+//! cluster, with `ring-agent` next to them (see `seed::kubernetes::agent`):
+//! etcd and kube-apiserver run under the lease guard, which reads the Lease
+//! this executor writes at every renewal; etcd's sidecar backs up into the
+//! ring's bucket and its init container restores from it for a failover onto
+//! this seed. Planned migrations onto or off a Kubernetes seed are not built
+//! yet ([`Mover::migrates`] says so, and the member refuses them).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use seed::{KubernetesSeed, KubernetesSeedConfig, Seed};
+use migrate::handover::SnapshotInfo;
+use migrate::plan::SourceView;
+use seed::kubernetes::agent::{self, LeaseRecord, PodBackup, Wiring};
+use seed::{KubernetesSeed, KubernetesSeedConfig, Seed, ShootLayout};
 
-use super::{Executor, Mover};
+use super::{Executor, Mover, Objects, TargetFacts};
+use crate::backups::{BackupPlan, RingBucket, SidecarProgress};
 use crate::RingError;
+
+/// Why planned migrations are refused.
+const NO_MIGRATION: &str = "planned migration onto or off a Kubernetes seed is not built yet (failover from and onto it is)";
 
 /// Control planes as workloads in a Kubernetes cluster.
 pub struct KubernetesExecutor {
-    seed: KubernetesSeed,
+    seed: Arc<KubernetesSeed>,
+    member: String,
+    state_dir: PathBuf,
+    /// The newest lease record per shoot (written again when a start applies the objects).
+    leases: Mutex<BTreeMap<String, LeaseRecord>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What etcd's sidecar and init container get: the bucket, its key, and how
+/// to reach etcd inside the pod (the shoot is given on their command line).
+pub fn pod_backup(rb: &RingBucket) -> Result<PodBackup, RingError> {
+    let pki = |f: &str| Some(PathBuf::from(format!("/etc/ring/pki/{f}")));
+    let etcd = backup::EtcdConfig {
+        endpoints: vec!["https://127.0.0.1:2379".into()],
+        ca_file: pki("ca.crt"),
+        cert_file: pki("etcd-client.crt"),
+        key_file: pki("etcd-client.key"),
+        server_name: Some("localhost".into()),
+    };
+    let mut config = backup::BackupConfig::new(agent::SHOOT_FROM_FLAG, etcd, rb.config.clone());
+    config.schedule.full_after_revisions = 2000;
+    let mut files = BTreeMap::new();
+    if let Some(key) = rb.key() {
+        let name = "encryption.key";
+        files.insert(name.to_string(), key.to_hex().into_bytes());
+        config.encryption = Some(backup::config::EncryptionConfig {
+            key_file: Some(Path::new(agent::BACKUP_MOUNT).join(name)),
+            key_env: None,
+            key_id: Some(key.id.clone()),
+        });
+    }
+    let yaml = serde_yaml::to_string(&config).map_err(|e| RingError::Encode(e.to_string()))?;
+    files.insert(agent::BACKUP_CONFIG.to_string(), yaml.into_bytes());
+    let host_dir = rb.config.url.strip_prefix("file://").map(PathBuf::from);
+    Ok(PodBackup { files, host_dir })
 }
 
 impl KubernetesExecutor {
-    /// Connects to the seed cluster of a member's `seed.kubernetes` section.
+    /// Connects to the seed cluster of a member's `seed.kubernetes` section;
+    /// with a bucket, control planes get the backup sidecar and restore init container.
     pub async fn connect(
         config: &KubernetesSeedConfig,
         state_dir: &Path,
+        member: &str,
+        bucket: Option<&RingBucket>,
     ) -> Result<Self, RingError> {
-        Ok(KubernetesExecutor {
-            seed: KubernetesSeed::connect(config, state_dir).await?,
-        })
+        let wiring = Wiring {
+            guard: true,
+            backup: bucket.map(pod_backup).transpose()?,
+        };
+        let seed = KubernetesSeed::connect(config, state_dir)
+            .await?
+            .with_wiring(wiring);
+        Ok(Self::new(seed, state_dir, member))
     }
 
     /// An executor over an already connected seed.
-    pub fn new(seed: KubernetesSeed) -> Self {
-        KubernetesExecutor { seed }
+    pub fn new(seed: KubernetesSeed, state_dir: &Path, member: &str) -> Self {
+        KubernetesExecutor {
+            seed: Arc::new(seed),
+            member: member.to_string(),
+            state_dir: state_dir.to_path_buf(),
+            leases: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn layout(&self, shoot: &str) -> ShootLayout {
+        ShootLayout {
+            dir: self.state_dir.join("shoots").join(shoot),
+        }
+    }
+
+    /// Records `record` and writes it to the Lease (if the control plane exists).
+    async fn record_lease(&self, shoot: &str, record: LeaseRecord) -> Result<(), RingError> {
+        lock(&self.leases).insert(shoot.to_string(), record.clone());
+        self.seed.write_lease(shoot, &record).await?;
+        Ok(())
+    }
+
+    /// Tells the guards to stop at once.
+    async fn fence_now(&self, shoot: &str) -> Result<(), RingError> {
+        let epoch = lock(&self.leases).get(shoot).map_or(0, |r| r.epoch);
+        let record = LeaseRecord {
+            holder: self.member.clone(),
+            epoch,
+            fence_at_ms: 0,
+            duration_secs: 1,
+        };
+        self.record_lease(shoot, record).await
+    }
+
+    /// Where the report of failover `op`'s restore is recorded locally.
+    fn restore_record(&self, shoot: &str) -> PathBuf {
+        self.layout(shoot).dir.join("failover-restored")
     }
 }
 
@@ -44,10 +138,22 @@ impl Executor for KubernetesExecutor {
 
     async fn start(&self, shoot: &str) -> Result<(), RingError> {
         seed::validate_shoot_name(shoot)?;
-        super::started(self.seed.start(&seed::ControlPlaneSpec::new(shoot)).await)
+        let spec = seed::ControlPlaneSpec::new(shoot);
+        super::started(self.seed.start(&spec).await)?;
+        let layout = self.layout(shoot);
+        let json = serde_json::to_vec(&spec).map_err(|e| RingError::Encode(e.to_string()))?;
+        seed::pki::write_private(&layout.spec_file(), &json)?;
+        let record = lock(&self.leases).get(shoot).cloned();
+        if let Some(r) = record {
+            self.seed.write_lease(shoot, &r).await?;
+        }
+        Ok(())
     }
 
     async fn fence(&self, shoot: &str) -> Result<(), RingError> {
+        if let Err(e) = self.fence_now(shoot).await {
+            tracing::warn!(%shoot, error = %e, "cannot write the fenced lease; scaling down still");
+        }
         Ok(self.seed.fence(shoot).await?)
     }
 
@@ -56,20 +162,172 @@ impl Executor for KubernetesExecutor {
     }
 
     async fn remove(&self, shoot: &str) -> Result<(), RingError> {
+        lock(&self.leases).remove(shoot);
         Ok(self.seed.delete(shoot).await?)
     }
 
     /// Workloads outlive ringd: at shutdown they are fenced (no ringd renews
     /// their lease any more).
     async fn stop_at_shutdown(&self, shoot: &str) -> Result<(), RingError> {
-        Ok(self.seed.fence(shoot).await?)
+        self.fence(shoot).await
     }
 
     async fn fence_moved(&self, shoot: &str) -> Result<(), RingError> {
-        Ok(self.seed.fence(shoot).await?)
+        self.fence(shoot).await
+    }
+
+    async fn lease_renewed(&self, shoot: &str, epoch: u64, fence_at_ms: u64, lease: Duration) {
+        let record = LeaseRecord {
+            holder: self.member.clone(),
+            epoch,
+            fence_at_ms,
+            duration_secs: lease.as_secs().max(1),
+        };
+        if let Err(e) = self.record_lease(shoot, record).await {
+            tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease for the guards; they fence at the last fence time");
+        }
     }
 
     fn mover(&self) -> Result<&dyn Mover, String> {
-        Err("this member hosts control planes in a Kubernetes cluster; moving a control plane onto or off a Kubernetes seed (restore, handover) and backing it up are not supported yet".into())
+        Ok(self)
+    }
+}
+
+fn no_migration() -> RingError {
+    RingError::Unsupported(NO_MIGRATION.into())
+}
+
+#[async_trait]
+impl Mover for KubernetesExecutor {
+    fn migrates(&self) -> Result<(), String> {
+        Err(NO_MIGRATION.into())
+    }
+
+    fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
+        Ok(BackupPlan::NextToWorkload {
+            identity: self.layout(shoot),
+            progress: Arc::new(SeedProgress {
+                seed: self.seed.clone(),
+                shoot: shoot.to_string(),
+            }),
+        })
+    }
+
+    async fn source_view(&self, _shoot: &str, _op: u64) -> Result<SourceView, RingError> {
+        Err(no_migration())
+    }
+    async fn stop_writers(&self, _shoot: &str) -> Result<(), RingError> {
+        Err(no_migration())
+    }
+    async fn start_etcd(&self, _shoot: &str) -> Result<(), RingError> {
+        Err(no_migration())
+    }
+    async fn take_final_snapshot(&self, _shoot: &str) -> Result<(), RingError> {
+        Err(no_migration())
+    }
+    async fn stop_etcd(&self, _shoot: &str) -> Result<(), RingError> {
+        Err(no_migration())
+    }
+    fn handover_info(&self, _shoot: &str) -> Option<SnapshotInfo> {
+        None
+    }
+    fn handover_files(&self, _shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
+        Err(no_migration())
+    }
+
+    async fn target_facts(
+        &self,
+        shoot: &str,
+        op: u64,
+        from_bucket: bool,
+    ) -> Result<TargetFacts, RingError> {
+        if !from_bucket {
+            return Err(no_migration());
+        }
+        let restored = self.bucket_report(shoot, op).is_some();
+        let running = match self.seed.inspect(shoot).await {
+            Ok(s) => s.phase == seed::Phase::Ready,
+            Err(_) => false,
+        };
+        Ok(TargetFacts {
+            fetched: restored,
+            restored,
+            running,
+        })
+    }
+
+    fn handover_path(&self, _shoot: &str, _rel: &str) -> Result<PathBuf, RingError> {
+        Err(no_migration())
+    }
+    async fn restore_handover(&self, _shoot: &str) -> Result<(), RingError> {
+        Err(no_migration())
+    }
+
+    async fn restore_bucket(
+        &self,
+        shoot: &str,
+        op: u64,
+        bucket: &RingBucket,
+    ) -> Result<backup::restore::RestoreReport, RingError> {
+        super::kubernetes_restore::restore(self, shoot, op, bucket).await
+    }
+
+    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
+        let (report, _) = super::kubernetes_restore::read_record(&self.restore_record(shoot), op)?;
+        Some(report)
+    }
+
+    async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
+        Ok(seed::wait_ready(self.seed.as_ref(), shoot, timeout).await?)
+    }
+
+    async fn verify_handover(&self, _shoot: &str) -> Result<Objects, RingError> {
+        Err(no_migration())
+    }
+
+    /// The objects the init container counted on the restored data, before
+    /// etcd started on it (the same volume the pod then serves from).
+    async fn count_objects(&self, shoot: &str, revision: i64) -> Result<Objects, RingError> {
+        match super::kubernetes_restore::read_any_record(&self.restore_record(shoot)) {
+            Some((report, objects)) if report.reached_revision == revision => Ok(objects),
+            _ => Err(RingError::Verification(format!(
+                "no object count of {shoot}'s restore at revision {revision} was recorded"
+            ))),
+        }
+    }
+
+    fn finish_move(&self, shoot: &str, _op: u64) {
+        let _ = std::fs::remove_file(self.restore_record(shoot));
+    }
+}
+
+/// The backup sidecar's progress, as recorded in the seed cluster.
+struct SeedProgress {
+    seed: Arc<KubernetesSeed>,
+    shoot: String,
+}
+
+#[async_trait]
+impl SidecarProgress for SeedProgress {
+    async fn durable(&self) -> Result<Option<(u64, u64)>, RingError> {
+        let p = self.seed.backup_progress(&self.shoot).await?;
+        if let Some(e) = p.as_ref().and_then(|p| p.error.as_ref()) {
+            tracing::warn!(shoot = %self.shoot, error = %e, "the backup sidecar reports an error");
+        }
+        Ok(p.map(|p| (p.revision, p.at_ms)))
+    }
+}
+
+impl KubernetesExecutor {
+    pub(super) fn seed(&self) -> &KubernetesSeed {
+        &self.seed
+    }
+
+    pub(super) fn shoot_layout(&self, shoot: &str) -> ShootLayout {
+        self.layout(shoot)
+    }
+
+    pub(super) fn restore_record_path(&self, shoot: &str) -> PathBuf {
+        self.restore_record(shoot)
     }
 }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Executor, Mover, Objects, TargetFacts};
-use crate::backups::{download_identity, BackupSource, RingBucket};
+use crate::backups::{download_identity, BackupPlan, BackupSource, RingBucket};
 use crate::config::SeedConfig;
 use crate::{now_ms, RingError};
 
@@ -122,14 +122,14 @@ impl Executor for LocalExecutor {
 
 #[async_trait]
 impl Mover for LocalExecutor {
-    fn backup_source(&self, shoot: &str) -> Result<BackupSource, RingError> {
+    fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;
-        Ok(BackupSource {
+        Ok(BackupPlan::Here(BackupSource {
             etcd: backup::EtcdConfig::for_local_shoot(&layout, &spec),
             spool_dir: layout.dir.join("backup-spool"),
             identity: layout,
-        })
+        }))
     }
 
     async fn source_view(&self, shoot: &str, op: u64) -> Result<SourceView, RingError> {

@@ -16,14 +16,15 @@ use async_trait::async_trait;
 use migrate::handover::SnapshotInfo;
 use migrate::plan::SourceView;
 
-use crate::backups::{BackupSource, RingBucket};
+use crate::backups::{BackupPlan, RingBucket};
 use crate::config::SeedConfig;
 use crate::RingError;
 
 mod kubernetes;
+mod kubernetes_restore;
 mod local;
 
-pub use kubernetes::KubernetesExecutor;
+pub use kubernetes::{pod_backup, KubernetesExecutor};
 pub use local::{restore_from_bucket, LocalExecutor};
 
 /// Objects per resource type, as verified after a move.
@@ -57,6 +58,11 @@ pub trait Executor: Send + Sync {
     /// in a cluster outlive a crashed ringd; local processes die with it).
     async fn fence_moved(&self, shoot: &str) -> Result<(), RingError>;
 
+    /// The ring renewed this member's lease on `shoot` for `epoch`: nothing may
+    /// serve after `fence_at_ms` (unix ms) unless it is renewed again. A seed
+    /// whose workloads outlive ringd hands this to whatever fences them there.
+    async fn lease_renewed(&self, _shoot: &str, _epoch: u64, _fence_at_ms: u64, _lease: Duration) {}
+
     /// The seed's part in moves and backups, or why it has none.
     fn mover(&self) -> Result<&dyn Mover, String>;
 }
@@ -75,8 +81,15 @@ pub struct TargetFacts {
 /// A seed's part in moves (planned migrations and failovers) and backups.
 #[async_trait]
 pub trait Mover: Send + Sync {
-    /// Where the continuous backup of `shoot` reads from.
-    fn backup_source(&self, shoot: &str) -> Result<BackupSource, RingError>;
+    /// Whether the seed takes part in planned migrations (failovers from the
+    /// bucket need only a `Mover`), or why not.
+    fn migrates(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// How the continuous backup of `shoot` runs: in ringd from a source, or
+    /// next to the workload (ringd stores the identity and forwards progress).
+    fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError>;
 
     /// The source's view of migration `op` of `shoot` (stale files of another
     /// operation are cleared first).
@@ -133,10 +146,14 @@ fn started(res: Result<(), seed::SeedError>) -> Result<(), RingError> {
 }
 
 /// Builds the executor of a member's seed from its config.
-pub async fn for_config(sc: &SeedConfig) -> Result<Arc<dyn Executor>, RingError> {
+pub async fn for_config(
+    sc: &SeedConfig,
+    member: &str,
+    bucket: Option<&RingBucket>,
+) -> Result<Arc<dyn Executor>, RingError> {
     match &sc.kubernetes {
         Some(kc) => Ok(Arc::new(
-            KubernetesExecutor::connect(kc, &sc.state_dir).await?,
+            KubernetesExecutor::connect(kc, &sc.state_dir, member, bucket).await?,
         )),
         None => Ok(Arc::new(LocalExecutor::from_config(sc)?)),
     }

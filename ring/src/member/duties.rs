@@ -16,6 +16,8 @@ pub struct SeedFacts {
     /// The seed restores and hands over control planes (moves onto or off it).
     /// When false, it says why, and every move it would take part in is refused.
     pub moves: Result<(), String>,
+    /// The seed takes part in planned migrations (a failover needs only `moves`).
+    pub migrates: Result<(), String>,
     /// A bucket is configured: backups run, failovers can restore.
     pub bucket: bool,
     /// How long a lease lasts.
@@ -28,6 +30,7 @@ impl Default for SeedFacts {
     fn default() -> Self {
         SeedFacts {
             moves: Ok(()),
+            migrates: Ok(()),
             bucket: false,
             lease: Duration::from_secs(6),
             release_grace_ms: 3_600_000,
@@ -181,8 +184,7 @@ impl Duty {
     }
 }
 
-/// Stop serving this fraction of a lease before it ends.
-const FENCE_EARLY_DIVISOR: u32 = 6;
+use crate::config::FENCE_EARLY_DIVISOR;
 /// How often a serving control plane's health is probed.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
@@ -243,7 +245,11 @@ fn operation_duties(
     now: Instant,
     out: &mut Vec<Duty>,
 ) {
-    if let Err(why) = &observed.seed.moves {
+    let refused = match &observed.seed.migrates {
+        Err(why) if op.is_migration() => Some(why),
+        _ => observed.seed.moves.as_ref().err(),
+    };
+    if let Some(why) = refused {
         out.push(Duty::Refuse {
             op: op.id,
             shoot: shoot.to_string(),

@@ -19,6 +19,7 @@ fn apply(s: &mut RingState, cmd: RingCommand) {
 fn facts(bucket: bool) -> SeedFacts {
     SeedFacts {
         moves: Ok(()),
+        migrates: Ok(()),
         bucket,
         lease: LEASE,
         release_grace_ms: 10_000,
@@ -597,6 +598,56 @@ fn operation_steps_wait_for_their_retry_ignore_stale_facts_and_are_refused_by_se
         o.shoots.insert("b".into(), seen);
         assert_eq!(duties_b(&restoring, "c", &o, now), want, "{case}");
     }
+}
+
+/// A Kubernetes seed restores from the bucket but takes no part in planned
+/// migrations yet: it refuses a migration, and walks a failover as any seed.
+#[test]
+fn a_seed_that_cannot_migrate_refuses_migrations_but_takes_failovers() {
+    let now = Instant::now();
+    let mut migration = ring();
+    apply(
+        &mut migration,
+        RingCommand::StartMigration {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: 1,
+        },
+    );
+    apply(
+        &mut migration,
+        RingCommand::HandoverReady {
+            id: 0,
+            revision: 42,
+            at_ms: 2,
+        },
+    );
+    let mut o = observed(now);
+    o.seed.migrates = Err("c: no migrations on Kubernetes seeds yet".into());
+    o.shoots.insert("b".into(), ShootSeen::default());
+    assert_eq!(
+        duties_b(&migration, "c", &o, now),
+        vec![Duty::Refuse {
+            op: 0,
+            shoot: "b".into(),
+            reason: "c: no migrations on Kubernetes seeds yet".into(),
+        }]
+    );
+    o.seed.bucket = true;
+    let failover = failover_state(Some(OperationStep::Pending));
+    let got = duties_b(&failover, "c", &o, now);
+    assert_eq!(
+        got[0],
+        Duty::BeginRestore {
+            op: 0,
+            shoot: "b".into()
+        },
+        "{got:?}"
+    );
+    assert!(
+        !got.iter().any(|d| matches!(d, Duty::Refuse { .. })),
+        "{got:?}"
+    );
 }
 
 #[test]

@@ -120,9 +120,9 @@ impl MemberLoop {
         let (Some(bucket), Ok(mover)) = (self.shared.bucket(), self.executor.mover()) else {
             return;
         };
-        match mover.backup_source(shoot) {
-            Ok(source) => self.shared.backups.ensure(
-                source,
+        match mover.backup_plan(shoot) {
+            Ok(plan) => self.shared.backups.ensure(
+                plan,
                 bucket,
                 shoot,
                 &self.shared.stop,

@@ -67,11 +67,10 @@ impl MemberLoop {
 
     fn seed_facts(&self) -> SeedFacts {
         let me = self.shared.name();
-        let moves = self
-            .executor
-            .mover()
-            .map(|_| ())
-            .map_err(|why| format!("{me}: {why}"));
+        let (moves, migrates) = match self.executor.mover() {
+            Ok(m) => (Ok(()), m.migrates().map_err(|why| format!("{me}: {why}"))),
+            Err(why) => (Err(format!("{me}: {why}")), Err(format!("{me}: {why}"))),
+        };
         let grace_secs = self
             .shared
             .config
@@ -81,6 +80,7 @@ impl MemberLoop {
         SeedFacts {
             bucket: self.shared.bucket().is_some() && moves.is_ok(),
             moves,
+            migrates,
             lease: Duration::from_millis(self.shared.timing().lease_ms),
             release_grace_ms: grace_secs.saturating_mul(1000),
         }

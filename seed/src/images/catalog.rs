@@ -38,6 +38,9 @@ pub struct ImageInputs {
     pub search: BinarySearch,
     /// The `ringd` binary to put into `ring/ringd`.
     pub ringd: PathBuf,
+    /// The `ring-agent` binary (lease guard, backup, restore) put into the
+    /// etcd and kube-apiserver images.
+    pub agent: PathBuf,
 }
 
 impl ImageInputs {
@@ -47,6 +50,7 @@ impl ImageInputs {
         let sbin = [PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")];
         ImageInputs {
             search: BinarySearch::standard(bin_dir).followed_by(sbin),
+            agent: ringd.with_file_name("ring-agent"),
             ringd,
         }
     }
@@ -57,7 +61,10 @@ impl ImageInputs {
 pub fn catalog(inputs: &ImageInputs) -> Result<Vec<ImageSpec>> {
     let ldd = inputs.search.find("ldd")?;
     let mut specs = vec![pause(inputs)?, etcd(inputs, &ldd)?];
-    for image in [KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER] {
+    let mut apiserver = kube(inputs, &ldd, KUBE_APISERVER)?;
+    add_agent(&mut apiserver, inputs, KUBE_APISERVER, &ldd)?;
+    specs.push(apiserver);
+    for image in [KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER] {
         specs.push(kube(inputs, &ldd, image)?);
     }
     specs.push(kube_proxy(inputs, &ldd)?);
@@ -120,7 +127,27 @@ fn etcd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     let mut spec = ImageSpec::new(ETCD, &["/usr/local/bin/etcd"]);
     spec.add_program("/usr/local/bin/etcd", &etcd, ldd)?;
     spec.add_program("/usr/local/bin/etcdctl", &etcdctl, ldd)?;
+    add_agent(&mut spec, inputs, ETCD, ldd)?;
     Ok(spec)
+}
+
+/// `ring-agent` at [`crate::kubernetes::agent::AGENT`], with its libraries.
+fn add_agent(
+    spec: &mut ImageSpec,
+    inputs: &ImageInputs,
+    image: ImageName,
+    ldd: &Path,
+) -> Result<()> {
+    if !inputs.agent.is_file() {
+        return Err(SeedError::ImageBuild {
+            image: image.name.into(),
+            reason: format!(
+                "{} does not exist; build it with `cargo build -p ringd --bins` (it is taken from next to ringd)",
+                inputs.agent.display()
+            ),
+        });
+    }
+    spec.add_program(crate::kubernetes::agent::AGENT, &inputs.agent, ldd)
 }
 
 /// A Kubernetes control-plane image: the one binary at `/usr/local/bin`.

@@ -206,6 +206,7 @@ fn missing_gcc_or_ringd_is_named_with_the_fix() {
     let inputs = ImageInputs {
         search: BinarySearch::only([tmp.path().to_path_buf()]),
         ringd: tmp.path().join("ringd"),
+        agent: tmp.path().join("ring-agent"),
     };
     let msg = catalog(&inputs).unwrap_err().to_string();
     assert!(msg.starts_with("gcc not found"), "{msg}");
@@ -213,6 +214,7 @@ fn missing_gcc_or_ringd_is_named_with_the_fix() {
     let empty = ImageInputs {
         search: BinarySearch::only([]),
         ringd: tmp.path().join("ringd"),
+        agent: tmp.path().join("ring-agent"),
     };
     let msg = build_all(&tmp.path().join("out"), &empty)
         .unwrap_err()

@@ -68,6 +68,11 @@ pub fn seed_role_rules() -> Value {
         {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": apply},
         {"apiGroups": ["apps"], "resources": ["statefulsets/scale", "deployments/scale"], "verbs": ["patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": apply},
+        // the lease guard and backup agent next to the pods: their account,
+        // what it may do (ringd must hold those permissions itself to grant them)
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": apply},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": apply},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch", "watch"]},
     ])
 }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use serde_json::{json, Value};
 
+use super::agent::{self, Wiring};
 use super::{KubernetesSeedConfig, ServiceType};
 use crate::pki::SERVICE_CIDR;
 use crate::process::Component;
@@ -92,6 +93,8 @@ pub struct Renderer<'a> {
     pub ring: &'a str,
     pub spec: &'a ControlPlaneSpec,
     pub config: &'a KubernetesSeedConfig,
+    /// The lease guard and backup containers a ring adds.
+    pub wiring: &'a Wiring,
 }
 
 impl Renderer<'_> {
@@ -143,7 +146,8 @@ impl Renderer<'_> {
 
     /// Every object but the namespace and the anchor, in apply order.
     pub fn objects(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Vec<Value> {
-        vec![
+        let mut out = agent::objects(self.wiring, &|name| self.meta(name, None, owner));
+        out.extend([
             self.pki_secret(owner, pki),
             self.etcd_headless_service(owner),
             self.etcd_client_service(owner),
@@ -153,10 +157,16 @@ impl Renderer<'_> {
             self.apiserver(owner),
             self.controller_manager(owner),
             self.scheduler(owner),
-        ]
+        ]);
+        out
     }
 
-    fn pki_secret(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Value {
+    /// The Lease ringd renews (owned by the anchor like everything else).
+    pub fn lease(&self, owner: &Owner, record: &agent::LeaseRecord) -> Value {
+        agent::lease(self.meta(agent::LEASE, None, owner), record)
+    }
+
+    pub(crate) fn pki_secret(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Value {
         let b64 = base64::engine::general_purpose::STANDARD;
         let data: BTreeMap<&str, String> = pki
             .iter()
@@ -250,15 +260,62 @@ impl Renderer<'_> {
         container["name"] = json!(component.name());
         container["imagePullPolicy"] = json!(self.config.images.pull_policy.as_str());
         container["volumeMounts"] = json!(mounts);
-        json!({
+        let guarded =
+            self.wiring.guard && matches!(component, Component::Etcd | Component::KubeApiserver);
+        if guarded {
+            container = agent::guarded(container);
+        }
+        let mut pod = json!({
             "metadata": {"labels": labels(self.ring, &self.spec.shoot, Some(component.name()))},
             "spec": {
-                // The control plane never talks to the seed cluster's API.
+                // The control plane itself never talks to the seed cluster's API.
                 "automountServiceAccountToken": false,
                 "containers": [container],
                 "volumes": volumes,
             },
-        })
+        });
+        let agent = guarded || (component == Component::Etcd && self.wiring.backup.is_some());
+        if agent {
+            // ring-agent reads its lease and writes its ConfigMaps
+            pod["spec"]["automountServiceAccountToken"] = json!(true);
+            pod["spec"]["serviceAccountName"] = json!(agent::SERVICE_ACCOUNT);
+        }
+        pod
+    }
+
+    /// Adds the restore init container and the backup sidecar to etcd's pod.
+    fn with_backup(&self, mut pod: Value) -> Value {
+        let Some(backup) = &self.wiring.backup else {
+            return pod;
+        };
+        let (image, pull) = (
+            &self.config.images.etcd,
+            self.config.images.pull_policy.as_str(),
+        );
+        let peer = format!("https://$(POD_NAME).{ETCD}.{}.svc:2380", self.ns());
+        let token = format!("ring-{}", self.spec.shoot);
+        pod["spec"]["initContainers"] = json!([agent::restore_container(
+            backup,
+            &self.spec.shoot,
+            image,
+            pull,
+            ETCD_DATA,
+            &peer,
+            &token
+        )]);
+        if let Some(c) = pod["spec"]["containers"].as_array_mut() {
+            c.push(agent::backup_container(
+                backup,
+                &self.spec.shoot,
+                image,
+                pull,
+                ETCD_DATA,
+            ));
+        }
+        if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
+            v.extend(agent::backup_volumes(backup));
+        }
+        pod
     }
 
     fn deployment(&self, owner: &Owner, component: Component, template: Value) -> Value {
@@ -314,13 +371,17 @@ impl Renderer<'_> {
             "readinessProbe": {"httpGet": {"path": "/health", "port": 2381}, "periodSeconds": 5},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         });
-        let items = [
+        let mut items = vec![
             "ca.crt",
             "etcd-server.crt",
             "etcd-server.key",
             "etcd-peer.crt",
             "etcd-peer.key",
         ];
+        if self.wiring.backup.is_some() {
+            // the backup sidecar is etcd's client
+            items.extend(["etcd-client.crt", "etcd-client.key"]);
+        }
         let mut claim = json!({
             "metadata": {"name": "data", "labels": labels(self.ring, &self.spec.shoot, Some(ETCD))},
             "spec": {
@@ -340,7 +401,7 @@ impl Renderer<'_> {
                 "serviceName": ETCD,
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": selector(&self.spec.shoot, ETCD)},
-                "template": self.pod(Component::Etcd, container, &items),
+                "template": self.with_backup(self.pod(Component::Etcd, container, &items)),
                 "volumeClaimTemplates": [claim],
             },
         })
@@ -495,95 +556,5 @@ pub fn to_yaml(objects: &[Value]) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    /// Compares `actual` with the golden file, or rewrites it with `RING_UPDATE_GOLDEN=1`.
-    pub(crate) fn golden(name: &str, actual: &str) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/golden")
-            .join(name);
-        if std::env::var_os("RING_UPDATE_GOLDEN").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, actual).unwrap();
-        }
-        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}; create it with RING_UPDATE_GOLDEN=1",
-                path.display()
-            )
-        });
-        assert!(
-            expected == actual,
-            "{} differs from the rendering; review and rerun with RING_UPDATE_GOLDEN=1\n--- actual ---\n{actual}",
-            path.display()
-        );
-    }
-
-    fn render(config: &KubernetesSeedConfig) -> String {
-        let spec = ControlPlaneSpec::new("alpha");
-        let r = Renderer {
-            ring: "demo",
-            spec: &spec,
-            config,
-        };
-        let owner = Owner {
-            name: ANCHOR.into(),
-            uid: "00000000-0000-0000-0000-000000000001".into(),
-        };
-        let pki = BTreeMap::from([
-            ("ca.crt".to_string(), b"CA CERT".to_vec()),
-            ("ca.key".to_string(), b"CA KEY".to_vec()),
-        ]);
-        let mut all = vec![r.namespace(), r.anchor()];
-        all.extend(r.objects(&owner, &pki));
-        to_yaml(&all)
-    }
-
-    #[test]
-    fn control_plane_objects_match_golden_file() {
-        golden(
-            "control-plane.yaml",
-            &render(&KubernetesSeedConfig::new("demo")),
-        );
-    }
-
-    #[test]
-    fn service_type_and_storage_class_are_configurable() {
-        let mut config = KubernetesSeedConfig::new("demo");
-        config.service_type = ServiceType::NodePort;
-        config.storage_class = Some("fast".into());
-        config.images = serde_yaml::from_str("pullPolicy: IfNotPresent").unwrap();
-        let text = render(&config);
-        assert!(text.contains("type: NodePort"), "{text}");
-        assert_eq!(
-            text.matches("imagePullPolicy: IfNotPresent").count(),
-            4,
-            "{text}"
-        );
-        assert!(!text.contains("imagePullPolicy: Never"), "{text}");
-        assert!(text.contains("storageClassName: fast"), "{text}");
-        assert!(!text.contains("LoadBalancer"), "{text}");
-    }
-
-    #[test]
-    fn every_owned_object_points_at_the_anchor_and_uses_1_20_apis() {
-        let config = KubernetesSeedConfig::new("demo");
-        let spec = ControlPlaneSpec::new("alpha");
-        let r = Renderer {
-            ring: "demo",
-            spec: &spec,
-            config: &config,
-        };
-        let owner = Owner {
-            name: ANCHOR.into(),
-            uid: "u1".into(),
-        };
-        for o in r.objects(&owner, &BTreeMap::new()) {
-            assert_eq!(o["metadata"]["namespace"], "shoot--demo--alpha");
-            assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
-            let v = o["apiVersion"].as_str().unwrap();
-            assert!(["v1", "apps/v1", "policy/v1beta1"].contains(&v), "{v}");
-        }
-    }
-}
+#[path = "render_tests.rs"]
+pub(crate) mod tests;

@@ -1,0 +1,129 @@
+//! The backup sidecar: the same full + delta backup ringd runs for local seeds
+//! (`backup::Backup`, same objects, catalog and encryption), here next to the
+//! pod's etcd. It uploads only while the Lease is valid and stops at the fence
+//! time; it does not depend on ringd, so a ringd restart leaves no gap. Its
+//! progress goes to the ConfigMap `backup-status`, where ringd reads it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use seed::kubernetes::agent::BACKUP_STATUS;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{guard, Cluster};
+use crate::{now_ms, RingError};
+
+/// Wait after a failed run before the next one.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// Runs backups with `config` and deltas spooled in `spool_dir`, while the
+/// lease holds, until `stop`.
+pub async fn run(
+    cluster: Cluster,
+    mut config: ::backup::BackupConfig,
+    spool_dir: PathBuf,
+    stop: CancellationToken,
+) -> Result<(), RingError> {
+    config.spool.dir = Some(spool_dir);
+    let (tx, mut lease) = watch::channel(0u64);
+    let reader = stop.child_token();
+    tokio::spawn(super::watch_lease(
+        cluster.clone(),
+        Duration::from_millis(500),
+        tx,
+        reader.clone(),
+    ));
+    let _stop_reader = reader.drop_guard();
+    loop {
+        if !wait_for_lease(&mut lease, &stop).await {
+            return Ok(());
+        }
+        tracing::info!(shoot = %config.shoot, "lease valid: backing up");
+        let runner = ::backup::Backup::new(config.clone())?;
+        let run = stop.child_token();
+        let reporter = tokio::spawn(report(cluster.clone(), runner.progress(), run.clone()));
+        let fence = tokio::spawn(cancel_at_fence(lease.clone(), run.clone()));
+        let res = runner.run(run.clone()).await;
+        run.cancel();
+        let _ = (reporter.await, fence.await);
+        if let Err(e) = res {
+            tracing::error!(error = %e, "backup stopped; retrying");
+            let data = BTreeMap::from([("error", e.to_string())]);
+            let _ = cluster.patch_configmap(BACKUP_STATUS, data).await;
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(RETRY) => {}
+            }
+        } else if !stop.is_cancelled() {
+            tracing::warn!("lease lapsed: backups stopped until it is renewed");
+        }
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
+/// Waits until the lease is valid (true) or `stop` (false).
+async fn wait_for_lease(lease: &mut watch::Receiver<u64>, stop: &CancellationToken) -> bool {
+    loop {
+        if now_ms() < *lease.borrow_and_update() {
+            return true;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return false,
+            _ = lease.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+/// Cancels `run` at the lease's fence time (by this pod's clock).
+async fn cancel_at_fence(mut lease: watch::Receiver<u64>, run: CancellationToken) {
+    loop {
+        let (fence_at, now) = (*lease.borrow_and_update(), now_ms());
+        if now >= fence_at {
+            run.cancel();
+            return;
+        }
+        tokio::select! {
+            biased;
+            _ = run.cancelled() => return,
+            _ = lease.changed() => {}
+            _ = tokio::time::sleep(guard::sleep_for(fence_at, now, true)) => {}
+        }
+    }
+}
+
+/// Records each new durable revision in `backup-status`, at most once a second.
+async fn report(
+    cluster: Cluster,
+    mut progress: watch::Receiver<::backup::Progress>,
+    run: CancellationToken,
+) {
+    let mut last = 0;
+    loop {
+        tokio::select! {
+            biased;
+            _ = run.cancelled() => return,
+            r = progress.changed() => if r.is_err() { return },
+        }
+        let p = progress.borrow_and_update().clone();
+        if p.durable_revision <= last {
+            continue;
+        }
+        let data = BTreeMap::from([
+            ("revision", p.durable_revision.to_string()),
+            ("atMs", p.durable_at_ms.to_string()),
+            ("error", String::new()),
+        ]);
+        match cluster.patch_configmap(BACKUP_STATUS, data).await {
+            Ok(()) => last = p.durable_revision,
+            Err(e) => tracing::warn!(error = %e, "cannot record backup progress"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

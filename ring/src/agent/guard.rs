@@ -1,0 +1,170 @@
+//! The lease guard: runs one program (etcd, kube-apiserver) as its child only
+//! while the Lease ringd renews is valid. The fence time is a deadline kept by
+//! the guard's own clock: when ringd is killed, stopped (SIGSTOP) or cut off,
+//! no renewal comes and the child is killed at the fence time; reading the
+//! Lease is needed to start or keep serving, never to stop.
+
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::Cluster;
+use crate::{now_ms, RingError};
+
+/// How often the Lease is read.
+const POLL: Duration = Duration::from_millis(500);
+/// First wait before restarting a child that exited by itself.
+const RESTART_MIN_MS: u64 = 1_000;
+/// Longest wait before such a restart.
+const RESTART_MAX_MS: u64 = 10_000;
+
+/// What the guard does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardAction {
+    /// Start the child: the lease is valid and nothing runs.
+    Start,
+    /// Kill the child now: the fence time has come.
+    Stop,
+    /// Nothing to do.
+    Wait,
+}
+
+/// The guard's decision (pure): serve exactly while `now_ms < fence_at_ms`,
+/// and do not restart a child that exited before `not_before_ms`.
+pub fn action(fence_at_ms: u64, now_ms: u64, running: bool, not_before_ms: u64) -> GuardAction {
+    let valid = now_ms < fence_at_ms;
+    match (running, valid) {
+        (true, false) => GuardAction::Stop,
+        (false, true) if now_ms >= not_before_ms => GuardAction::Start,
+        _ => GuardAction::Wait,
+    }
+}
+
+/// How long the guard may sleep: not past the fence time while the child runs.
+pub fn sleep_for(fence_at_ms: u64, now_ms: u64, running: bool) -> Duration {
+    let poll = POLL.as_millis() as u64;
+    let ms = if running {
+        fence_at_ms.saturating_sub(now_ms).min(poll)
+    } else {
+        poll
+    };
+    Duration::from_millis(ms)
+}
+
+fn spawn(command: &[String]) -> Result<Child, RingError> {
+    let (program, args) = command.split_first().ok_or_else(|| RingError::Config {
+        field: "command".into(),
+        reason: "no program to guard; give it after `--`".into(),
+    })?;
+    Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| RingError::Io {
+            what: format!("starting {program}"),
+            source,
+        })
+}
+
+/// The child's exit (never, without one).
+async fn wait(child: Option<&mut Child>) -> std::io::Result<std::process::ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn kill(child: &mut Child, why: &str) {
+    let pid = child.id();
+    let _ = child.start_kill();
+    let status = child.wait().await;
+    tracing::warn!(?pid, ?status, why, "guarded program stopped");
+}
+
+/// Runs `command` under the lease of the pod's namespace until `stop`.
+pub async fn run(
+    cluster: Cluster,
+    command: Vec<String>,
+    stop: CancellationToken,
+) -> Result<(), RingError> {
+    let (tx, mut lease) = watch::channel(0u64);
+    let reader = stop.child_token();
+    tokio::spawn(super::watch_lease(cluster, POLL, tx, reader.clone()));
+    let _stop_reader = reader.drop_guard();
+    let mut child: Option<Child> = None;
+    let (mut not_before, mut backoff, mut started_at) = (0, RESTART_MIN_MS, 0);
+    loop {
+        let fence_at = *lease.borrow_and_update();
+        let now = now_ms();
+        match action(fence_at, now, child.is_some(), not_before) {
+            GuardAction::Start => {
+                tracing::info!(fence_at_ms = fence_at, program = %command[0], "lease valid: starting");
+                child = Some(spawn(&command)?);
+                started_at = now;
+            }
+            GuardAction::Stop => {
+                if let Some(mut c) = child.take() {
+                    kill(&mut c, "the lease's fence time has come").await;
+                }
+            }
+            GuardAction::Wait => {}
+        }
+        let nap = sleep_for(fence_at, now_ms(), child.is_some());
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                if let Some(mut c) = child.take() {
+                    kill(&mut c, "the pod stops").await;
+                }
+                return Ok(());
+            }
+            status = wait(child.as_mut()), if child.is_some() => {
+                tracing::warn!(?status, "guarded program exited; restarting while the lease holds");
+                child = None;
+                let now = now_ms();
+                backoff = if now.saturating_sub(started_at) > 30_000 { RESTART_MIN_MS } else { (backoff * 2).min(RESTART_MAX_MS) };
+                not_before = now + backoff;
+            }
+            _ = lease.changed() => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serves_exactly_while_the_fence_time_is_ahead() {
+        // (fence_at, now, running, not_before) -> action
+        let table = [
+            ((0, 1_000, false, 0), GuardAction::Wait), // no lease yet
+            ((5_000, 1_000, false, 0), GuardAction::Start), // valid lease
+            ((5_000, 1_000, true, 0), GuardAction::Wait), // serving
+            ((5_000, 5_000, true, 0), GuardAction::Stop), // fence time reached
+            ((5_000, 9_000, true, 0), GuardAction::Stop), // ringd stopped renewing
+            ((5_000, 9_000, false, 0), GuardAction::Wait), // fenced, stays down
+            ((9_000, 1_000, false, 2_000), GuardAction::Wait), // crashed: backoff
+            ((9_000, 2_000, false, 2_000), GuardAction::Start),
+        ];
+        for ((fence, now, running, nb), want) in table {
+            assert_eq!(
+                action(fence, now, running, nb),
+                want,
+                "{fence} {now} {running} {nb}"
+            );
+        }
+    }
+
+    #[test]
+    fn never_sleeps_past_the_fence_time_while_serving() {
+        assert_eq!(sleep_for(1_300, 1_000, true), Duration::from_millis(300));
+        assert_eq!(sleep_for(1_000, 2_000, true), Duration::ZERO);
+        assert_eq!(sleep_for(99_000, 1_000, true), POLL);
+        assert_eq!(sleep_for(1_001, 1_000, false), POLL);
+    }
+}

@@ -1,0 +1,132 @@
+//! `ring-agent`: what runs inside a control plane's pods on a Kubernetes seed,
+//! independent of ringd (see `seed::kubernetes::agent` for how it is wired).
+//!
+//! - [`guard`]: runs etcd or kube-apiserver as its child only while the Lease
+//!   ringd renews says so, and stops it at the fence time without asking anyone.
+//! - [`backup`]: the continuous full + delta backup of the pod's etcd, while
+//!   the lease is valid; progress in a ConfigMap.
+//! - [`restore`]: etcd's init container; restores from the bucket when asked.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use seed::kubernetes::agent;
+
+use crate::RingError;
+
+pub mod backup;
+pub mod guard;
+pub mod restore;
+
+/// How long one call to the seed cluster's API may take.
+const API_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The agent's view of its namespace in the seed cluster.
+#[derive(Clone)]
+pub struct Cluster {
+    client: kube::Client,
+    namespace: String,
+}
+
+fn kube_err(what: &str) -> impl Fn(String) -> RingError + '_ {
+    move |e| {
+        RingError::Seed(seed::SeedError::Kube {
+            shoot: "(agent)".into(),
+            message: format!("{what}: {e}"),
+        })
+    }
+}
+
+impl Cluster {
+    /// The in-cluster client (the pod's service account) in `$POD_NAMESPACE`.
+    pub async fn from_pod() -> Result<Self, RingError> {
+        let namespace = std::env::var("POD_NAMESPACE").map_err(|_| RingError::Config {
+            field: "POD_NAMESPACE".into(),
+            reason: "not set; the pod must pass metadata.namespace through the downward API (Ring's manifests do)".into(),
+        })?;
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| kube_err("connecting to the seed cluster")(e.to_string()))?;
+        Ok(Cluster { client, namespace })
+    }
+
+    /// The fence time on the Lease (unix ms; 0 when there is none yet).
+    pub async fn fence_at_ms(&self) -> Result<u64, RingError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lease = tokio::time::timeout(API_TIMEOUT, api.get_opt(agent::LEASE))
+            .await
+            .map_err(|_| kube_err("reading the lease")("timed out".into()))?
+            .map_err(|e| kube_err("reading the lease")(e.to_string()))?;
+        Ok(lease.map_or(0, |l| agent::fence_at_ms(l.metadata.annotations.as_ref())))
+    }
+
+    /// The data of ConfigMap `name` (empty when it does not exist).
+    pub async fn configmap(&self, name: &str) -> Result<BTreeMap<String, String>, RingError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = format!("reading ConfigMap {name}");
+        let cm = tokio::time::timeout(API_TIMEOUT, api.get_opt(name))
+            .await
+            .map_err(|_| kube_err(&what)("timed out".into()))?
+            .map_err(|e| kube_err(&what)(e.to_string()))?;
+        Ok(cm.and_then(|c| c.data).unwrap_or_default())
+    }
+
+    /// Merges `data` into ConfigMap `name`.
+    pub async fn patch_configmap(
+        &self,
+        name: &str,
+        data: BTreeMap<&str, String>,
+    ) -> Result<(), RingError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = format!("writing ConfigMap {name}");
+        let patch = Patch::Merge(serde_json::json!({ "data": data }));
+        tokio::time::timeout(
+            API_TIMEOUT,
+            api.patch(name, &PatchParams::default(), &patch),
+        )
+        .await
+        .map_err(|_| kube_err(&what)("timed out".into()))?
+        .map_err(|e| kube_err(&what)(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// The backup config at `path`, for `shoot` (the shared config names no shoot).
+pub fn load_config(
+    path: &std::path::Path,
+    shoot: &str,
+) -> Result<::backup::BackupConfig, RingError> {
+    seed::validate_shoot_name(shoot)?;
+    let mut config = ::backup::BackupConfig::load(path)?;
+    config.shoot = shoot.to_string();
+    Ok(config)
+}
+
+/// Follows the Lease: the newest fence time read, re-read every `period`.
+/// A failed read keeps the last value, so the fence time still ends serving.
+pub async fn watch_lease(
+    cluster: Cluster,
+    period: Duration,
+    tx: tokio::sync::watch::Sender<u64>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        match cluster.fence_at_ms().await {
+            Ok(at) => {
+                tx.send_if_modified(|v| std::mem::replace(v, at) != at);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the lease; the last fence time holds")
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}

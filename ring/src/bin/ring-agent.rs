@@ -1,0 +1,127 @@
+//! `ring-agent`: runs inside a control plane's pods on a Kubernetes seed: the
+//! lease guard around etcd and kube-apiserver, etcd's backup sidecar, and
+//! etcd's restore init container (see `ringd::agent`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "ring-agent",
+    version,
+    about = "Ring's agent next to a control plane's pods: lease guard, backup, restore"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs PROGRAM only while the Lease ringd renews is valid.
+    Guard {
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        program: Vec<String>,
+    },
+    /// Backs up the pod's etcd into the ring's bucket while the lease is valid.
+    Backup {
+        /// The backup config (kind: Backup).
+        #[arg(long)]
+        backup_config: PathBuf,
+        /// The shoot (its prefix in the bucket).
+        #[arg(long)]
+        shoot: String,
+        /// Where deltas wait for the bucket.
+        #[arg(long)]
+        spool_dir: PathBuf,
+    },
+    /// Restores etcd's data from the bucket when the ConfigMap etcd-restore asks.
+    Restore {
+        /// The backup config (kind: Backup): bucket and key.
+        #[arg(long)]
+        backup_config: PathBuf,
+        /// The shoot (its prefix in the bucket).
+        #[arg(long)]
+        shoot: String,
+        /// etcd's data dir.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// etcd's member name.
+        #[arg(long)]
+        member: String,
+        /// etcd's peer URL.
+        #[arg(long)]
+        peer_url: String,
+        /// etcd's initial cluster token.
+        #[arg(long)]
+        cluster_token: String,
+    },
+}
+
+/// Where Kubernetes reads a failed container's message from.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    ringd::init_tracing();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let result = runtime.block_on(async {
+        ringd::cancel_on_signals(shutdown.clone());
+        run(cli.command, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let _ = std::fs::write(TERMINATION_LOG, e.to_string());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd::RingError> {
+    let cluster = ringd::agent::Cluster::from_pod().await?;
+    match command {
+        Command::Guard { program } => ringd::agent::guard::run(cluster, program, shutdown).await,
+        Command::Backup {
+            backup_config,
+            shoot,
+            spool_dir,
+        } => {
+            let config = ringd::agent::load_config(&backup_config, &shoot)?;
+            ringd::agent::backup::run(cluster, config, spool_dir, shutdown).await
+        }
+        Command::Restore {
+            backup_config,
+            shoot,
+            data_dir,
+            member,
+            peer_url,
+            cluster_token,
+        } => {
+            let args = ringd::agent::restore::RestoreArgs {
+                config: ringd::agent::load_config(&backup_config, &shoot)?,
+                data_dir,
+                member: backup::etcd::Member {
+                    name: member,
+                    peer_url,
+                    cluster_token,
+                },
+            };
+            ringd::agent::restore::run(cluster, args, shutdown)
+                .await
+                .map(|_| ())
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! What runs next to a control plane's pods when a ring hosts it (pure; golden-tested):
+//! `ring-agent` from the etcd and kube-apiserver images.
+//!
+//! - **Lease guard**: etcd and kube-apiserver run as children of `ring-agent
+//!   guard`, which reads the Lease [`LEASE`] that ringd renews and stops its
+//!   child at the lease's fence time, whether ringd is alive, killed or stopped;
+//!   it starts the child again once the lease is renewed.
+//! - **Restore**: an init container of etcd restores the data from the ring's
+//!   bucket when the ConfigMap [`RESTORE_CONFIGMAP`] asks for it (a failover
+//!   onto this seed), and records its report there.
+//! - **Backup**: a sidecar of etcd takes full and delta snapshots into the
+//!   ring's bucket while the lease is valid, and records its progress in the
+//!   ConfigMap [`BACKUP_STATUS`]; it keeps running when ringd restarts.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+/// The Lease ringd renews for the control plane (holder, epoch, fence time).
+pub const LEASE: &str = "ring-lease";
+/// Annotation on the Lease: the ring epoch the holder serves at.
+pub const EPOCH_ANNOTATION: &str = "ring.gardener.cloud/epoch";
+/// Annotation on the Lease: unix ms after which nothing may serve (the guard
+/// stops its child then; ringd writes the ring lease's end minus its fencing margin).
+pub const FENCE_AT_ANNOTATION: &str = "ring.gardener.cloud/fence-at-ms";
+/// The service account of the guarded pods.
+pub const SERVICE_ACCOUNT: &str = "ring-control-plane";
+/// ConfigMap asking etcd's init container to restore (`operation`) and holding its report.
+pub const RESTORE_CONFIGMAP: &str = "etcd-restore";
+/// ConfigMap where the backup sidecar records its progress.
+pub const BACKUP_STATUS: &str = "backup-status";
+/// Secret with the backup sidecar's config (and the bucket's key).
+pub const BACKUP_SECRET: &str = "ring-backup";
+/// Where `ring-agent` is in the etcd and kube-apiserver images.
+pub const AGENT: &str = "/usr/local/bin/ring-agent";
+/// Where the backup Secret is mounted.
+pub const BACKUP_MOUNT: &str = "/etc/ring/backup";
+/// The backup config's file name in the Secret (a `kind: Backup` document).
+pub const BACKUP_CONFIG: &str = "backup.yaml";
+/// The shoot named in that shared config: the agent takes the real one from `--shoot`.
+pub const SHOOT_FROM_FLAG: &str = "set-by-agent";
+
+/// The backup of a control plane that runs as pods: what the sidecar and the
+/// restore init container are given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodBackup {
+    /// Files of the backup Secret: [`BACKUP_CONFIG`] and, when the bucket is
+    /// sealed, the key file the config names.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// A `file://` bucket's directory, mounted from the node at the same path
+    /// (only for nodes that see the same filesystem, as Ring's own nodes do).
+    pub host_dir: Option<PathBuf>,
+}
+
+/// How a ring wires its control planes' pods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wiring {
+    /// etcd and kube-apiserver run under the lease guard.
+    pub guard: bool,
+    /// The backup sidecar and the restore init container, with their config.
+    pub backup: Option<PodBackup>,
+}
+
+impl Wiring {
+    /// Whether the pods talk to the seed cluster's API (guard or backup).
+    pub fn uses_api(&self) -> bool {
+        self.guard || self.backup.is_some()
+    }
+}
+
+/// `POD_NAMESPACE` and `POD_NAME` from the downward API.
+fn pod_env() -> Value {
+    json!([
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ])
+}
+
+/// Runs `container`'s command under the lease guard.
+pub fn guarded(mut container: Value) -> Value {
+    let mut command = vec![json!(AGENT), json!("guard"), json!("--")];
+    if let Some(c) = container["command"].as_array() {
+        command.extend(c.iter().cloned());
+    }
+    container["command"] = json!(command);
+    let mut env = container["env"].as_array().cloned().unwrap_or_default();
+    for e in pod_env().as_array().into_iter().flatten() {
+        if !env.iter().any(|x| x["name"] == e["name"]) {
+            env.push(e.clone());
+        }
+    }
+    container["env"] = json!(env);
+    container
+}
+
+/// Mounts of the backup Secret (and a file bucket's directory).
+fn backup_mounts(backup: &PodBackup, data: &str) -> Value {
+    let mut mounts = vec![
+        json!({"name": "backup", "mountPath": BACKUP_MOUNT, "readOnly": true}),
+        json!({"name": "data", "mountPath": data}),
+        json!({"name": "pki", "mountPath": "/etc/ring/pki", "readOnly": true}),
+    ];
+    if let Some(dir) = &backup.host_dir {
+        mounts.push(json!({"name": "bucket", "mountPath": dir}));
+    }
+    json!(mounts)
+}
+
+/// Volumes the backup containers add to etcd's pod.
+pub fn backup_volumes(backup: &PodBackup) -> Vec<Value> {
+    let mut volumes = vec![json!({
+        "name": "backup",
+        "secret": {"secretName": BACKUP_SECRET, "defaultMode": 0o400},
+    })];
+    if let Some(dir) = &backup.host_dir {
+        volumes.push(json!({
+            "name": "bucket",
+            "hostPath": {"path": dir, "type": "DirectoryOrCreate"},
+        }));
+    }
+    volumes
+}
+
+/// etcd's init container: restores from the bucket when asked to.
+pub fn restore_container(
+    backup: &PodBackup,
+    shoot: &str,
+    image: &str,
+    pull: &str,
+    data: &str,
+    peer_url: &str,
+    token: &str,
+) -> Value {
+    json!({
+        "name": "restore",
+        "image": image,
+        "imagePullPolicy": pull,
+        "command": [
+            AGENT, "restore",
+            "--backup-config", format!("{BACKUP_MOUNT}/{BACKUP_CONFIG}"),
+            "--shoot", shoot,
+            "--data-dir", format!("{data}/data"),
+            "--member", "$(POD_NAME)",
+            "--peer-url", peer_url,
+            "--cluster-token", token,
+        ],
+        "env": pod_env(),
+        "volumeMounts": backup_mounts(backup, data),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    })
+}
+
+/// etcd's backup sidecar.
+pub fn backup_container(
+    backup: &PodBackup,
+    shoot: &str,
+    image: &str,
+    pull: &str,
+    data: &str,
+) -> Value {
+    json!({
+        "name": "backup",
+        "image": image,
+        "imagePullPolicy": pull,
+        "command": [
+            AGENT, "backup",
+            "--backup-config", format!("{BACKUP_MOUNT}/{BACKUP_CONFIG}"),
+            "--shoot", shoot,
+            "--spool-dir", format!("{data}/backup-spool"),
+        ],
+        "env": pod_env(),
+        "volumeMounts": backup_mounts(backup, data),
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+    })
+}
+
+/// The objects the wiring adds to a shoot's namespace (`meta(name)` gives each
+/// its metadata): service account, its Role and binding, the ConfigMaps the
+/// agent reads and writes, and the backup Secret.
+pub fn objects(wiring: &Wiring, meta: &dyn Fn(&str) -> Value) -> Vec<Value> {
+    if !wiring.uses_api() {
+        return Vec::new();
+    }
+    let mut out = vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(SERVICE_ACCOUNT)}),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(SERVICE_ACCOUNT),
+            "rules": agent_rules(),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(SERVICE_ACCOUNT),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SERVICE_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT}],
+        }),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(RESTORE_CONFIGMAP)}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(BACKUP_STATUS)}),
+    ];
+    if let Some(b) = &wiring.backup {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let data: BTreeMap<&str, String> = b
+            .files
+            .iter()
+            .map(|(k, v)| (k.as_str(), b64.encode(v)))
+            .collect();
+        out.push(json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta(BACKUP_SECRET),
+            "type": "Opaque",
+            "data": data,
+        }));
+    }
+    out
+}
+
+/// What the agent may do: read its lease, read and write its two ConfigMaps.
+pub fn agent_rules() -> Value {
+    json!([
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE], "verbs": ["get", "watch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [RESTORE_CONFIGMAP, BACKUP_STATUS], "verbs": ["get", "patch"]},
+    ])
+}
+
+/// What ringd records on the Lease at each renewal of the ring's lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The member serving the control plane.
+    pub holder: String,
+    /// The placement's epoch.
+    pub epoch: u64,
+    /// Unix ms after which nothing may serve (0: fenced now).
+    pub fence_at_ms: u64,
+    /// The ring lease's length.
+    pub duration_secs: u64,
+}
+
+/// The Lease ringd writes for `record`.
+pub fn lease(meta: Value, record: &LeaseRecord) -> Value {
+    let mut meta = meta;
+    meta["annotations"] = json!({
+        EPOCH_ANNOTATION: record.epoch.to_string(),
+        FENCE_AT_ANNOTATION: record.fence_at_ms.to_string(),
+    });
+    json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": meta,
+        "spec": {
+            "holderIdentity": record.holder,
+            "leaseDurationSeconds": record.duration_secs.max(1),
+        },
+    })
+}
+
+/// The fence time recorded on a Lease, if any (0 when absent or unreadable: fenced).
+pub fn fence_at_ms(annotations: Option<&BTreeMap<String, String>>) -> u64 {
+    annotations
+        .and_then(|a| a.get(FENCE_AT_ANNOTATION))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guarded_runs_the_command_under_the_agent_and_keeps_env() {
+        let c = guarded(json!({"command": ["etcd"], "env": [{"name": "POD_NAME", "value": "x"}]}));
+        assert_eq!(c["command"], json!([AGENT, "guard", "--", "etcd"]));
+        let names: Vec<_> = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].clone())
+            .collect();
+        assert_eq!(names, vec![json!("POD_NAME"), json!("POD_NAMESPACE")]);
+    }
+
+    #[test]
+    fn fence_time_is_zero_unless_recorded() {
+        assert_eq!(fence_at_ms(None), 0);
+        let mut a = BTreeMap::new();
+        a.insert(FENCE_AT_ANNOTATION.to_string(), "garbage".to_string());
+        assert_eq!(fence_at_ms(Some(&a)), 0);
+        a.insert(FENCE_AT_ANNOTATION.to_string(), "1234".to_string());
+        assert_eq!(fence_at_ms(Some(&a)), 1234);
+    }
+
+    #[test]
+    fn no_objects_without_guard_or_backup() {
+        assert!(objects(&Wiring::default(), &|n| json!({ "name": n })).is_empty());
+        let w = Wiring {
+            guard: true,
+            backup: None,
+        };
+        let kinds: Vec<_> = objects(&w, &|n| json!({ "name": n }))
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "ConfigMap",
+                "ConfigMap"
+            ]
+        );
+    }
+}

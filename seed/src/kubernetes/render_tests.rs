@@ -1,0 +1,141 @@
+//! Golden and shape tests of the rendered control plane.
+
+use super::*;
+
+/// Compares `actual` with the golden file, or rewrites it with `RING_UPDATE_GOLDEN=1`.
+pub(crate) fn golden(name: &str, actual: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("RING_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; create it with RING_UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{} differs from the rendering; review and rerun with RING_UPDATE_GOLDEN=1\n--- actual ---\n{actual}",
+        path.display()
+    );
+}
+
+fn render(config: &KubernetesSeedConfig) -> String {
+    render_wired(config, &Wiring::default())
+}
+
+fn render_wired(config: &KubernetesSeedConfig, wiring: &Wiring) -> String {
+    let spec = ControlPlaneSpec::new("alpha");
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config,
+        wiring,
+    };
+    let owner = Owner {
+        name: ANCHOR.into(),
+        uid: "00000000-0000-0000-0000-000000000001".into(),
+    };
+    let pki = BTreeMap::from([
+        ("ca.crt".to_string(), b"CA CERT".to_vec()),
+        ("ca.key".to_string(), b"CA KEY".to_vec()),
+    ]);
+    let mut all = vec![r.namespace(), r.anchor()];
+    all.extend(r.objects(&owner, &pki));
+    to_yaml(&all)
+}
+
+#[test]
+fn control_plane_objects_match_golden_file() {
+    golden(
+        "control-plane.yaml",
+        &render(&KubernetesSeedConfig::new("demo")),
+    );
+}
+
+#[test]
+fn service_type_and_storage_class_are_configurable() {
+    let mut config = KubernetesSeedConfig::new("demo");
+    config.service_type = ServiceType::NodePort;
+    config.storage_class = Some("fast".into());
+    config.images = serde_yaml::from_str("pullPolicy: IfNotPresent").unwrap();
+    let text = render(&config);
+    assert!(text.contains("type: NodePort"), "{text}");
+    assert_eq!(
+        text.matches("imagePullPolicy: IfNotPresent").count(),
+        4,
+        "{text}"
+    );
+    assert!(!text.contains("imagePullPolicy: Never"), "{text}");
+    assert!(text.contains("storageClassName: fast"), "{text}");
+    assert!(!text.contains("LoadBalancer"), "{text}");
+}
+
+#[test]
+fn every_owned_object_points_at_the_anchor_and_uses_1_20_apis() {
+    let config = KubernetesSeedConfig::new("demo");
+    let spec = ControlPlaneSpec::new("alpha");
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config: &config,
+        wiring: &Wiring::default(),
+    };
+    let owner = Owner {
+        name: ANCHOR.into(),
+        uid: "u1".into(),
+    };
+    for o in r.objects(&owner, &BTreeMap::new()) {
+        assert_eq!(o["metadata"]["namespace"], "shoot--demo--alpha");
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
+        let v = o["apiVersion"].as_str().unwrap();
+        assert!(["v1", "apps/v1", "policy/v1beta1"].contains(&v), "{v}");
+    }
+}
+
+/// A ring's control plane: guarded etcd and kube-apiserver, etcd's restore
+/// init container and backup sidecar with a file bucket mounted.
+#[test]
+fn wired_control_plane_matches_golden_file() {
+    let wiring = Wiring {
+        guard: true,
+        backup: Some(agent::PodBackup {
+            files: BTreeMap::from([(agent::BACKUP_CONFIG.to_string(), b"kind: Backup".to_vec())]),
+            host_dir: Some("/srv/ring-bucket".into()),
+        }),
+    };
+    let text = render_wired(&KubernetesSeedConfig::new("demo"), &wiring);
+    golden("control-plane-wired.yaml", &text);
+    assert_eq!(text.matches("- guard").count(), 2, "{text}");
+    assert!(
+        text.contains("serviceAccountName: ring-control-plane"),
+        "{text}"
+    );
+    let config = KubernetesSeedConfig::new("demo");
+    let spec = ControlPlaneSpec::new("alpha");
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config: &config,
+        wiring: &wiring,
+    };
+    let owner = Owner {
+        name: ANCHOR.into(),
+        uid: "u1".into(),
+    };
+    for o in r.objects(&owner, &BTreeMap::new()) {
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
+        let v = o["apiVersion"].as_str().unwrap();
+        let served = [
+            "v1",
+            "apps/v1",
+            "policy/v1beta1",
+            "rbac.authorization.k8s.io/v1",
+        ];
+        assert!(served.contains(&v), "{v}");
+    }
+}

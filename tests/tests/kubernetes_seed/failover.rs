@@ -1,0 +1,250 @@
+//! A ring with a Kubernetes seed: member m1 hosts its successor's control plane
+//! as pods on a real node (etcd and kube-apiserver under ring-agent's lease
+//! guard, etcd backed up by its sidecar), m2 and m3 host theirs as local
+//! processes; every member shares one sealed file bucket.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ring_tests::ring::RingFixture;
+use ring_tests::*;
+use seed::kubernetes::ServiceType;
+use seed::Seed;
+
+use super::{config, host_path_volume, seed_cluster_with_node, READY};
+
+const FAILOVER: Duration = Duration::from_secs(240);
+
+/// Pids of processes whose program is `program` and whose command line has `needle`.
+fn processes(program: &str, needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_program = args
+            .first()
+            .is_some_and(|a| a.rsplit('/').next() == Some(program));
+        if is_program && args.iter().any(|a| a.contains(needle)) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The etcd and kube-apiserver processes of `shoot`'s control plane in pods.
+fn pod_control_plane(shoot: &str) -> Vec<u32> {
+    let mut pids = processes("etcd", &format!("--initial-cluster-token=ring-{shoot}"));
+    pids.retain(|p| {
+        std::fs::read(format!("/proc/{p}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("/var/lib/etcd/data"))
+    });
+    pids.extend(processes(
+        "kube-apiserver",
+        &format!("etcd-client.shoot--kr--{shoot}.svc"),
+    ));
+    pids
+}
+
+/// Adds the shared bucket (sealed with `key`) to member config `path`; for
+/// `kubernetes`, the member hosts control planes in that seed cluster.
+fn configure(
+    path: &Path,
+    bucket: &Path,
+    key: &Path,
+    kubernetes: Option<(&Path, &seed::KubernetesSeedConfig)>,
+) {
+    let mut yaml: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    yaml["backup"] = serde_yaml::from_str(&format!(
+        "{{bucket: {{url: 'file://{}'}}, encryption: {{keyFile: '{}'}}}}",
+        bucket.display(),
+        key.display()
+    ))
+    .unwrap();
+    if let Some((state, kc)) = kubernetes {
+        let mut seed = serde_yaml::Mapping::new();
+        seed.insert("stateDir".into(), state.display().to_string().into());
+        seed.insert("kubernetes".into(), serde_yaml::to_value(kc).unwrap());
+        seed.insert("releaseGraceSecs".into(), 1.into());
+        yaml["seed"] = serde_yaml::Value::Mapping(seed);
+    }
+    std::fs::write(path, serde_yaml::to_string(&yaml).unwrap()).unwrap();
+}
+
+/// Creates `n` ConfigMaps through `kubeconfig`; returns the last resourceVersion.
+fn write_configmaps(kubeconfig: &Path, prefix: &str, n: usize) -> u64 {
+    let mut last = 0;
+    for i in 0..n {
+        let out = kubectl(
+            kubeconfig,
+            &[
+                "create",
+                "configmap",
+                &format!("{prefix}-{i}"),
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ],
+        );
+        last = out.trim().parse().unwrap();
+    }
+    last
+}
+
+async fn wait_durable(ring: &RingFixture, i: usize, shoot: &str, revision: u64) {
+    ring.wait_status(
+        i,
+        &format!("a durable backup of {shoot} at revision {revision}"),
+        Duration::from_secs(90),
+        |s| {
+            s.placements
+                .iter()
+                .any(|p| p.shoot == shoot && p.last_backup_revision.is_some_and(|r| r >= revision))
+        },
+    )
+    .await;
+}
+
+async fn wait_done(
+    ring: &RingFixture,
+    i: usize,
+    shoot: &str,
+    epoch: u64,
+) -> ringd::state::Operation {
+    let s = ring
+        .wait_status(
+            i,
+            &format!("{shoot}'s failover done at epoch {epoch}"),
+            FAILOVER,
+            |s| {
+                s.operations.iter().any(|o| {
+                    o.shoot() == shoot
+                        && o.epoch() >= epoch
+                        && o.step == ringd::state::OperationStep::Done
+                }) || s
+                    .operations
+                    .iter()
+                    .any(|o| o.shoot() == shoot && o.step == ringd::state::OperationStep::Failed)
+            },
+        )
+        .await;
+    let op = s
+        .operations
+        .iter()
+        .rev()
+        .find(|o| o.shoot() == shoot)
+        .cloned()
+        .unwrap();
+    assert_eq!(op.step, ringd::state::OperationStep::Done, "{op:?}");
+    op
+}
+
+/// Backups from the pods, fencing by the lease guard while m1's ringd is
+/// stopped (SIGSTOP), failover off the Kubernetes seed onto a local one, and a
+/// failover onto the Kubernetes seed restored by etcd's init container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_ways() {
+    let _slot = ring_slot();
+    let mut ring = RingFixture::new(3, &["m2", "m3"]);
+    let (cluster, kc, node) = seed_cluster_with_node(&ring.sandbox, "k8s-ring", "seedr").await;
+    // one volume for m2's etcd, one for m3's after its failover onto m1
+    host_path_volume(&kc, &ring.sandbox, "etcd-m2");
+    host_path_volume(&kc, &ring.sandbox, "etcd-m3");
+    let bucket = ring.sandbox.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let key = ring.sandbox.path().join("ring.key");
+    std::fs::write(&key, "22".repeat(32)).unwrap();
+    let mut k8s = config("kr", &kc);
+    k8s.service_type = ServiceType::NodePort;
+    k8s.node_address = Some(node.config.address.into());
+    let state: PathBuf = ring.sandbox.path().join("m1-k8s-state");
+    for (i, m) in ring.members.iter().enumerate() {
+        let kubernetes = (i == 0).then_some((state.as_path(), &k8s));
+        configure(&m.config, &bucket, &key, kubernetes);
+    }
+    ring.start_all();
+
+    // m1 serves m2's control plane from pods; writes reach the bucket through the sidecar
+    ring.wait_status(
+        0,
+        "m2 served ready from pods",
+        Duration::from_secs(300),
+        |s| {
+            s.hosted
+                .iter()
+                .any(|h| h.shoot == "m2" && h.serving && h.ready)
+        },
+    )
+    .await;
+    let m2_on_pods = state.join("shoots/m2/admin.kubeconfig");
+    let rv = write_configmaps(&m2_on_pods, "from-pods", 10);
+    wait_durable(&ring, 1, "m2", rv).await;
+    assert!(
+        !pod_control_plane("m2").is_empty(),
+        "m2's etcd and kube-apiserver run in pods"
+    );
+
+    // m1's ringd stops (SIGSTOP): nothing renews the lease, the guard stops etcd
+    // and kube-apiserver in the pods by itself, and the ring fails m2 over to m3
+    ring.signal(0, libc::SIGSTOP);
+    wait_for(
+        "m2's pods stop serving without ringd",
+        Duration::from_secs(30),
+        || async { pod_control_plane("m2").is_empty().then_some(()) },
+    )
+    .await;
+    let op = wait_done(&ring, 1, "m2", 2).await;
+    assert_eq!(op.target(), "m3", "{op:?}");
+    let m2_local = ring
+        .seed_dir(2)
+        .join("shoots/m2/kubeconfig/admin.kubeconfig");
+    for i in 0..10 {
+        kubectl(&m2_local, &["get", "configmap", &format!("from-pods-{i}")]);
+    }
+    assert!(
+        pod_control_plane("m2").is_empty(),
+        "the fenced pods stay down"
+    );
+    ring.signal(0, libc::SIGCONT);
+
+    // m3's control plane (on m2) fails over onto the Kubernetes seed: restored
+    // from the bucket by etcd's init container, with its objects counted
+    let m3_local = ring
+        .seed_dir(1)
+        .join("shoots/m3/kubeconfig/admin.kubeconfig");
+    let rv = write_configmaps(&m3_local, "from-local", 10);
+    wait_durable(&ring, 0, "m3", rv).await;
+    ring.kill(1);
+    let op = wait_done(&ring, 0, "m3", 2).await;
+    assert_eq!(op.target(), "m1", "{op:?}");
+    let detail = format!("{op:?}");
+    assert!(detail.contains("restored revision"), "{detail}");
+    let m3_on_pods = state.join("shoots/m3/admin.kubeconfig");
+    wait_for("m3 answers from pods", READY, || async {
+        let out = run_bounded(
+            std::process::Command::new(kubectl_path())
+                .arg("--kubeconfig")
+                .arg(&m3_on_pods)
+                .args(["get", "configmap", "from-local-9", "-o", "name"]),
+            Duration::from_secs(20),
+        );
+        out.status.success().then_some(())
+    })
+    .await;
+    for i in 0..10 {
+        kubectl(
+            &m3_on_pods,
+            &["get", "configmap", &format!("from-local-{i}")],
+        );
+    }
+    ring.stop(0);
+    ring.stop(2);
+    cluster.stop("k8s-ring").await.unwrap();
+}
