@@ -331,3 +331,53 @@ impl KubernetesExecutor {
         self.restore_record(shoot)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the pods get is a valid backup config once the agent names the
+    /// shoot: the ring's bucket, the key as a file in the Secret (same key id),
+    /// etcd over localhost with the shoot's client certificate.
+    #[test]
+    fn pods_get_the_rings_bucket_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("ring.key");
+        std::fs::write(&key_file, "33".repeat(32)).unwrap();
+        let bucket = format!("file://{}", dir.path().join("bucket").display());
+        let rb = RingBucket::new(
+            backup::BucketConfig::url(bucket.clone()),
+            Some(backup::config::EncryptionConfig {
+                key_file: Some(key_file),
+                ..Default::default()
+            }),
+            "backup.encryption",
+        )
+        .unwrap();
+        let pod = pod_backup(&rb).unwrap();
+        assert_eq!(pod.host_dir, Some(dir.path().join("bucket")));
+        let key = String::from_utf8(pod.files["encryption.key"].clone()).unwrap();
+        assert_eq!(key, "33".repeat(32));
+        // (the certificate paths exist only in the pod: parsed, not validated here)
+        let mut config: backup::BackupConfig =
+            serde_yaml::from_slice(&pod.files[agent::BACKUP_CONFIG]).unwrap();
+        assert_eq!(config.shoot, agent::SHOOT_FROM_FLAG);
+        config.shoot = "m2".into();
+        config.etcd.ca_file = None;
+        config.etcd.cert_file = None;
+        config.etcd.key_file = None;
+        config.validate().unwrap();
+        assert_eq!(config.bucket.url, bucket);
+        assert_eq!(config.etcd.endpoints, ["https://127.0.0.1:2379"]);
+        let enc = config.encryption.unwrap();
+        assert_eq!(enc.key_id.as_deref(), Some(rb.key().unwrap().id.as_str()));
+        let written = dir.path().join("backup.yaml");
+        std::fs::write(&written, &pod.files[agent::BACKUP_CONFIG]).unwrap();
+        let bad = crate::agent::load_config(&written, "Not_A_Shoot").unwrap_err();
+        assert!(bad.to_string().contains("Not_A_Shoot"), "{bad}");
+        let plain = RingBucket::new(backup::BucketConfig::url("s3://b/ring"), None, "x").unwrap();
+        let pod = pod_backup(&plain).unwrap();
+        assert_eq!(pod.host_dir, None);
+        assert_eq!(pod.files.len(), 1, "no key file without a key");
+    }
+}
