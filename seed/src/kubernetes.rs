@@ -762,6 +762,14 @@ fn lb_addresses(svc: &Service) -> Vec<LbAddress> {
 }
 
 /// Every regular file of `dir` by name.
+/// The label selector of `shoot`'s pods of one component (`etcd`, `kube-apiserver`).
+fn component_selector(shoot: &str, component: &str) -> String {
+    format!(
+        "{SHOOT_LABEL}={shoot},{}={component}",
+        render::COMPONENT_LABEL
+    )
+}
+
 fn read_dir_files(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(dir).map_err(SeedError::io(dir))? {
@@ -874,11 +882,8 @@ impl Seed for KubernetesSeed {
     async fn fence(&self, shoot: &str) -> Result<()> {
         self.anchor(shoot).await?;
         self.scale(shoot, Component::KubeApiserver, 0).await?;
-        let selector = format!(
-            "{SHOOT_LABEL}={shoot},{}={APISERVER}",
-            render::COMPONENT_LABEL
-        );
-        self.delete_pods_now(shoot, &selector).await?;
+        self.delete_pods_now(shoot, &component_selector(shoot, APISERVER))
+            .await?;
         tracing::warn!(
             shoot,
             "control plane fenced (kube-apiserver scaled to zero, pods deleted)"

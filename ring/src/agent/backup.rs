@@ -27,15 +27,8 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Result<(), RingError> {
     config.spool.dir = Some(spool_dir);
-    let (tx, mut lease) = watch::channel(0u64);
-    let reader = stop.child_token();
-    tokio::spawn(super::watch_lease(
-        cluster.clone(),
-        Duration::from_millis(500),
-        tx,
-        reader.clone(),
-    ));
-    let _stop_reader = reader.drop_guard();
+    let (mut lease, _stop_reader) =
+        super::follow_lease(cluster.clone(), Duration::from_millis(500), &stop);
     loop {
         if !wait_for_lease(&mut lease, &stop).await {
             return Ok(());

@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Cluster;
@@ -90,10 +89,7 @@ pub async fn run(
     command: Vec<String>,
     stop: CancellationToken,
 ) -> Result<(), RingError> {
-    let (tx, mut lease) = watch::channel(0u64);
-    let reader = stop.child_token();
-    tokio::spawn(super::watch_lease(cluster, POLL, tx, reader.clone()));
-    let _stop_reader = reader.drop_guard();
+    let (mut lease, _stop_reader) = super::follow_lease(cluster, POLL, &stop);
     let mut child: Option<Child> = None;
     let (mut not_before, mut backoff, mut started_at) = (0, RESTART_MIN_MS, 0);
     loop {

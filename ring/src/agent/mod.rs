@@ -32,13 +32,22 @@ pub struct Cluster {
     namespace: String,
 }
 
-fn kube_err(what: &str) -> impl Fn(String) -> RingError + '_ {
-    move |e| {
-        RingError::Seed(seed::SeedError::Kube {
-            shoot: "(agent)".into(),
-            message: format!("{what}: {e}"),
-        })
-    }
+fn kube_err(what: &str, e: impl std::fmt::Display) -> RingError {
+    RingError::Seed(seed::SeedError::Kube {
+        shoot: "(agent)".into(),
+        message: format!("{what}: {e}"),
+    })
+}
+
+/// One call to the seed cluster's API, bounded by [`API_TIMEOUT`].
+async fn call<T>(
+    what: &str,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, RingError> {
+    tokio::time::timeout(API_TIMEOUT, request)
+        .await
+        .map_err(|_| kube_err(what, "timed out"))?
+        .map_err(|e| kube_err(what, e))
 }
 
 impl Cluster {
@@ -50,28 +59,21 @@ impl Cluster {
         })?;
         let client = kube::Client::try_default()
             .await
-            .map_err(|e| kube_err("connecting to the seed cluster")(e.to_string()))?;
+            .map_err(|e| kube_err("connecting to the seed cluster", e))?;
         Ok(Cluster { client, namespace })
     }
 
     /// The fence time on the Lease (unix ms; 0 when there is none yet).
     pub async fn fence_at_ms(&self) -> Result<u64, RingError> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        let lease = tokio::time::timeout(API_TIMEOUT, api.get_opt(agent::LEASE))
-            .await
-            .map_err(|_| kube_err("reading the lease")("timed out".into()))?
-            .map_err(|e| kube_err("reading the lease")(e.to_string()))?;
+        let lease = call("reading the lease", api.get_opt(agent::LEASE)).await?;
         Ok(lease.map_or(0, |l| agent::fence_at_ms(l.metadata.annotations.as_ref())))
     }
 
     /// The data of ConfigMap `name` (empty when it does not exist).
     pub async fn configmap(&self, name: &str) -> Result<BTreeMap<String, String>, RingError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let what = format!("reading ConfigMap {name}");
-        let cm = tokio::time::timeout(API_TIMEOUT, api.get_opt(name))
-            .await
-            .map_err(|_| kube_err(&what)("timed out".into()))?
-            .map_err(|e| kube_err(&what)(e.to_string()))?;
+        let cm = call(&format!("reading ConfigMap {name}"), api.get_opt(name)).await?;
         Ok(cm.and_then(|c| c.data).unwrap_or_default())
     }
 
@@ -82,15 +84,10 @@ impl Cluster {
         data: BTreeMap<&str, String>,
     ) -> Result<(), RingError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let what = format!("writing ConfigMap {name}");
         let patch = Patch::Merge(serde_json::json!({ "data": data }));
-        tokio::time::timeout(
-            API_TIMEOUT,
-            api.patch(name, &PatchParams::default(), &patch),
-        )
-        .await
-        .map_err(|_| kube_err(&what)("timed out".into()))?
-        .map_err(|e| kube_err(&what)(e.to_string()))?;
+        let params = PatchParams::default();
+        let request = api.patch(name, &params, &patch);
+        call(&format!("writing ConfigMap {name}"), request).await?;
         Ok(())
     }
 }
@@ -106,9 +103,24 @@ pub fn load_config(
     Ok(config)
 }
 
-/// Follows the Lease: the newest fence time read, re-read every `period`.
-/// A failed read keeps the last value, so the fence time still ends serving.
-pub async fn watch_lease(
+/// The Lease's fence time, re-read every `period` until the returned guard is
+/// dropped or `stop`. A failed read keeps the last value, so the fence time
+/// still ends serving.
+pub fn follow_lease(
+    cluster: Cluster,
+    period: Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> (
+    tokio::sync::watch::Receiver<u64>,
+    tokio_util::sync::DropGuard,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    let reader = stop.child_token();
+    tokio::spawn(watch_lease(cluster, period, tx, reader.clone()));
+    (rx, reader.drop_guard())
+}
+
+async fn watch_lease(
     cluster: Cluster,
     period: Duration,
     tx: tokio::sync::watch::Sender<u64>,

@@ -65,21 +65,13 @@ enum Command {
 /// Where Kubernetes reads a failed container's message from.
 const TERMINATION_LOG: &str = "/dev/termination-log";
 
-fn main() -> ExitCode {
+#[tokio::main]
+async fn main() -> ExitCode {
     let cli = Cli::parse();
     ringd::init_tracing();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let shutdown = CancellationToken::new();
-    let result = runtime.block_on(async {
-        ringd::cancel_on_signals(shutdown.clone());
-        run(cli.command, shutdown).await
-    });
+    ringd::cancel_on_signals(shutdown.clone());
+    let result = run(cli.command, shutdown).await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,7 +17,7 @@ use migrate::plan::SourceView;
 use seed::kubernetes::agent::{self, LeaseRecord, PodBackup, Wiring};
 use seed::{KubernetesSeed, KubernetesSeedConfig, Seed, ShootLayout};
 
-use super::{Executor, Mover, Objects, TargetFacts};
+use super::{record, Executor, Mover, Objects, TargetFacts};
 use crate::backups::{BackupPlan, RingBucket, SidecarProgress};
 use crate::RingError;
 
@@ -95,7 +95,8 @@ impl KubernetesExecutor {
         }
     }
 
-    fn layout(&self, shoot: &str) -> ShootLayout {
+    /// The shoot's dir of local caches (PKI, spec, restore record).
+    pub(super) fn layout(&self, shoot: &str) -> ShootLayout {
         ShootLayout {
             dir: self.state_dir.join("shoots").join(shoot),
         }
@@ -118,11 +119,6 @@ impl KubernetesExecutor {
             duration_secs: 1,
         };
         self.record_lease(shoot, record).await
-    }
-
-    /// Where the report of failover `op`'s restore is recorded locally.
-    fn restore_record(&self, shoot: &str) -> PathBuf {
-        self.layout(shoot).dir.join("failover-restored")
     }
 }
 
@@ -273,8 +269,7 @@ impl Mover for KubernetesExecutor {
     }
 
     fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
-        let (report, _) = super::kubernetes_restore::read_record(&self.restore_record(shoot), op)?;
-        Some(report)
+        record::read(&record::path(&self.layout(shoot)), Some(op)).map(|(report, _)| report)
     }
 
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
@@ -288,8 +283,8 @@ impl Mover for KubernetesExecutor {
     /// The objects the init container counted on the restored data, before
     /// etcd started on it (the same volume the pod then serves from).
     async fn count_objects(&self, shoot: &str, revision: i64) -> Result<Objects, RingError> {
-        match super::kubernetes_restore::read_any_record(&self.restore_record(shoot)) {
-            Some((report, objects)) if report.reached_revision == revision => Ok(objects),
+        match record::read(&record::path(&self.layout(shoot)), None) {
+            Some((report, Some(objects))) if report.reached_revision == revision => Ok(objects),
             _ => Err(RingError::Verification(format!(
                 "no object count of {shoot}'s restore at revision {revision} was recorded"
             ))),
@@ -297,7 +292,7 @@ impl Mover for KubernetesExecutor {
     }
 
     fn finish_move(&self, shoot: &str, _op: u64) {
-        let _ = std::fs::remove_file(self.restore_record(shoot));
+        let _ = std::fs::remove_file(record::path(&self.layout(shoot)));
     }
 }
 
@@ -321,14 +316,6 @@ impl SidecarProgress for SeedProgress {
 impl KubernetesExecutor {
     pub(super) fn seed(&self) -> &KubernetesSeed {
         &self.seed
-    }
-
-    pub(super) fn shoot_layout(&self, shoot: &str) -> ShootLayout {
-        self.layout(shoot)
-    }
-
-    pub(super) fn restore_record_path(&self, shoot: &str) -> PathBuf {
-        self.restore_record(shoot)
     }
 }
 

@@ -13,7 +13,7 @@ use seed::{BinarySearch, Component, LocalSeed, Seed, ShootLayout};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Executor, Mover, Objects, TargetFacts};
+use super::{record, Executor, Mover, Objects, TargetFacts};
 use crate::backups::{download_identity, BackupPlan, BackupSource, RingBucket};
 use crate::config::SeedConfig;
 use crate::{now_ms, RingError};
@@ -72,11 +72,6 @@ impl LocalExecutor {
             seed::pki::write_private(&marker, op.to_string().as_bytes())?;
         }
         Ok(())
-    }
-
-    /// Where the report of failover `op`'s restore is recorded.
-    fn restore_record(&self, shoot: &str) -> PathBuf {
-        self.layout(shoot).dir.join("failover-restored")
     }
 }
 
@@ -219,21 +214,12 @@ impl Mover for LocalExecutor {
         let cancel = CancellationToken::new();
         let report =
             restore_from_bucket(bucket, &self.seed, shoot, &etcd, &etcdctl, &cancel).await?;
-        let json = serde_json::to_string(&report).map_err(|e| RingError::Encode(e.to_string()))?;
-        seed::pki::write_private(
-            &self.restore_record(shoot),
-            format!("{op}\n{json}").as_bytes(),
-        )?;
+        record::write(&record::path(&self.layout(shoot)), op, &report, None)?;
         Ok(report)
     }
 
     fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
-        let text = std::fs::read_to_string(self.restore_record(shoot)).ok()?;
-        let (id, json) = text.split_once('\n')?;
-        if id.trim() != op.to_string() {
-            return None;
-        }
-        serde_json::from_str(json).ok()
+        record::read(&record::path(&self.layout(shoot)), Some(op)).map(|(report, _)| report)
     }
 
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
@@ -268,7 +254,7 @@ impl Mover for LocalExecutor {
 
     fn finish_move(&self, shoot: &str, _op: u64) {
         handover::clear(&self.layout(shoot));
-        let _ = std::fs::remove_file(self.restore_record(shoot));
+        let _ = std::fs::remove_file(record::path(&self.layout(shoot)));
     }
 }
 

@@ -23,6 +23,7 @@ use crate::RingError;
 mod kubernetes;
 mod kubernetes_restore;
 mod local;
+mod record;
 
 pub use kubernetes::{pod_backup, KubernetesExecutor};
 pub use local::{restore_from_bucket, LocalExecutor};

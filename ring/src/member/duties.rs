@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use migrate::plan::{source_next, target_next, SourceAction, SourceView, TargetAction, TargetView};
 
+use crate::config::FENCE_EARLY_DIVISOR;
 use crate::state::{Operation, OperationKind, OperationStep, RingState, Role};
 
 /// What this member's seed can do and how it is timed.
@@ -184,7 +185,6 @@ impl Duty {
     }
 }
 
-use crate::config::FENCE_EARLY_DIVISOR;
 /// How often a serving control plane's health is probed.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
 

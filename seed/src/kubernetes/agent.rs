@@ -123,57 +123,63 @@ pub fn backup_volumes(backup: &PodBackup) -> Vec<Value> {
     volumes
 }
 
-/// etcd's init container: restores from the bucket when asked to.
-pub fn restore_container(
-    backup: &PodBackup,
-    shoot: &str,
-    image: &str,
-    pull: &str,
-    data: &str,
-    peer_url: &str,
-    token: &str,
-) -> Value {
-    json!({
-        "name": "restore",
-        "image": image,
-        "imagePullPolicy": pull,
-        "command": [
-            AGENT, "restore",
-            "--backup-config", format!("{BACKUP_MOUNT}/{BACKUP_CONFIG}"),
-            "--shoot", shoot,
-            "--data-dir", format!("{data}/data"),
-            "--member", "$(POD_NAME)",
-            "--peer-url", peer_url,
-            "--cluster-token", token,
-        ],
-        "env": pod_env(),
-        "volumeMounts": backup_mounts(backup, data),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    })
+/// The agent's containers in etcd's pod: one shoot, image and data mount.
+pub struct EtcdAgent<'a> {
+    pub backup: &'a PodBackup,
+    pub shoot: &'a str,
+    pub image: &'a str,
+    pub pull: &'a str,
+    /// Where etcd's volume is mounted.
+    pub data: &'a str,
 }
 
-/// etcd's backup sidecar.
-pub fn backup_container(
-    backup: &PodBackup,
-    shoot: &str,
-    image: &str,
-    pull: &str,
-    data: &str,
-) -> Value {
-    json!({
-        "name": "backup",
-        "image": image,
-        "imagePullPolicy": pull,
-        "command": [
-            AGENT, "backup",
-            "--backup-config", format!("{BACKUP_MOUNT}/{BACKUP_CONFIG}"),
-            "--shoot", shoot,
-            "--spool-dir", format!("{data}/backup-spool"),
-        ],
-        "env": pod_env(),
-        "volumeMounts": backup_mounts(backup, data),
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-    })
+impl EtcdAgent<'_> {
+    /// A container running `ring-agent <subcommand>` on the shoot's backup config.
+    fn container(&self, subcommand: &str, args: Vec<String>) -> Value {
+        let mut command = vec![
+            AGENT.to_string(),
+            subcommand.to_string(),
+            "--backup-config".into(),
+            format!("{BACKUP_MOUNT}/{BACKUP_CONFIG}"),
+            "--shoot".into(),
+            self.shoot.to_string(),
+        ];
+        command.extend(args);
+        json!({
+            "name": subcommand,
+            "image": self.image,
+            "imagePullPolicy": self.pull,
+            "command": command,
+            "env": pod_env(),
+            "volumeMounts": backup_mounts(self.backup, self.data),
+        })
+    }
+
+    /// etcd's init container: restores from the bucket when asked to.
+    pub fn restore(&self, peer_url: &str, token: &str) -> Value {
+        let data_dir = format!("{}/data", self.data);
+        let args = [
+            "--data-dir",
+            &data_dir,
+            "--member",
+            "$(POD_NAME)",
+            "--peer-url",
+            peer_url,
+            "--cluster-token",
+            token,
+        ];
+        let mut c = self.container("restore", args.map(String::from).to_vec());
+        c["terminationMessagePolicy"] = json!("FallbackToLogsOnError");
+        c
+    }
+
+    /// etcd's backup sidecar.
+    pub fn backup(&self) -> Value {
+        let spool = format!("{}/backup-spool", self.data);
+        let mut c = self.container("backup", vec!["--spool-dir".into(), spool]);
+        c["resources"] = json!({"requests": {"cpu": "50m", "memory": "64Mi"}});
+        c
+    }
 }
 
 /// The objects the wiring adds to a shoot's namespace (`meta(name)` gives each

@@ -3,6 +3,7 @@
 //! sidecar's progress, and why a restore is not getting anywhere.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -55,9 +56,11 @@ impl KubernetesSeed {
         Ok(true)
     }
 
-    /// Puts `files` (a restored identity) into the PKI Secret before the first
-    /// start on this seed, so the control plane keeps the shoot's CA and keys.
-    pub async fn seed_pki(&self, shoot: &str, files: &BTreeMap<String, Vec<u8>>) -> Result<()> {
+    /// Puts the PKI files in `dir` (a restored identity) into the PKI Secret
+    /// before the first start on this seed, so the control plane keeps the
+    /// shoot's CA and keys.
+    pub async fn seed_pki(&self, shoot: &str, dir: &Path) -> Result<()> {
+        let files = super::read_dir_files(dir)?;
         let spec = ControlPlaneSpec::new(shoot);
         self.ensure_namespace(&spec).await?;
         self.apply(shoot, &self.renderer(&spec).anchor()).await?;
@@ -65,7 +68,7 @@ impl KubernetesSeed {
             shoot: shoot.to_string(),
             message: format!("ConfigMap {ANCHOR} vanished right after it was applied"),
         })?;
-        let secret = self.renderer(&spec).pki_secret(&owner, files);
+        let secret = self.renderer(&spec).pki_secret(&owner, &files);
         self.apply(shoot, &secret).await?;
         tracing::info!(
             shoot,
@@ -110,11 +113,8 @@ impl KubernetesSeed {
     /// Deletes etcd's pods (its StatefulSet makes new ones, whose init
     /// container looks at the restore request again).
     pub async fn restart_etcd(&self, shoot: &str) -> Result<()> {
-        self.delete_pods_now(
-            shoot,
-            &format!("{SHOOT_LABEL}={shoot},app.kubernetes.io/name={ETCD}"),
-        )
-        .await
+        self.delete_pods_now(shoot, &super::component_selector(shoot, ETCD))
+            .await
     }
 
     /// The backup sidecar's progress, if it recorded any.
@@ -142,10 +142,7 @@ impl KubernetesSeed {
     /// failed restore (its message), a pod that cannot be scheduled.
     pub async fn restore_problem(&self, shoot: &str) -> Result<Option<String>> {
         let pods = self
-            .pods(
-                shoot,
-                &format!("{SHOOT_LABEL}={shoot},app.kubernetes.io/name={ETCD}"),
-            )
+            .pods(shoot, &super::component_selector(shoot, ETCD))
             .await?;
         if let Some(problem) = pods.iter().find_map(pod_problem) {
             return Ok(Some(problem));

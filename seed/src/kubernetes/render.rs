@@ -294,23 +294,16 @@ impl Renderer<'_> {
         );
         let peer = format!("https://$(POD_NAME).{ETCD}.{}.svc:2380", self.ns());
         let token = format!("ring-{}", self.spec.shoot);
-        pod["spec"]["initContainers"] = json!([agent::restore_container(
+        let agent = agent::EtcdAgent {
             backup,
-            &self.spec.shoot,
+            shoot: &self.spec.shoot,
             image,
             pull,
-            ETCD_DATA,
-            &peer,
-            &token
-        )]);
+            data: ETCD_DATA,
+        };
+        pod["spec"]["initContainers"] = json!([agent.restore(&peer, &token)]);
         if let Some(c) = pod["spec"]["containers"].as_array_mut() {
-            c.push(agent::backup_container(
-                backup,
-                &self.spec.shoot,
-                image,
-                pull,
-                ETCD_DATA,
-            ));
+            c.push(agent.backup());
         }
         if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
             v.extend(agent::backup_volumes(backup));

@@ -15,8 +15,8 @@ use super::{config, host_path_volume, seed_cluster_with_node, READY};
 
 const FAILOVER: Duration = Duration::from_secs(240);
 
-/// Pids of processes whose program is `program` and whose command line has `needle`.
-fn processes(program: &str, needle: &str) -> Vec<u32> {
+/// Pids of processes whose program is `program` and whose command line has every one of `needles`.
+fn processes(program: &str, needles: &[&str]) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -32,7 +32,8 @@ fn processes(program: &str, needle: &str) -> Vec<u32> {
         let is_program = args
             .first()
             .is_some_and(|a| a.rsplit('/').next() == Some(program));
-        if is_program && args.iter().any(|a| a.contains(needle)) {
+        let has = |n: &&str| args.iter().any(|a| a.contains(n));
+        if is_program && needles.iter().all(has) {
             out.push(pid);
         }
     }
@@ -41,15 +42,10 @@ fn processes(program: &str, needle: &str) -> Vec<u32> {
 
 /// The etcd and kube-apiserver processes of `shoot`'s control plane in pods.
 fn pod_control_plane(shoot: &str) -> Vec<u32> {
-    let mut pids = processes("etcd", &format!("--initial-cluster-token=ring-{shoot}"));
-    pids.retain(|p| {
-        std::fs::read(format!("/proc/{p}/cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("/var/lib/etcd/data"))
-    });
-    pids.extend(processes(
-        "kube-apiserver",
-        &format!("etcd-client.shoot--kr--{shoot}.svc"),
-    ));
+    let token = format!("--initial-cluster-token=ring-{shoot}");
+    let mut pids = processes("etcd", &[&token, "/var/lib/etcd/data"]);
+    let etcd_service = format!("etcd-client.shoot--kr--{shoot}.svc");
+    pids.extend(processes("kube-apiserver", &[&etcd_service]));
     pids
 }
 
