@@ -28,6 +28,7 @@ pub mod delta;
 mod error;
 pub mod etcd;
 pub mod full;
+pub mod full_file;
 pub mod metrics;
 pub mod restore;
 pub mod retention;

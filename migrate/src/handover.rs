@@ -195,10 +195,20 @@ pub async fn take_final_snapshot(
         taken_at_ms: now_ms(),
         objects,
     };
-    let json = serde_json::to_vec_pretty(&info).map_err(|e| err(e.to_string()))?;
-    seed::pki::write_private(&info_path(layout), &json)?;
+    write_info(layout, &info)?;
     tracing::info!(shoot = %spec.shoot, revision, size, "final snapshot taken");
     Ok(info)
+}
+
+/// Records the final snapshot's info next to `snapshot.db` (the snapshot is
+/// complete once both are there and its size matches).
+pub fn write_info(layout: &ShootLayout, info: &SnapshotInfo) -> Result<()> {
+    let json = serde_json::to_vec_pretty(info).map_err(|e| MigrateError::Handover {
+        shoot: layout.dir.display().to_string(),
+        message: format!("encoding the snapshot info: {e}"),
+    })?;
+    seed::pki::create_private_dir(&dir(layout))?;
+    Ok(seed::pki::write_private(&info_path(layout), &json)?)
 }
 
 /// Files the target needs, relative to the shoot dir: spec, PKI, snapshot and its info.
@@ -348,6 +358,30 @@ pub async fn verify(
     Ok(objects)
 }
 
+fn operation_marker(layout: &ShootLayout) -> PathBuf {
+    dir(layout).join("operation")
+}
+
+/// Marks which operation the handover files belong to; stale files of an
+/// older operation are removed first.
+pub fn claim(layout: &ShootLayout, op: u64) -> Result<()> {
+    if claimed(layout) != Some(op) {
+        clear(layout);
+        seed::pki::create_private_dir(&dir(layout))?;
+        seed::pki::write_private(&operation_marker(layout), op.to_string().as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The operation the handover files belong to.
+pub fn claimed(layout: &ShootLayout) -> Option<u64> {
+    std::fs::read_to_string(operation_marker(layout))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Removes the handover files (after the migration is done).
 pub fn clear(layout: &ShootLayout) {
     let _ = std::fs::remove_dir_all(dir(layout));
@@ -380,6 +414,22 @@ mod tests {
         for bad in ["", "../x", "/etc/passwd", "pki/../../x", "./pki"] {
             assert!(safe_path(&layout, bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_new_operation_clears_the_files_of_an_older_one() {
+        let d = tempfile::tempdir().unwrap();
+        let layout = ShootLayout {
+            dir: d.path().into(),
+        };
+        assert_eq!(claimed(&layout), None);
+        claim(&layout, 4).unwrap();
+        std::fs::write(snapshot_path(&layout), b"old").unwrap();
+        claim(&layout, 4).unwrap();
+        assert!(snapshot_path(&layout).exists(), "same operation: kept");
+        claim(&layout, 5).unwrap();
+        assert_eq!(claimed(&layout), Some(5));
+        assert!(!snapshot_path(&layout).exists(), "older operation: cleared");
     }
 
     #[test]

@@ -26,12 +26,13 @@
 //!   plainly when it cannot.
 
 pub mod agent;
+mod handover;
 pub mod manifests;
 mod records;
 pub mod render;
 
 pub use agent::{LeaseRecord, PodBackup, Wiring};
-pub use records::BackupProgress;
+pub use records::{BackupProgress, RestoreRecord};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -863,20 +864,8 @@ impl Seed for KubernetesSeed {
         for c in Component::ALL.iter().rev() {
             self.scale(shoot, *c, 0).await?;
         }
-        let selector = format!("{SHOOT_LABEL}={shoot}");
-        let deadline = tokio::time::Instant::now() + self.stop_grace;
-        while !self.pods(shoot, &selector).await?.is_empty() {
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(
-                    shoot,
-                    "pods still there after the grace period; deleting them without grace"
-                );
-                self.delete_pods_now(shoot, &selector).await?;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        Ok(())
+        self.wait_pods_gone(shoot, &format!("{SHOOT_LABEL}={shoot}"))
+            .await
     }
 
     async fn fence(&self, shoot: &str) -> Result<()> {

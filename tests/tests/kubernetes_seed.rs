@@ -30,6 +30,8 @@ use seed::{
 
 #[path = "kubernetes_seed/failover.rs"]
 mod failover;
+#[path = "kubernetes_seed/migration.rs"]
+mod migration;
 
 const READY: Duration = Duration::from_secs(120);
 const GC: Duration = Duration::from_secs(60);

@@ -7,7 +7,7 @@ use std::path::Path;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{FullInfo, RestoreOptions};
+use super::FullInfo;
 use crate::bucket::Bucket;
 use crate::codec::{self, EncryptionKey, ObjectReader};
 use crate::delta::{self, RevisionRecord};
@@ -75,18 +75,20 @@ impl DbHash {
     }
 }
 
-/// Downloads the full snapshot into `path`, checking it on the way.
-pub(super) async fn download_full(
-    opts: &RestoreOptions,
+/// Downloads full snapshot `name` into `path` (decrypted with `key`,
+/// decompressed), checking it on the way.
+pub async fn download_full(
+    bucket: &Bucket,
+    key: Option<&EncryptionKey>,
     name: &str,
     path: &Path,
 ) -> Result<FullInfo> {
     let part = path.with_extension("part");
     let file = std::fs::File::create(&part).map_err(io_at("creating", &part))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut reader = ObjectReader::new(name, opts.key.as_ref());
+    let mut reader = ObjectReader::new(name, key);
     let mut db = DbHash::default();
-    let mut stream = opts.bucket.get(name).await?;
+    let mut stream = bucket.get(name).await?;
     while let Some(bytes) = stream.next().await {
         let bytes = bytes?;
         reader.feed(&bytes, &mut |plain| {

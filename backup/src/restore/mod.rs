@@ -32,7 +32,7 @@ mod replay;
 mod state;
 mod verify;
 
-pub use download::{check_name, fetch_delta, DbHash};
+pub use download::{check_name, download_full, fetch_delta, DbHash};
 pub use state::{step, Action, Outcome, RestoreState};
 
 use state::{load_state, save_state};
@@ -237,7 +237,14 @@ async fn download_step(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Outcome> {
     let t = Instant::now();
-    match download::download_full(opts, &plan.full.name, &work.join("snapshot.db")).await {
+    match download::download_full(
+        &opts.bucket,
+        opts.key.as_ref(),
+        &plan.full.name,
+        &work.join("snapshot.db"),
+    )
+    .await
+    {
         Ok(full) => {
             progress(&format!(
                 "downloaded and checked {} ({} MiB) in {:.1}s",

@@ -2,7 +2,8 @@
 //! (`backup::Backup`, same objects, catalog and encryption), here next to the
 //! pod's etcd. It uploads only while the Lease is valid and stops at the fence
 //! time; it does not depend on ringd, so a ringd restart leaves no gap. Its
-//! progress goes to the ConfigMap `backup-status`, where ringd reads it.
+//! progress goes to the ConfigMap `backup-status`, where ringd reads it. It
+//! also answers a migration's request for the final snapshot ([`super::handover`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,6 +28,13 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Result<(), RingError> {
     config.spool.dir = Some(spool_dir);
+    let handover = stop.child_token();
+    tokio::spawn(super::handover::serve(
+        cluster.clone(),
+        config.clone(),
+        handover.clone(),
+    ));
+    let _stop_handover = handover.drop_guard();
     let (mut lease, _stop_reader) =
         super::follow_lease(cluster.clone(), Duration::from_millis(500), &stop);
     loop {

@@ -5,6 +5,8 @@
 //!   ringd renews says so, and stops it at the fence time without asking anyone.
 //! - [`backup`]: the continuous full + delta backup of the pod's etcd, while
 //!   the lease is valid; progress in a ConfigMap.
+//! - [`handover`]: the final snapshot of a planned migration off the seed
+//!   (in the backup sidecar).
 //! - [`restore`]: etcd's init container; restores from the bucket when asked.
 
 use std::collections::BTreeMap;
@@ -20,6 +22,7 @@ use crate::RingError;
 
 pub mod backup;
 pub mod guard;
+pub mod handover;
 pub mod restore;
 
 /// How long one call to the seed cluster's API may take.

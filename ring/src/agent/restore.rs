@@ -1,8 +1,10 @@
 //! etcd's init container: when the ConfigMap `etcd-restore` asks for a restore
-//! (operation `N`) that this volume has not done yet, restores the newest
-//! durable revision from the bucket (full + deltas, verified), counts the
-//! objects per resource, records the report there, and marks the volume. A
-//! pod restart after that finds the mark and starts etcd on the data as is.
+//! (operation `N`) that this volume has not done yet, restores from the bucket
+//! (full + deltas, verified) the newest durable revision, or exactly the
+//! `revision` asked for (a migration's final one), counts the objects per
+//! resource and takes `HashKV` at the revision reached, records all that
+//! there, and marks the volume. A pod restart after that finds the mark and
+//! starts etcd on the data as is.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,13 +53,21 @@ pub async fn run(
         tracing::info!(%op, "already restored for this operation");
         return Ok(None);
     }
+    let target = match request.get("revision") {
+        None => RestoreTarget::Latest,
+        Some(r) => RestoreTarget::Revision(r.trim().parse().map_err(|_| RingError::Config {
+            field: format!("ConfigMap {RESTORE_CONFIGMAP} revision"),
+            reason: format!("{r:?} is not a revision number"),
+        })?),
+    };
     move_aside(&args.data_dir)?;
-    let report = restore(&args.config, &args, &stop).await?;
-    let objects = count(&args, report.reached_revision).await?;
+    let report = restore(&args, target, &stop).await?;
+    let (objects, hash) = inspect(&args, report.reached_revision).await?;
     let data = BTreeMap::from([
         ("restored", op.clone()),
         ("report", to_json(&report)?),
         ("objects", to_json(&objects)?),
+        ("hashKv", hash.to_string()),
     ]);
     std::fs::write(marker(&args.data_dir), &op)
         .map_err(io(format!("writing {}", marker(&args.data_dir).display())))?;
@@ -77,10 +87,11 @@ fn move_aside(data: &Path) -> Result<(), RingError> {
 }
 
 async fn restore(
-    config: &::backup::BackupConfig,
     args: &RestoreArgs,
+    target: RestoreTarget,
     stop: &CancellationToken,
 ) -> Result<RestoreReport, RingError> {
+    let config = &args.config;
     let key = config
         .encryption
         .as_ref()
@@ -90,7 +101,7 @@ async fn restore(
         bucket: backup::Bucket::open(&config.bucket, &config.shoot, false)?,
         key,
         data_dir: args.data_dir.clone(),
-        target: RestoreTarget::Latest,
+        target,
         allow_gap: false,
         member: args.member.clone(),
         etcd: backup::etcd::find_binary("etcd", None)?,
@@ -100,22 +111,29 @@ async fn restore(
     Ok(backup::restore::restore(&opts, &|msg| tracing::info!("{msg}"), stop).await?)
 }
 
-/// Objects per resource type at `revision`, from a temporary etcd on the data.
-async fn count(args: &RestoreArgs, revision: i64) -> Result<BTreeMap<String, u64>, RingError> {
+/// Objects per resource type and `HashKV` at `revision`, from a temporary
+/// etcd on the restored data (the data etcd then serves).
+async fn inspect(
+    args: &RestoreArgs,
+    revision: i64,
+) -> Result<(BTreeMap<String, u64>, u32), RingError> {
     let etcd = backup::etcd::find_binary("etcd", None)?;
     let log = args.data_dir.with_file_name("count-etcd.log");
     let mut temp =
         backup::etcd::TempEtcd::start(&etcd, &args.data_dir, &args.member.name, &log).await?;
-    let counted = match temp.client().await {
-        Ok(mut client) => migrate::handover::count_objects(&mut client, revision)
-            .await
-            .map_err(|e| {
+    let inspected = match temp.client().await {
+        Ok(mut client) => {
+            let counted = migrate::handover::count_objects(&mut client, revision).await;
+            let objects = counted.map_err(|e| {
                 RingError::Verification(format!("counting objects at revision {revision}: {e}"))
-            }),
+            });
+            let hash = backup::etcd::hash_kv(&mut client, "restored etcd", revision).await;
+            objects.and_then(|o| Ok((o, hash?.hash)))
+        }
         Err(e) => Err(e.into()),
     };
     temp.stop().await;
-    counted
+    inspected
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, RingError> {

@@ -3,8 +3,10 @@
 //! etcd and kube-apiserver run under the lease guard, which reads the Lease
 //! this executor writes at every renewal; etcd's sidecar backs up into the
 //! ring's bucket and its init container restores from it for a failover onto
-//! this seed. Planned migrations onto or off a Kubernetes seed are not built
-//! yet ([`Mover::migrates`] says so, and the member refuses them).
+//! this seed. A planned migration goes through the bucket: off this seed, the
+//! sidecar stores the final snapshot there (`kubernetes_handover`); onto it,
+//! the init container restores the fetched final snapshot from there
+//! (`kubernetes_restore`). Without a bucket the seed refuses migrations.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,23 +14,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use migrate::handover::SnapshotInfo;
+use migrate::handover::{self, SnapshotInfo};
 use migrate::plan::SourceView;
 use seed::kubernetes::agent::{self, LeaseRecord, PodBackup, Wiring};
-use seed::{KubernetesSeed, KubernetesSeedConfig, Seed, ShootLayout};
+use seed::{Component, KubernetesSeed, KubernetesSeedConfig, Seed, ShootLayout};
 
-use super::{record, Executor, Mover, Objects, TargetFacts};
+use super::{record, Executor, Mover, Objects, TargetFacts, WRITERS};
 use crate::backups::{BackupPlan, RingBucket, SidecarProgress};
 use crate::RingError;
 
-/// Why planned migrations are refused.
-const NO_MIGRATION: &str = "planned migration onto or off a Kubernetes seed is not built yet (failover from and onto it is)";
+/// Why planned migrations are refused without a bucket.
+const NO_BUCKET: &str = "a planned migration onto or off a Kubernetes seed goes through the ring's bucket, and this member has none: set backup.bucket";
 
 /// Control planes as workloads in a Kubernetes cluster.
 pub struct KubernetesExecutor {
     seed: Arc<KubernetesSeed>,
     member: String,
     state_dir: PathBuf,
+    /// The ring's bucket (backups, failovers and migrations go through it).
+    bucket: Option<RingBucket>,
     /// The newest lease record per shoot (written again when a start applies the objects).
     leases: Mutex<BTreeMap<String, LeaseRecord>>,
 }
@@ -82,17 +86,30 @@ impl KubernetesExecutor {
         let seed = KubernetesSeed::connect(config, state_dir)
             .await?
             .with_wiring(wiring);
-        Ok(Self::new(seed, state_dir, member))
+        Ok(Self::new(seed, state_dir, member, bucket.cloned()))
     }
 
     /// An executor over an already connected seed.
-    pub fn new(seed: KubernetesSeed, state_dir: &Path, member: &str) -> Self {
+    pub fn new(
+        seed: KubernetesSeed,
+        state_dir: &Path,
+        member: &str,
+        bucket: Option<RingBucket>,
+    ) -> Self {
         KubernetesExecutor {
             seed: Arc::new(seed),
             member: member.to_string(),
             state_dir: state_dir.to_path_buf(),
+            bucket,
             leases: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The bucket a migration goes through.
+    fn migration_bucket(&self) -> Result<&RingBucket, RingError> {
+        self.bucket
+            .as_ref()
+            .ok_or_else(|| RingError::Unsupported(NO_BUCKET.into()))
     }
 
     /// The shoot's dir of local caches (PKI, spec, restore record).
@@ -111,12 +128,23 @@ impl KubernetesExecutor {
 
     /// Tells the guards to stop at once.
     async fn fence_now(&self, shoot: &str) -> Result<(), RingError> {
+        self.guard_until(shoot, 0, Duration::from_secs(1)).await
+    }
+
+    /// Lets the guards run their child until `fence_at_ms` (0: stop now),
+    /// at the epoch last recorded.
+    pub(super) async fn guard_until(
+        &self,
+        shoot: &str,
+        fence_at_ms: u64,
+        window: Duration,
+    ) -> Result<(), RingError> {
         let epoch = lock(&self.leases).get(shoot).map_or(0, |r| r.epoch);
         let record = LeaseRecord {
             holder: self.member.clone(),
             epoch,
-            fence_at_ms: 0,
-            duration_secs: 1,
+            fence_at_ms,
+            duration_secs: window.as_secs().max(1),
         };
         self.record_lease(shoot, record).await
     }
@@ -189,14 +217,12 @@ impl Executor for KubernetesExecutor {
     }
 }
 
-fn no_migration() -> RingError {
-    RingError::Unsupported(NO_MIGRATION.into())
-}
-
 #[async_trait]
 impl Mover for KubernetesExecutor {
     fn migrates(&self) -> Result<(), String> {
-        Err(NO_MIGRATION.into())
+        self.migration_bucket()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
@@ -209,26 +235,33 @@ impl Mover for KubernetesExecutor {
         })
     }
 
-    async fn source_view(&self, _shoot: &str, _op: u64) -> Result<SourceView, RingError> {
-        Err(no_migration())
+    async fn source_view(&self, shoot: &str, op: u64) -> Result<SourceView, RingError> {
+        super::kubernetes_handover::source_view(self, shoot, op).await
     }
-    async fn stop_writers(&self, _shoot: &str) -> Result<(), RingError> {
-        Err(no_migration())
+    async fn stop_writers(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self.seed.stop_components(shoot, &WRITERS).await?)
     }
-    async fn start_etcd(&self, _shoot: &str) -> Result<(), RingError> {
-        Err(no_migration())
+    async fn start_etcd(&self, shoot: &str) -> Result<(), RingError> {
+        Ok(self
+            .seed
+            .start_components(shoot, &[Component::Etcd])
+            .await?)
     }
-    async fn take_final_snapshot(&self, _shoot: &str) -> Result<(), RingError> {
-        Err(no_migration())
+    async fn take_final_snapshot(&self, shoot: &str) -> Result<(), RingError> {
+        let bucket = self.migration_bucket()?;
+        super::kubernetes_handover::take_final_snapshot(self, shoot, bucket).await
     }
-    async fn stop_etcd(&self, _shoot: &str) -> Result<(), RingError> {
-        Err(no_migration())
+    async fn stop_etcd(&self, shoot: &str) -> Result<(), RingError> {
+        self.seed.stop_components(shoot, &[Component::Etcd]).await?;
+        self.fence_now(shoot).await
     }
-    fn handover_info(&self, _shoot: &str) -> Option<SnapshotInfo> {
-        None
+    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo> {
+        handover::read_info(&self.layout(shoot))
     }
-    fn handover_files(&self, _shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
-        Err(no_migration())
+    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
+        let layout = self.layout(shoot);
+        let files = handover::files(&layout)?;
+        Ok((layout.dir, files))
     }
 
     async fn target_facts(
@@ -237,26 +270,38 @@ impl Mover for KubernetesExecutor {
         op: u64,
         from_bucket: bool,
     ) -> Result<TargetFacts, RingError> {
-        if !from_bucket {
-            return Err(no_migration());
-        }
+        let layout = self.layout(shoot);
+        seed::pki::create_private_dir(&layout.dir)?;
         let restored = self.bucket_report(shoot, op).is_some();
         let running = match self.seed.inspect(shoot).await {
             Ok(s) => s.phase == seed::Phase::Ready,
             Err(_) => false,
         };
+        let fetched = if from_bucket {
+            restored
+        } else {
+            handover::claim(&layout, op)?;
+            handover::read_info(&layout).is_some() && layout.spec_file().exists()
+        };
         Ok(TargetFacts {
-            fetched: restored,
+            fetched,
             restored,
             running,
         })
     }
 
-    fn handover_path(&self, _shoot: &str, _rel: &str) -> Result<PathBuf, RingError> {
-        Err(no_migration())
+    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError> {
+        Ok(handover::safe_path(&self.layout(shoot), rel)?)
     }
-    async fn restore_handover(&self, _shoot: &str) -> Result<(), RingError> {
-        Err(no_migration())
+    async fn restore_handover(&self, shoot: &str) -> Result<(), RingError> {
+        let bucket = self.migration_bucket()?;
+        let op = handover::claimed(&self.layout(shoot)).ok_or_else(|| {
+            RingError::Migrate(migrate::MigrateError::Handover {
+                shoot: shoot.to_string(),
+                message: "no migration claimed the fetched handover".into(),
+            })
+        })?;
+        super::kubernetes_restore::restore_handover(self, shoot, op, bucket).await
     }
 
     async fn restore_bucket(
@@ -276,8 +321,19 @@ impl Mover for KubernetesExecutor {
         Ok(seed::wait_ready(self.seed.as_ref(), shoot, timeout).await?)
     }
 
-    async fn verify_handover(&self, _shoot: &str) -> Result<Objects, RingError> {
-        Err(no_migration())
+    /// The restore already compared revision, `HashKV` and objects with the
+    /// source's on the restored data before etcd served it: the recorded
+    /// objects, if the record is of this handover's revision.
+    async fn verify_handover(&self, shoot: &str) -> Result<Objects, RingError> {
+        let layout = self.layout(shoot);
+        let revision = handover::read_info(&layout).map(|i| i.revision);
+        let op = handover::claimed(&layout);
+        match (record::read(&record::path(&layout), op), revision) {
+            (Some((report, Some(objects))), Some(r)) if report.reached_revision == r => Ok(objects),
+            _ => Err(RingError::Verification(format!(
+                "no verified restore of {shoot}'s handover was recorded"
+            ))),
+        }
     }
 
     /// The objects the init container counted on the restored data, before
@@ -292,6 +348,7 @@ impl Mover for KubernetesExecutor {
     }
 
     fn finish_move(&self, shoot: &str, _op: u64) {
+        handover::clear(&self.layout(shoot));
         let _ = std::fs::remove_file(record::path(&self.layout(shoot)));
     }
 }

@@ -13,17 +13,10 @@ use seed::{BinarySearch, Component, LocalSeed, Seed, ShootLayout};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{record, Executor, Mover, Objects, TargetFacts};
+use super::{record, Executor, Mover, Objects, TargetFacts, WRITERS};
 use crate::backups::{download_identity, BackupPlan, BackupSource, RingBucket};
 use crate::config::SeedConfig;
 use crate::{now_ms, RingError};
-
-/// The writers of a control plane: stopped first when it is handed over.
-const WRITERS: [Component; 3] = [
-    Component::KubeScheduler,
-    Component::KubeControllerManager,
-    Component::KubeApiserver,
-];
 
 /// Control planes as local processes.
 pub struct LocalExecutor {
@@ -58,20 +51,6 @@ impl LocalExecutor {
 
     fn bins(&self) -> BinarySearch {
         BinarySearch::standard(self.bin_dir.as_deref())
-    }
-
-    /// Marks which operation the handover files in a shoot dir belong to; stale
-    /// files of an older operation are removed first.
-    fn claim_handover(&self, shoot: &str, op: u64) -> Result<(), RingError> {
-        let layout = self.layout(shoot);
-        let marker = handover::dir(&layout).join("operation");
-        let current = std::fs::read_to_string(&marker).ok();
-        if current.as_deref().map(str::trim) != Some(op.to_string().as_str()) {
-            handover::clear(&layout);
-            seed::pki::create_private_dir(&handover::dir(&layout))?;
-            seed::pki::write_private(&marker, op.to_string().as_bytes())?;
-        }
-        Ok(())
     }
 }
 
@@ -128,7 +107,7 @@ impl Mover for LocalExecutor {
     }
 
     async fn source_view(&self, shoot: &str, op: u64) -> Result<SourceView, RingError> {
-        self.claim_handover(shoot, op)?;
+        handover::claim(&self.layout(shoot), op)?;
         let running = self.seed.running_components(shoot).await;
         Ok(SourceView {
             writers_running: WRITERS.iter().any(|c| running.contains(c)),
@@ -184,7 +163,7 @@ impl Mover for LocalExecutor {
                 running,
             });
         }
-        self.claim_handover(shoot, op)?;
+        handover::claim(&self.layout(shoot), op)?;
         Ok(TargetFacts {
             fetched: handover::read_info(&layout).is_some() && layout.spec_file().exists(),
             restored: handover::restored(&layout),

@@ -21,12 +21,20 @@ use crate::config::SeedConfig;
 use crate::RingError;
 
 mod kubernetes;
+mod kubernetes_handover;
 mod kubernetes_restore;
 mod local;
 mod record;
 
 pub use kubernetes::{pod_backup, KubernetesExecutor};
 pub use local::{restore_from_bucket, LocalExecutor};
+
+/// The writers of a control plane: stopped first when it is handed over.
+const WRITERS: [seed::Component; 3] = [
+    seed::Component::KubeScheduler,
+    seed::Component::KubeControllerManager,
+    seed::Component::KubeApiserver,
+];
 
 /// Objects per resource type, as verified after a move.
 pub type Objects = BTreeMap<String, u64>;

@@ -1,4 +1,5 @@
-//! The record of a failover's restore in the shoot's dir on the target seed
+//! The record of a restore (a failover's, or a migration's onto a Kubernetes
+//! seed) in the shoot's dir on the target seed
 //! (`failover-restored`): the operation, the restore's report and, where the
 //! seed counted them at restore time, the objects per resource. The later
 //! steps of the operation (and a restarted ringd) read it back.

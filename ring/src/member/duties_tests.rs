@@ -623,14 +623,15 @@ fn a_seed_that_cannot_migrate_refuses_migrations_but_takes_failovers() {
         },
     );
     let mut o = observed(now);
-    o.seed.migrates = Err("c: no migrations on Kubernetes seeds yet".into());
+    let why = "c: a Kubernetes seed migrates through the ring's bucket, and there is none";
+    o.seed.migrates = Err(why.into());
     o.shoots.insert("b".into(), ShootSeen::default());
     assert_eq!(
         duties_b(&migration, "c", &o, now),
         vec![Duty::Refuse {
             op: 0,
             shoot: "b".into(),
-            reason: "c: no migrations on Kubernetes seeds yet".into(),
+            reason: why.into(),
         }]
     );
     o.seed.bucket = true;

@@ -11,6 +11,9 @@
 //! - **Backup**: a sidecar of etcd takes full and delta snapshots into the
 //!   ring's bucket while the lease is valid, and records its progress in the
 //!   ConfigMap [`BACKUP_STATUS`]; it keeps running when ringd restarts.
+//! - **Handover**: when the ConfigMap [`HANDOVER_CONFIGMAP`] asks for it (a
+//!   planned migration off this seed, writers stopped), the same sidecar takes
+//!   the final full snapshot into the bucket and records a [`HandoverRecord`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,6 +32,9 @@ pub const FENCE_AT_ANNOTATION: &str = "ring.gardener.cloud/fence-at-ms";
 pub const SERVICE_ACCOUNT: &str = "ring-control-plane";
 /// ConfigMap asking etcd's init container to restore (`operation`) and holding its report.
 pub const RESTORE_CONFIGMAP: &str = "etcd-restore";
+/// ConfigMap asking etcd's sidecar for a migration's final snapshot
+/// (`operation`) and holding its [`HandoverRecord`] (`taken`).
+pub const HANDOVER_CONFIGMAP: &str = "etcd-handover";
 /// ConfigMap where the backup sidecar records its progress.
 pub const BACKUP_STATUS: &str = "backup-status";
 /// Secret with the backup sidecar's config (and the bucket's key).
@@ -206,6 +212,7 @@ pub fn objects(wiring: &Wiring, meta: &dyn Fn(&str) -> Value) -> Vec<Value> {
         }),
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(RESTORE_CONFIGMAP)}),
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(BACKUP_STATUS)}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(HANDOVER_CONFIGMAP)}),
     ];
     if let Some(b) = &wiring.backup {
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -225,12 +232,32 @@ pub fn objects(wiring: &Wiring, meta: &dyn Fn(&str) -> Value) -> Vec<Value> {
     out
 }
 
-/// What the agent may do: read its lease, read and write its two ConfigMaps.
+/// What the agent may do: read its lease, read and write its three ConfigMaps.
 pub fn agent_rules() -> Value {
     json!([
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE], "verbs": ["get", "watch"]},
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [RESTORE_CONFIGMAP, BACKUP_STATUS], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [RESTORE_CONFIGMAP, BACKUP_STATUS, HANDOVER_CONFIGMAP], "verbs": ["get", "patch"]},
     ])
+}
+
+/// The final snapshot etcd's sidecar took for a planned migration off the
+/// seed: a regular full snapshot in the ring's bucket at etcd's final
+/// revision (the writers were stopped), with what the target verifies.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HandoverRecord {
+    /// The migration's operation id.
+    pub operation: u64,
+    /// The full snapshot's object name under the shoot's prefix.
+    pub full: String,
+    /// etcd's final revision.
+    pub revision: i64,
+    /// etcd's `HashKV` at that revision.
+    pub hash_kv: u32,
+    /// Objects per resource type at that revision.
+    pub objects: BTreeMap<String, u64>,
+    /// Database bytes.
+    pub db_bytes: u64,
 }
 
 /// What ringd records on the Lease at each renewal of the ring's lease.
@@ -316,6 +343,7 @@ mod tests {
                 "ServiceAccount",
                 "Role",
                 "RoleBinding",
+                "ConfigMap",
                 "ConfigMap",
                 "ConfigMap"
             ]

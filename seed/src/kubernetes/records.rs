@@ -30,6 +30,17 @@ pub struct BackupProgress {
     pub error: Option<String>,
 }
 
+/// What etcd's init container recorded of a restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreRecord {
+    /// The restore's report (JSON).
+    pub report: String,
+    /// Objects per resource type at the revision reached (JSON).
+    pub objects: String,
+    /// etcd's `HashKV` at the revision reached, computed on the restored data.
+    pub hash_kv: Option<u32>,
+}
+
 impl KubernetesSeed {
     /// The anchor as owner; `None` while the control plane was never applied.
     async fn owner(&self, shoot: &str) -> Result<Option<Owner>> {
@@ -78,36 +89,62 @@ impl KubernetesSeed {
         Ok(())
     }
 
-    /// Asks etcd's init container to restore from the bucket for operation `op`.
-    pub async fn request_restore(&self, shoot: &str, op: u64) -> Result<()> {
+    /// Asks etcd's init container to restore from the bucket for operation
+    /// `op`: the newest revision, or exactly `revision` (a migration's final one).
+    pub async fn request_restore(&self, shoot: &str, op: u64, revision: Option<i64>) -> Result<()> {
+        let mut data = BTreeMap::from([("operation", op.to_string())]);
+        if let Some(r) = revision {
+            data.insert("revision", r.to_string());
+        }
+        self.request(
+            shoot,
+            agent::RESTORE_CONFIGMAP,
+            data,
+            "asking for a restore",
+        )
+        .await
+    }
+
+    /// Sets `data` on ConfigMap `name` as ringd's request (fields ringd set
+    /// before and leaves out now are removed; the agent's answer stays).
+    pub(super) async fn request(
+        &self,
+        shoot: &str,
+        name: &str,
+        data: BTreeMap<&str, String>,
+        what: &str,
+    ) -> Result<()> {
         let object = json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": agent::RESTORE_CONFIGMAP, "namespace": self.namespace(shoot)},
-            "data": {"operation": op.to_string()},
+            "metadata": {"name": name, "namespace": self.namespace(shoot)},
+            "data": data,
         });
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
         api.patch(
-            agent::RESTORE_CONFIGMAP,
+            name,
             &PatchParams::apply(RESTORE_MANAGER).force(),
             &Patch::Apply(&object),
         )
         .await
-        .map_err(self.kube_err(shoot, "asking for a restore"))?;
+        .map_err(self.kube_err(shoot, what))?;
         Ok(())
     }
 
-    /// The report of operation `op`'s restore and the objects counted (both
-    /// JSON), once the init container recorded them.
-    pub async fn restore_report(&self, shoot: &str, op: u64) -> Result<Option<(String, String)>> {
+    /// What the init container recorded of operation `op`'s restore, once done.
+    pub async fn restore_report(&self, shoot: &str, op: u64) -> Result<Option<RestoreRecord>> {
         let data = self.configmap_data(shoot, agent::RESTORE_CONFIGMAP).await?;
         if data.get("restored").map(|s| s.trim()) != Some(op.to_string().as_str()) {
             return Ok(None);
         }
-        Ok(data
-            .get("report")
-            .cloned()
-            .zip(data.get("objects").cloned()))
+        let (Some(report), Some(objects)) = (data.get("report"), data.get("objects")) else {
+            return Ok(None);
+        };
+        Ok(Some(RestoreRecord {
+            report: report.clone(),
+            objects: objects.clone(),
+            hash_kv: data.get("hashKv").and_then(|h| h.trim().parse().ok()),
+        }))
     }
 
     /// Deletes etcd's pods (its StatefulSet makes new ones, whose init
@@ -128,7 +165,11 @@ impl KubernetesSeed {
         }))
     }
 
-    async fn configmap_data(&self, shoot: &str, name: &str) -> Result<BTreeMap<String, String>> {
+    pub(super) async fn configmap_data(
+        &self,
+        shoot: &str,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
         let cm = api
             .get_opt(name)

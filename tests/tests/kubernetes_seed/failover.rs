@@ -40,18 +40,19 @@ fn processes(program: &str, needles: &[&str]) -> Vec<u32> {
     out
 }
 
-/// The etcd and kube-apiserver processes of `shoot`'s control plane in pods.
-fn pod_control_plane(shoot: &str) -> Vec<u32> {
+/// The etcd and kube-apiserver processes of `shoot`'s control plane in pods
+/// of ring `ring`.
+pub(super) fn pod_control_plane(ring: &str, shoot: &str) -> Vec<u32> {
     let token = format!("--initial-cluster-token=ring-{shoot}");
     let mut pids = processes("etcd", &[&token, "/var/lib/etcd/data"]);
-    let etcd_service = format!("etcd-client.shoot--kr--{shoot}.svc");
+    let etcd_service = format!("etcd-client.shoot--{ring}--{shoot}.svc");
     pids.extend(processes("kube-apiserver", &[&etcd_service]));
     pids
 }
 
 /// Adds the shared bucket (sealed with `key`) to member config `path`; for
 /// `kubernetes`, the member hosts control planes in that seed cluster.
-fn configure(
+pub(super) fn configure(
     path: &Path,
     bucket: &Path,
     key: &Path,
@@ -94,7 +95,7 @@ fn write_configmaps(kubeconfig: &Path, prefix: &str, n: usize) -> u64 {
     last
 }
 
-async fn wait_durable(ring: &RingFixture, i: usize, shoot: &str, revision: u64) {
+pub(super) async fn wait_durable(ring: &RingFixture, i: usize, shoot: &str, revision: u64) {
     ring.wait_status(
         i,
         &format!("a durable backup of {shoot} at revision {revision}"),
@@ -183,7 +184,7 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     let rv = write_configmaps(&m2_on_pods, "from-pods", 10);
     wait_durable(&ring, 1, "m2", rv).await;
     assert!(
-        !pod_control_plane("m2").is_empty(),
+        !pod_control_plane("kr", "m2").is_empty(),
         "m2's etcd and kube-apiserver run in pods"
     );
 
@@ -193,7 +194,7 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     wait_for(
         "m2's pods stop serving without ringd",
         Duration::from_secs(30),
-        || async { pod_control_plane("m2").is_empty().then_some(()) },
+        || async { pod_control_plane("kr", "m2").is_empty().then_some(()) },
     )
     .await;
     let op = wait_done(&ring, 1, "m2", 2).await;
@@ -205,7 +206,7 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
         kubectl(&m2_local, &["get", "configmap", &format!("from-pods-{i}")]);
     }
     assert!(
-        pod_control_plane("m2").is_empty(),
+        pod_control_plane("kr", "m2").is_empty(),
         "the fenced pods stay down"
     );
     ring.signal(0, libc::SIGCONT);

@@ -1,0 +1,158 @@
+//! ringd's side of a planned migration in a seed cluster: stopping and
+//! starting single components (a source stops the writers first and etcd
+//! last), and asking etcd's sidecar for the final snapshot.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::agent::{HandoverRecord, HANDOVER_CONFIGMAP};
+use super::render::SHOOT_LABEL;
+use super::{component_selector, render, KubernetesSeed};
+use crate::error::{Result, SeedError};
+use crate::process::Component;
+
+impl KubernetesSeed {
+    /// Components that run or are about to: desired replicas or pods left.
+    pub async fn running_components(&self, shoot: &str) -> Result<Vec<Component>> {
+        let pods = self.pods(shoot, &format!("{SHOOT_LABEL}={shoot}")).await?;
+        let mut running = Vec::new();
+        for c in Component::ALL {
+            let desired = self.replicas(shoot, c).await?.map_or(0, |(d, _)| d);
+            let has_pods = pods.iter().any(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(render::COMPONENT_LABEL))
+                    .is_some_and(|v| v == c.name())
+            });
+            if desired > 0 || has_pods {
+                running.push(c);
+            }
+        }
+        Ok(running)
+    }
+
+    /// Scales `components` to zero, in order, and waits for each one's pods
+    /// to go (stragglers are deleted without grace after the stop grace).
+    pub async fn stop_components(&self, shoot: &str, components: &[Component]) -> Result<()> {
+        self.anchor(shoot).await?;
+        for c in components {
+            self.scale(shoot, *c, 0).await?;
+            self.wait_pods_gone(shoot, &component_selector(shoot, c.name()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Scales `components` to one replica.
+    pub async fn start_components(&self, shoot: &str, components: &[Component]) -> Result<()> {
+        self.anchor(shoot).await?;
+        for c in components {
+            self.scale(shoot, *c, 1).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until no pod matches `selector`; after the stop grace deletes
+    /// what is left without grace.
+    pub(super) async fn wait_pods_gone(&self, shoot: &str, selector: &str) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.stop_grace;
+        while !self.pods(shoot, selector).await?.is_empty() {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    shoot,
+                    selector,
+                    "pods still there after the grace period; deleting them without grace"
+                );
+                return self.delete_pods_now(shoot, selector).await;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(())
+    }
+
+    /// Asks etcd's sidecar for the final snapshot of migration `op`.
+    pub async fn request_handover(&self, shoot: &str, op: u64) -> Result<()> {
+        let data = BTreeMap::from([("operation", op.to_string())]);
+        self.request(
+            shoot,
+            HANDOVER_CONFIGMAP,
+            data,
+            "asking for the final snapshot",
+        )
+        .await
+    }
+
+    /// The sidecar's answer for migration `op`: its record, or why it could
+    /// not take the snapshot; `None` while it has not answered.
+    pub async fn handover_record(
+        &self,
+        shoot: &str,
+        op: u64,
+    ) -> Result<Option<std::result::Result<HandoverRecord, String>>> {
+        let data = self.configmap_data(shoot, HANDOVER_CONFIGMAP).await?;
+        answer(&data, op).map_err(|message| SeedError::Kube {
+            shoot: shoot.to_string(),
+            message,
+        })
+    }
+}
+
+/// The answer in the handover ConfigMap's `data` for `op`: `taken` (the
+/// record) or `error` (`<op>: <why>`); an unreadable record is an error.
+fn answer(
+    data: &BTreeMap<String, String>,
+    op: u64,
+) -> std::result::Result<Option<std::result::Result<HandoverRecord, String>>, String> {
+    if let Some(taken) = data.get("taken").filter(|t| !t.trim().is_empty()) {
+        let record: HandoverRecord = serde_json::from_str(taken).map_err(|e| {
+            format!("unreadable final snapshot record in ConfigMap {HANDOVER_CONFIGMAP}: {e}")
+        })?;
+        if record.operation == op {
+            return Ok(Some(Ok(record)));
+        }
+    }
+    let failed = data
+        .get("error")
+        .and_then(|e| e.split_once(": "))
+        .filter(|(id, _)| id.trim() == op.to_string());
+    Ok(failed.map(|(_, why)| Err(why.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Only the answer for this operation counts; another's, or none, is no
+    /// answer yet; a failure names why; garbage is an error, not a wait.
+    #[test]
+    fn the_sidecars_answer_is_read_for_one_operation() {
+        let record = HandoverRecord {
+            operation: 7,
+            full: "full-1".into(),
+            revision: 120,
+            hash_kv: 0xdead,
+            objects: BTreeMap::from([("pods".to_string(), 3)]),
+            db_bytes: 4096,
+        };
+        let json = serde_json::to_string(&record).unwrap();
+        assert_eq!(answer(&data(&[]), 7), Ok(None));
+        assert_eq!(answer(&data(&[("taken", &json)]), 7), Ok(Some(Ok(record))));
+        assert_eq!(answer(&data(&[("taken", &json)]), 8), Ok(None));
+        let failed = data(&[("taken", &json), ("error", "8: etcd: connection refused")]);
+        assert_eq!(
+            answer(&failed, 8),
+            Ok(Some(Err("etcd: connection refused".into())))
+        );
+        assert_eq!(answer(&failed, 9), Ok(None));
+        let bad = answer(&data(&[("taken", "{not json")]), 7).unwrap_err();
+        assert!(bad.contains(HANDOVER_CONFIGMAP), "{bad}");
+    }
+}

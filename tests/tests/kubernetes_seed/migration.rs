@@ -1,0 +1,226 @@
+//! Planned migrations between a Kubernetes seed and a local one, both ways,
+//! under a writer: the final snapshot off the pods is taken by etcd's sidecar
+//! into the bucket, the one onto the pods restored by etcd's init container
+//! from it, each verified (revision, `HashKV`, objects) with no acknowledged
+//! write lost.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::Api;
+use ring_tests::ring::RingFixture;
+use ring_tests::*;
+use ringd::client::AdminClient;
+use ringd::state::{Operation, OperationStep};
+use seed::kubernetes::ServiceType;
+use seed::Seed;
+
+use super::failover::{configure, pod_control_plane};
+use super::{config, host_path_volume, seed_cluster_with_node, READY};
+
+const MIGRATION: Duration = Duration::from_secs(240);
+
+/// Creates ConfigMaps `<prefix>-<i>` until stopped; remembers each one the
+/// API acknowledged.
+struct Writer {
+    acked: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    async fn start(kubeconfig: &Path, prefix: &str) -> Writer {
+        let client = kube_client(kubeconfig).await;
+        let (acked, stop) = (
+            Arc::<Mutex<Vec<String>>>::default(),
+            Arc::<AtomicBool>::default(),
+        );
+        let task = {
+            let (acked, stop, prefix) = (acked.clone(), stop.clone(), prefix.to_string());
+            tokio::spawn(async move {
+                let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+                for i in 0..100_000u64 {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let name = format!("{prefix}-{i}");
+                    let cm = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(name.clone()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    let params = PostParams::default();
+                    let create = cms.create(&params, &cm);
+                    match tokio::time::timeout(Duration::from_secs(5), create).await {
+                        Ok(Ok(_)) => acked.lock().unwrap().push(name),
+                        _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+            })
+        };
+        let w = Writer { acked, stop, task };
+        let acked = w.acked.clone();
+        wait_for("the writer to get going", Duration::from_secs(60), || {
+            let n = acked.lock().unwrap().len();
+            async move { (n >= 10).then_some(()) }
+        })
+        .await;
+        w
+    }
+
+    /// Stops the writer; every write the API acknowledged.
+    async fn stop(self) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the writer stops")
+            .expect("the writer did not panic");
+        let acked = self.acked.lock().unwrap().clone();
+        acked
+    }
+}
+
+/// Every name in `acked` is a ConfigMap in the shoot behind `kubeconfig`.
+async fn assert_all_there(kubeconfig: &Path, acked: &[String], what: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(kube_client(kubeconfig).await, "default");
+    let there: BTreeSet<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing ConfigMaps {what}: {e}"))
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    let lost: Vec<&String> = acked.iter().filter(|n| !there.contains(*n)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged writes lost {what}: {lost:?}",
+        lost.len(),
+        acked.len()
+    );
+}
+
+/// Moves `shoot` to `to` through the leader and waits for the outcome.
+async fn migrate(ring: &RingFixture, shoot: &str, to: &str) -> Operation {
+    let mut admin = AdminClient::connect_leader(&ring.members[0].address, &ring.pki)
+        .await
+        .expect("leader client");
+    let id = admin.migrate(shoot, to).await.expect("migration accepted");
+    let op = admin
+        .wait_operation(id, MIGRATION, |_, _| {})
+        .await
+        .unwrap_or_else(|e| panic!("migration of {shoot} to {to}: {e}"));
+    assert_eq!(op.step, OperationStep::Done, "{op:?}");
+    assert!(op.detail.contains("HashKV and"), "verified: {op:?}");
+    op
+}
+
+/// Waits until `kubeconfig` answers a list of ConfigMaps.
+async fn wait_answers(kubeconfig: &Path, what: &str) {
+    wait_for(what, READY, || async {
+        let out = run_bounded(
+            std::process::Command::new(kubectl_path())
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["get", "configmaps", "-o", "name"]),
+            Duration::from_secs(20),
+        );
+        out.status.success().then_some(())
+    })
+    .await;
+}
+
+/// m2's control plane moves off the pods on m1's Kubernetes seed onto m3's
+/// local seed under writes, then back onto the pods, losing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
+    let _slot = ring_slot();
+    let (ring, cluster, node, state) = start_ring().await;
+    let m2_on_pods = state.join("shoots/m2/admin.kubeconfig");
+    let m2_on_m3 = ring
+        .seed_dir(2)
+        .join("shoots/m2/kubeconfig/admin.kubeconfig");
+
+    // Kubernetes → local: the sidecar's final snapshot, restored by m3
+    let writer = Writer::start(&m2_on_pods, "off-pods").await;
+    let op = migrate(&ring, "m2", "m3").await;
+    let off_pods = writer.stop().await;
+    let outcome = op.outcome.clone().expect("outcome");
+    assert!(
+        outcome.objects.get("configmaps").is_some_and(|n| *n >= 10),
+        "{op:?}"
+    );
+    assert_all_there(&m2_on_m3, &off_pods, "moving off the pods").await;
+    wait_for("m2's pods to stop", Duration::from_secs(60), || async {
+        pod_control_plane("km", "m2").is_empty().then_some(())
+    })
+    .await;
+
+    // local → Kubernetes: the fetched final snapshot stored in the bucket,
+    // restored by etcd's init container at exactly its revision
+    let writer = Writer::start(&m2_on_m3, "onto-pods").await;
+    let op = migrate(&ring, "m2", "m1").await;
+    let mut acked = writer.stop().await;
+    acked.extend(off_pods);
+    assert!(
+        !pod_control_plane("km", "m2").is_empty(),
+        "m2 runs in pods again: {op:?}"
+    );
+    wait_answers(&m2_on_pods, "m2 answering from pods").await;
+    assert_all_there(&m2_on_pods, &acked, "moving onto the pods").await;
+    let revision = op.outcome.expect("outcome").restored_revision;
+    assert!(
+        revision > outcome.restored_revision,
+        "revision {revision} after {outcome:?}"
+    );
+    drop(ring);
+    drop(node);
+    cluster.stop("k8s-move").await.unwrap();
+}
+
+/// A 3-member ring in which m1's seed is a real cluster with a node (hosting
+/// m2's control plane as pods), m2 and m3 local seeds, one sealed file bucket.
+async fn start_ring() -> (
+    RingFixture,
+    seed::LocalSeed,
+    ring_tests::node::TestNode,
+    PathBuf,
+) {
+    let mut ring = RingFixture::new(3, &["m2", "m3"]);
+    let (cluster, kc, node) = seed_cluster_with_node(&ring.sandbox, "k8s-move", "seedm").await;
+    // m2's etcd volume, and a fresh one when it comes back after its data was released
+    host_path_volume(&kc, &ring.sandbox, "etcd-m2");
+    host_path_volume(&kc, &ring.sandbox, "etcd-m2-back");
+    let bucket = ring.sandbox.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let key = ring.sandbox.path().join("ring.key");
+    std::fs::write(&key, "44".repeat(32)).unwrap();
+    let mut k8s = config("km", &kc);
+    k8s.service_type = ServiceType::NodePort;
+    k8s.node_address = Some(node.config.address.into());
+    let state = ring.sandbox.path().join("m1-k8s-state");
+    for (i, m) in ring.members.iter().enumerate() {
+        let kubernetes = (i == 0).then_some((state.as_path(), &k8s));
+        configure(&m.config, &bucket, &key, kubernetes);
+    }
+    ring.start_all();
+    ring.wait_status(
+        0,
+        "m2 served ready from pods",
+        Duration::from_secs(300),
+        |s| {
+            s.hosted
+                .iter()
+                .any(|h| h.shoot == "m2" && h.serving && h.ready)
+        },
+    )
+    .await;
+    (ring, cluster, node, state)
+}
