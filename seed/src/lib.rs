@@ -12,6 +12,7 @@ mod error;
 pub mod images;
 pub mod kubeconfig;
 pub mod kubernetes;
+pub mod lease_file;
 pub mod local;
 pub mod netns;
 pub mod node;

@@ -172,6 +172,8 @@ pub struct LocalSeed {
     /// Shoot → the address its kube-apiserver advertises (the `kubernetes`
     /// Service's endpoint, which pods use); default: the shoot's loopback address.
     advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
+    /// `ring-agent`, when etcd and kube-apiserver run under its lease guard.
+    guard: Option<PathBuf>,
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -183,8 +185,17 @@ impl LocalSeed {
             bins,
             tuning: SupervisorTuning::default(),
             advertise: Default::default(),
+            guard: None,
             running: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Runs etcd and kube-apiserver under `ring-agent guard` at `agent`, which
+    /// stops them at the fence time in the shoot's lease file
+    /// ([`crate::lease_file`]); without a lease file they do not start.
+    pub fn with_guard(mut self, agent: PathBuf) -> Self {
+        self.guard = Some(agent);
+        self
     }
 
     /// Overrides restart backoff and stop grace periods.
@@ -315,7 +326,21 @@ impl LocalSeed {
             .get(&spec.shoot)
             .copied()
             .unwrap_or(spec.endpoint.address);
-        component_specs(&self.layout(&spec.shoot), spec, &self.bins, advertise)
+        let layout = self.layout(&spec.shoot);
+        let specs = component_specs(&layout, spec, &self.bins, advertise);
+        let Some(agent) = &self.guard else {
+            return specs;
+        };
+        let lease = crate::lease_file::path(&layout);
+        specs
+            .into_iter()
+            .map(
+                |cs| match crate::lease_file::GUARDED.contains(&cs.component) {
+                    true => crate::lease_file::guarded(agent, &lease, cs),
+                    false => cs,
+                },
+            )
+            .collect()
     }
 }
 

@@ -321,6 +321,62 @@ async fn cut_off_host_fences_its_control_plane_before_the_lease_ends() {
     ring_tests::kubectl(&kubeconfig, &["get", "namespaces"]);
 }
 
+/// etcd and kube-apiserver processes of a control plane in `seed_dir`.
+fn serving_processes(seed_dir: &std::path::Path) -> Vec<(u32, String, String)> {
+    scenarios::procs::processes_mentioning(&seed_dir.to_string_lossy())
+        .into_iter()
+        .filter(|(_, name, _)| name == "etcd" || name == "kube-apiserver")
+        .collect()
+}
+
+/// m1 hosts m2's control plane as local processes, and m1's own ringd stops
+/// (SIGSTOP): nothing renews the lease and nothing in ringd can fence, yet
+/// etcd and kube-apiserver stop at the fence time (ring-agent's lease guard,
+/// by its own clock). Resumed after the others started a failover, m1 gets no
+/// lease back and its guards keep the control plane down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_ringds_control_plane_stops_at_the_fence_time_by_itself() {
+    let _slot = ring_tests::ring_slot();
+    let mut ring = RingFixture::new(3, &["m1"]);
+    ring.start_all();
+    ring.wait_status(0, "m2 served by m1", Duration::from_secs(120), |s| {
+        s.hosted
+            .iter()
+            .any(|h| h.shoot == "m2" && h.serving && h.ready)
+    })
+    .await;
+    let seed_dir = ring.seed_dir(0);
+    assert_eq!(
+        serving_processes(&seed_dir).len(),
+        2,
+        "etcd and kube-apiserver run"
+    );
+
+    ring.signal(0, libc::SIGSTOP);
+    let lease = Duration::from_millis(ring.timing.lease_ms);
+    ring_tests::wait_for(
+        "m2's etcd and kube-apiserver to stop while m1's ringd is stopped",
+        lease * 2,
+        || async { serving_processes(&seed_dir).is_empty().then_some(()) },
+    )
+    .await;
+    ring.wait_status(1, "a failover of m2 begun", START, |s| {
+        s.operations.iter().any(|o| o.shoot() == "m2")
+    })
+    .await;
+    ring.signal(0, libc::SIGCONT);
+    let s = ring
+        .wait_status(0, "m1 to see it lost m2's lease", START, |s| {
+            s.hosted.iter().any(|h| h.shoot == "m2" && !h.serving)
+        })
+        .await;
+    assert!(
+        serving_processes(&seed_dir).is_empty(),
+        "no lease, no serving: {:?}",
+        s.hosted
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_join_and_leave_through_raft_configuration_changes() {
     let mut ring = RingFixture::new(3, &[]);

@@ -35,8 +35,11 @@ pub async fn run(
         handover.clone(),
     ));
     let _stop_handover = handover.drop_guard();
-    let (mut lease, _stop_reader) =
-        super::follow_lease(cluster.clone(), Duration::from_millis(500), &stop);
+    let (mut lease, _stop_reader) = super::follow_lease(
+        super::LeaseSource::Cluster(cluster.clone()),
+        Duration::from_millis(500),
+        &stop,
+    );
     loop {
         if !wait_for_lease(&mut lease, &stop).await {
             return Ok(());

@@ -2,14 +2,14 @@
 //! while the Lease ringd renews is valid. The fence time is a deadline kept by
 //! the guard's own clock: when ringd is killed, stopped (SIGSTOP) or cut off,
 //! no renewal comes and the child is killed at the fence time; reading the
-//! Lease is needed to start or keep serving, never to stop.
+//! Lease is needed to start or keep serving, never to stop. The same guard
+//! runs a local seed's etcd and kube-apiserver under its lease file.
 
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
-use super::Cluster;
 use crate::{now_ms, RingError};
 
 /// How often the Lease is read.
@@ -18,6 +18,8 @@ const POLL: Duration = Duration::from_millis(500);
 const RESTART_MIN_MS: u64 = 1_000;
 /// Longest wait before such a restart.
 const RESTART_MAX_MS: u64 = 10_000;
+/// How long a stopping program may take after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// What the guard does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,20 +54,30 @@ pub fn sleep_for(fence_at_ms: u64, now_ms: u64, running: bool) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// Starts the guarded program; it dies with the guard (a killed guard must not
+/// leave it serving).
 fn spawn(command: &[String]) -> Result<Child, RingError> {
     let (program, args) = command.split_first().ok_or_else(|| RingError::Config {
         field: "command".into(),
         reason: "no program to guard; give it after `--`".into(),
     })?;
-    Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| RingError::Io {
-            what: format!("starting {program}"),
-            source,
-        })
+        .kill_on_drop(true);
+    // SAFETY: only an async-signal-safe libc call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|source| RingError::Io {
+        what: format!("starting {program}"),
+        source,
+    })
 }
 
 /// The child's exit (never, without one).
@@ -76,6 +88,7 @@ async fn wait(child: Option<&mut Child>) -> std::io::Result<std::process::ExitSt
     }
 }
 
+/// Kills the child at once (the fence time has come).
 async fn kill(child: &mut Child, why: &str) {
     let pid = child.id();
     let _ = child.start_kill();
@@ -83,27 +96,59 @@ async fn kill(child: &mut Child, why: &str) {
     tracing::warn!(?pid, ?status, why, "guarded program stopped");
 }
 
-/// Runs `command` under the lease of the pod's namespace until `stop`.
+/// Stops the child gracefully (SIGTERM, then SIGKILL after [`STOP_GRACE`]).
+async fn terminate(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_ok() {
+            tracing::info!(pid, "guarded program stopped");
+            return;
+        }
+    }
+    kill(child, "it did not stop after SIGTERM").await;
+}
+
+/// How the guard treats its program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// In a pod: restart the program (with backoff) whenever it exited and
+    /// the lease holds.
+    Restart,
+    /// Under a local seed's supervisor: run the program once and exit with
+    /// it, or with an error when fenced; the supervisor restarts the guard.
+    Once,
+}
+
+/// Runs `command` under the lease in `source` until `stop`.
 pub async fn run(
-    cluster: Cluster,
+    source: super::LeaseSource,
     command: Vec<String>,
+    mode: Mode,
     stop: CancellationToken,
 ) -> Result<(), RingError> {
-    let (mut lease, _stop_reader) = super::follow_lease(cluster, POLL, &stop);
+    let (mut lease, _stop_reader) = super::follow_lease(source, POLL, &stop);
     let mut child: Option<Child> = None;
-    let (mut not_before, mut backoff, mut started_at) = (0, RESTART_MIN_MS, 0);
+    let mut restarts = Restarts::default();
     loop {
         let fence_at = *lease.borrow_and_update();
         let now = now_ms();
-        match action(fence_at, now, child.is_some(), not_before) {
+        match action(fence_at, now, child.is_some(), restarts.not_before) {
             GuardAction::Start => {
                 tracing::info!(fence_at_ms = fence_at, program = %command[0], "lease valid: starting");
                 child = Some(spawn(&command)?);
-                started_at = now;
+                restarts.started_at = now;
             }
             GuardAction::Stop => {
                 if let Some(mut c) = child.take() {
                     kill(&mut c, "the lease's fence time has come").await;
+                }
+                if mode == Mode::Once {
+                    return Err(RingError::Verification(format!(
+                        "fenced: the lease ended at unix ms {fence_at} and was not renewed"
+                    )));
                 }
             }
             GuardAction::Wait => {}
@@ -113,20 +158,66 @@ pub async fn run(
             biased;
             _ = stop.cancelled() => {
                 if let Some(mut c) = child.take() {
-                    kill(&mut c, "the pod stops").await;
+                    terminate(&mut c).await;
                 }
                 return Ok(());
             }
             status = wait(child.as_mut()), if child.is_some() => {
-                tracing::warn!(?status, "guarded program exited; restarting while the lease holds");
                 child = None;
-                let now = now_ms();
-                backoff = if now.saturating_sub(started_at) > 30_000 { RESTART_MIN_MS } else { (backoff * 2).min(RESTART_MAX_MS) };
-                not_before = now + backoff;
+                if mode == Mode::Once {
+                    return exited(&command[0], status);
+                }
+                tracing::warn!(?status, "guarded program exited; restarting while the lease holds");
+                restarts.exited(now_ms());
             }
             _ = lease.changed() => {}
             _ = tokio::time::sleep(nap) => {}
         }
+    }
+}
+
+/// The guard's result when its program exited by itself (once mode).
+fn exited(
+    program: &str,
+    status: std::io::Result<std::process::ExitStatus>,
+) -> Result<(), RingError> {
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(RingError::Verification(format!("{program} exited: {s}"))),
+        Err(source) => Err(RingError::Io {
+            what: format!("waiting for {program}"),
+            source,
+        }),
+    }
+}
+
+/// Restart backoff of a program that exited by itself.
+#[derive(Debug)]
+struct Restarts {
+    not_before: u64,
+    backoff: u64,
+    started_at: u64,
+}
+
+impl Default for Restarts {
+    fn default() -> Self {
+        Restarts {
+            not_before: 0,
+            backoff: RESTART_MIN_MS,
+            started_at: 0,
+        }
+    }
+}
+
+impl Restarts {
+    /// The program exited at `now`: back off, less if it had run a while.
+    fn exited(&mut self, now: u64) {
+        self.backoff = if now.saturating_sub(self.started_at) > 30_000 {
+            RESTART_MIN_MS
+        } else {
+            (self.backoff * 2).min(RESTART_MAX_MS)
+        };
+        self.not_before = now + self.backoff;
     }
 }
 

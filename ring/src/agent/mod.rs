@@ -106,11 +106,35 @@ pub fn load_config(
     Ok(config)
 }
 
-/// The Lease's fence time, re-read every `period` until the returned guard is
+/// Where a guard reads its fence time.
+#[derive(Clone)]
+pub enum LeaseSource {
+    /// The Lease `ring-lease` in the pod's namespace (a Kubernetes seed).
+    Cluster(Cluster),
+    /// A local seed's lease file (`seed::lease_file`).
+    File(std::path::PathBuf),
+}
+
+impl LeaseSource {
+    /// The recorded fence time (unix ms; 0 when there is none yet).
+    pub async fn fence_at_ms(&self) -> Result<u64, RingError> {
+        match self {
+            LeaseSource::Cluster(c) => c.fence_at_ms().await,
+            LeaseSource::File(path) => {
+                seed::lease_file::read(path).map_err(|reason| RingError::Config {
+                    field: "--lease-file".into(),
+                    reason,
+                })
+            }
+        }
+    }
+}
+
+/// The fence time, re-read every `period` until the returned guard is
 /// dropped or `stop`. A failed read keeps the last value, so the fence time
 /// still ends serving.
 pub fn follow_lease(
-    cluster: Cluster,
+    source: LeaseSource,
     period: Duration,
     stop: &tokio_util::sync::CancellationToken,
 ) -> (
@@ -119,18 +143,18 @@ pub fn follow_lease(
 ) {
     let (tx, rx) = tokio::sync::watch::channel(0u64);
     let reader = stop.child_token();
-    tokio::spawn(watch_lease(cluster, period, tx, reader.clone()));
+    tokio::spawn(watch_lease(source, period, tx, reader.clone()));
     (rx, reader.drop_guard())
 }
 
 async fn watch_lease(
-    cluster: Cluster,
+    source: LeaseSource,
     period: Duration,
     tx: tokio::sync::watch::Sender<u64>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     loop {
-        match cluster.fence_at_ms().await {
+        match source.fence_at_ms().await {
             Ok(at) => {
                 tx.send_if_modified(|v| std::mem::replace(v, at) != at);
             }

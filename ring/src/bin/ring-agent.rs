@@ -21,8 +21,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Runs PROGRAM only while the Lease ringd renews is valid.
+    /// Runs PROGRAM only while the lease ringd renews is valid.
     Guard {
+        /// A local seed's lease file instead of the Lease in the pod's
+        /// namespace; the guard then runs PROGRAM once and exits with it.
+        #[arg(long)]
+        lease_file: Option<PathBuf>,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
@@ -76,16 +80,36 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            let _ = std::fs::write(TERMINATION_LOG, e.to_string());
+            // only where Kubernetes provides it (never create it on a host)
+            if std::path::Path::new(TERMINATION_LOG).exists() {
+                let _ = std::fs::write(TERMINATION_LOG, e.to_string());
+            }
             ExitCode::FAILURE
         }
     }
 }
 
 async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd::RingError> {
+    use ringd::agent::{guard, LeaseSource};
+    if let Command::Guard {
+        lease_file: Some(file),
+        program,
+    } = command
+    {
+        return guard::run(
+            LeaseSource::File(file),
+            program,
+            guard::Mode::Once,
+            shutdown,
+        )
+        .await;
+    }
     let cluster = ringd::agent::Cluster::from_pod().await?;
     match command {
-        Command::Guard { program } => ringd::agent::guard::run(cluster, program, shutdown).await,
+        Command::Guard { program, .. } => {
+            let source = LeaseSource::Cluster(cluster);
+            guard::run(source, program, guard::Mode::Restart, shutdown).await
+        }
         Command::Backup {
             backup_config,
             shoot,

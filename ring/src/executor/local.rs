@@ -18,6 +18,28 @@ use crate::backups::{download_identity, BackupPlan, BackupSource, RingBucket};
 use crate::config::SeedConfig;
 use crate::{now_ms, RingError};
 
+/// How long etcd's guard lets etcd run for one attempt at a final snapshot.
+const HANDOVER_WINDOW: Duration = Duration::from_secs(150);
+
+/// `ring-agent`, next to this ringd: the lease guard of local control planes.
+fn agent_binary() -> Result<PathBuf, RingError> {
+    let exe = std::env::current_exe().map_err(|source| RingError::Io {
+        what: "finding ringd's own path".into(),
+        source,
+    })?;
+    let agent = exe.with_file_name("ring-agent");
+    if !agent.is_file() {
+        return Err(RingError::Config {
+            field: "seed".into(),
+            reason: format!(
+                "{} is missing: a local seed runs etcd and kube-apiserver under ring-agent's lease guard; build it next to ringd with `cargo build -p ringd --bins` (scripts/setup does)",
+                agent.display()
+            ),
+        });
+    }
+    Ok(agent)
+}
+
 /// Control planes as local processes.
 pub struct LocalExecutor {
     seed: Arc<LocalSeed>,
@@ -34,7 +56,8 @@ impl LocalExecutor {
         };
         let seed = LocalSeed::new(&sc.state_dir, bins)
             .with_tuning(tuning)
-            .with_advertise(sc.api_advertise.clone());
+            .with_advertise(sc.api_advertise.clone())
+            .with_guard(agent_binary()?);
         Ok(LocalExecutor {
             seed: Arc::new(seed),
             bin_dir: sc.bin_dir.clone(),
@@ -51,6 +74,24 @@ impl LocalExecutor {
 
     fn bins(&self) -> BinarySearch {
         BinarySearch::standard(self.bin_dir.as_deref())
+    }
+
+    /// Lets the guards run their program until `fence_at_ms` (0: stop now).
+    fn guard_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
+        let layout = self.layout(shoot);
+        seed::pki::create_private_dir(&layout.dir)?;
+        Ok(seed::lease_file::write(
+            &seed::lease_file::path(&layout),
+            fence_at_ms,
+        )?)
+    }
+
+    /// The ring lease went to the target with the migration, so etcd's guard
+    /// stops etcd at its fence time: the operation (agreed by the quorum) lets
+    /// etcd run for the source's snapshot steps; the writers are stopped
+    /// before, and `stop_etcd` fences it again.
+    fn open_for_handover(&self, shoot: &str) -> Result<(), RingError> {
+        self.guard_until(shoot, now_ms() + HANDOVER_WINDOW.as_millis() as u64)
     }
 }
 
@@ -89,6 +130,14 @@ impl Executor for LocalExecutor {
         Ok(()) // local processes died with the ringd that supervised them
     }
 
+    /// etcd and kube-apiserver run under `ring-agent guard`, which stops them
+    /// at this fence time by itself unless it is renewed again.
+    async fn lease_renewed(&self, shoot: &str, epoch: u64, fence_at_ms: u64, _lease: Duration) {
+        if let Err(e) = self.guard_until(shoot, fence_at_ms) {
+            tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease file; the guards fence at the last fence time");
+        }
+    }
+
     fn mover(&self) -> Result<&dyn Mover, String> {
         Ok(self)
     }
@@ -122,18 +171,21 @@ impl Mover for LocalExecutor {
     }
 
     async fn start_etcd(&self, shoot: &str) -> Result<(), RingError> {
+        self.open_for_handover(shoot)?;
         let spec = self.spec(shoot)?;
         Ok(self.seed.start_only(&spec, &[Component::Etcd]).await?)
     }
 
     async fn take_final_snapshot(&self, shoot: &str) -> Result<(), RingError> {
+        self.open_for_handover(shoot)?;
         let spec = self.spec(shoot)?;
         handover::take_final_snapshot(&self.layout(shoot), &spec).await?;
         Ok(())
     }
 
     async fn stop_etcd(&self, shoot: &str) -> Result<(), RingError> {
-        Ok(self.seed.stop_only(shoot, &[Component::Etcd]).await?)
+        self.seed.stop_only(shoot, &[Component::Etcd]).await?;
+        self.guard_until(shoot, 0)
     }
 
     fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo> {
