@@ -91,7 +91,15 @@ async fn take_in_span(
         encoding.key.is_some(),
     );
     let writer = ObjectWriter::new(
-        header(shoot, time_ms, &status),
+        header(
+            shoot,
+            time_ms,
+            FullMeta {
+                base_revision: status.revision,
+                etcd_version: status.version.clone(),
+                cluster_id: status.cluster_id,
+            },
+        ),
         encoding.level,
         encoding.key.as_ref(),
     )?;
@@ -128,8 +136,8 @@ async fn take_in_span(
     Ok(snap)
 }
 
-/// The header of a full snapshot of the etcd whose status is `status`.
-fn header(shoot: &str, time_ms: i64, status: &etcd::Status) -> Header {
+/// The header of a full snapshot described by `meta`.
+pub(crate) fn header(shoot: &str, time_ms: i64, meta: FullMeta) -> Header {
     Header {
         format: crate::codec::FORMAT,
         kind: Kind::Full,
@@ -137,11 +145,7 @@ fn header(shoot: &str, time_ms: i64, status: &etcd::Status) -> Header {
         created_ms: time_ms,
         compression: String::new(),
         encryption: None,
-        full: Some(FullMeta {
-            base_revision: status.revision,
-            etcd_version: status.version.clone(),
-            cluster_id: status.cluster_id,
-        }),
+        full: Some(meta),
         delta: None,
     }
 }

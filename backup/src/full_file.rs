@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::bucket::{Bucket, PART_SIZE};
 use crate::catalog::object_name;
-use crate::codec::{FullMeta, FullTrailer, Header, Kind, ObjectWriter, Trailer};
+use crate::codec::{FullMeta, FullTrailer, Kind, ObjectWriter, Trailer};
 use crate::error::io_at;
 use crate::full::{Encoding, FullSnapshot};
 use crate::restore::DbHash;
@@ -44,20 +44,12 @@ pub async fn store_file(
         encoding.level > 0,
         encoding.key.is_some(),
     );
-    let header = Header {
-        format: crate::codec::FORMAT,
-        kind: Kind::Full,
-        shoot: shoot.to_string(),
-        created_ms: time_ms,
-        compression: String::new(),
-        encryption: None,
-        full: Some(FullMeta {
-            base_revision: snap.revision,
-            etcd_version: String::new(),
-            cluster_id: 0,
-        }),
-        delta: None,
+    let meta = FullMeta {
+        base_revision: snap.revision,
+        etcd_version: String::new(),
+        cluster_id: 0,
     };
+    let header = crate::full::header(shoot, time_ms, meta);
     let mut writer = ObjectWriter::new(header, encoding.level, encoding.key.as_ref())?;
     let mut file = std::fs::File::open(path).map_err(io_at("opening", path))?;
     let mut upload = bucket.upload(&name).await?;
