@@ -240,13 +240,7 @@ fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
     // SAFETY: only async-signal-safe libc calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The supervisor may have died between fork and prctl.
-            if libc::getppid() as u32 != supervisor {
-                return Err(std::io::Error::other("supervisor exited during spawn"));
-            }
+            die_with_parent(supervisor)?;
             if let Some(fd) = netns_fd {
                 if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -258,6 +252,23 @@ fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
     let child = cmd.spawn();
     drop(netns);
     child
+}
+
+/// Between fork and exec (only async-signal-safe calls): the new process gets
+/// SIGKILL when `parent` (the spawning process's pid) dies, and fails if it
+/// died already.
+pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    // SAFETY: prctl and getppid are async-signal-safe and take no pointers.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The parent may have died between fork and prctl.
+        if libc::getppid() as u32 != parent {
+            return Err(std::io::Error::other("the parent exited during spawn"));
+        }
+    }
+    Ok(())
 }
 
 async fn terminate(component: Component, child: &mut tokio::process::Child, grace: Duration) {

@@ -65,14 +65,10 @@ fn spawn(command: &[String]) -> Result<Child, RingError> {
     cmd.args(args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    // SAFETY: only an async-signal-safe libc call between fork and exec.
+    let guard = std::process::id();
+    // SAFETY: die_with_parent makes only async-signal-safe calls.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || seed::process::die_with_parent(guard));
     }
     cmd.spawn().map_err(|source| RingError::Io {
         what: format!("starting {program}"),

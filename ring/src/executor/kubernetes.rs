@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use migrate::handover::{self, SnapshotInfo};
+use migrate::handover;
 use migrate::plan::SourceView;
 use seed::kubernetes::agent::{self, LeaseRecord, PodBackup, Wiring};
 use seed::{Component, KubernetesSeed, KubernetesSeedConfig, Seed, ShootLayout};
@@ -225,6 +225,10 @@ impl Mover for KubernetesExecutor {
             .map_err(|e| e.to_string())
     }
 
+    fn shoot_layout(&self, shoot: &str) -> ShootLayout {
+        self.layout(shoot)
+    }
+
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
         Ok(BackupPlan::NextToWorkload {
             identity: self.layout(shoot),
@@ -255,14 +259,6 @@ impl Mover for KubernetesExecutor {
         self.seed.stop_components(shoot, &[Component::Etcd]).await?;
         self.fence_now(shoot).await
     }
-    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo> {
-        handover::read_info(&self.layout(shoot))
-    }
-    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
-        let layout = self.layout(shoot);
-        let files = handover::files(&layout)?;
-        Ok((layout.dir, files))
-    }
 
     async fn target_facts(
         &self,
@@ -280,8 +276,7 @@ impl Mover for KubernetesExecutor {
         let fetched = if from_bucket {
             restored
         } else {
-            handover::claim(&layout, op)?;
-            handover::read_info(&layout).is_some() && layout.spec_file().exists()
+            super::handover_fetched(&layout, op)?
         };
         Ok(TargetFacts {
             fetched,
@@ -290,9 +285,6 @@ impl Mover for KubernetesExecutor {
         })
     }
 
-    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError> {
-        Ok(handover::safe_path(&self.layout(shoot), rel)?)
-    }
     async fn restore_handover(&self, shoot: &str) -> Result<(), RingError> {
         let bucket = self.migration_bucket()?;
         let op = handover::claimed(&self.layout(shoot)).ok_or_else(|| {
@@ -311,10 +303,6 @@ impl Mover for KubernetesExecutor {
         bucket: &RingBucket,
     ) -> Result<backup::restore::RestoreReport, RingError> {
         super::kubernetes_restore::restore(self, shoot, op, bucket).await
-    }
-
-    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
-        record::read(&record::path(&self.layout(shoot)), Some(op)).map(|(report, _)| report)
     }
 
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
@@ -345,11 +333,6 @@ impl Mover for KubernetesExecutor {
                 "no object count of {shoot}'s restore at revision {revision} was recorded"
             ))),
         }
-    }
-
-    fn finish_move(&self, shoot: &str, _op: u64) {
-        handover::clear(&self.layout(shoot));
-        let _ = std::fs::remove_file(record::path(&self.layout(shoot)));
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use migrate::handover::{self, SnapshotInfo};
+use migrate::handover;
 use migrate::plan::SourceView;
 use seed::{BinarySearch, Component, LocalSeed, Seed, ShootLayout};
 use tokio_util::sync::CancellationToken;
@@ -145,6 +145,10 @@ impl Executor for LocalExecutor {
 
 #[async_trait]
 impl Mover for LocalExecutor {
+    fn shoot_layout(&self, shoot: &str) -> ShootLayout {
+        self.layout(shoot)
+    }
+
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;
@@ -188,16 +192,6 @@ impl Mover for LocalExecutor {
         self.guard_until(shoot, 0)
     }
 
-    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo> {
-        handover::read_info(&self.layout(shoot))
-    }
-
-    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
-        let layout = self.layout(shoot);
-        let files = handover::files(&layout)?;
-        Ok((layout.dir, files))
-    }
-
     async fn target_facts(
         &self,
         shoot: &str,
@@ -215,16 +209,11 @@ impl Mover for LocalExecutor {
                 running,
             });
         }
-        handover::claim(&self.layout(shoot), op)?;
         Ok(TargetFacts {
-            fetched: handover::read_info(&layout).is_some() && layout.spec_file().exists(),
+            fetched: super::handover_fetched(&layout, op)?,
             restored: handover::restored(&layout),
             running,
         })
-    }
-
-    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError> {
-        Ok(handover::safe_path(&self.layout(shoot), rel)?)
     }
 
     async fn restore_handover(&self, shoot: &str) -> Result<(), RingError> {
@@ -247,10 +236,6 @@ impl Mover for LocalExecutor {
             restore_from_bucket(bucket, &self.seed, shoot, &etcd, &etcdctl, &cancel).await?;
         record::write(&record::path(&self.layout(shoot)), op, &report, None)?;
         Ok(report)
-    }
-
-    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
-        record::read(&record::path(&self.layout(shoot)), Some(op)).map(|(report, _)| report)
     }
 
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
@@ -281,11 +266,6 @@ impl Mover for LocalExecutor {
                     message: format!("counting objects at revision {revision}: {e}"),
                 })
             })
-    }
-
-    fn finish_move(&self, shoot: &str, _op: u64) {
-        handover::clear(&self.layout(shoot));
-        let _ = std::fs::remove_file(record::path(&self.layout(shoot)));
     }
 }
 

@@ -13,8 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use migrate::handover::SnapshotInfo;
+use migrate::handover::{self, SnapshotInfo};
 use migrate::plan::SourceView;
+
+use seed::ShootLayout;
 
 use crate::backups::{BackupPlan, RingBucket};
 use crate::config::SeedConfig;
@@ -96,6 +98,10 @@ pub trait Mover: Send + Sync {
         Ok(())
     }
 
+    /// The shoot's local dir on this member: its spec and PKI, the handover
+    /// files and the restore record.
+    fn shoot_layout(&self, shoot: &str) -> ShootLayout;
+
     /// How the continuous backup of `shoot` runs: in ringd from a source, or
     /// next to the workload (ringd stores the identity and forwards progress).
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError>;
@@ -112,9 +118,15 @@ pub trait Mover: Send + Sync {
     /// Stops etcd.
     async fn stop_etcd(&self, shoot: &str) -> Result<(), RingError>;
     /// The final snapshot's info, once taken.
-    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo>;
+    fn handover_info(&self, shoot: &str) -> Option<SnapshotInfo> {
+        handover::read_info(&self.shoot_layout(shoot))
+    }
     /// The handover's directory and its files (relative), in sending order.
-    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError>;
+    fn handover_files(&self, shoot: &str) -> Result<(PathBuf, Vec<PathBuf>), RingError> {
+        let layout = self.shoot_layout(shoot);
+        let files = handover::files(&layout)?;
+        Ok((layout.dir, files))
+    }
 
     /// The target's facts for move `op` of `shoot` (`from_bucket`: a failover).
     async fn target_facts(
@@ -124,7 +136,9 @@ pub trait Mover: Send + Sync {
         from_bucket: bool,
     ) -> Result<TargetFacts, RingError>;
     /// Where a fetched handover file `rel` goes (rejects paths that leave the shoot).
-    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError>;
+    fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError> {
+        Ok(handover::safe_path(&self.shoot_layout(shoot), rel)?)
+    }
     /// Restores the fetched final snapshot into the shoot's etcd.
     async fn restore_handover(&self, shoot: &str) -> Result<(), RingError>;
     /// Restores `shoot` from the bucket for failover `op` and records the report.
@@ -135,7 +149,9 @@ pub trait Mover: Send + Sync {
         bucket: &RingBucket,
     ) -> Result<backup::restore::RestoreReport, RingError>;
     /// The recorded report of failover `op`'s restore, if it completed.
-    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport>;
+    fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
+        record::read(&record::path(&self.shoot_layout(shoot)), Some(op)).map(|(report, _)| report)
+    }
     /// Waits (bounded) for the restored control plane to answer ready.
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError>;
     /// Checks revision and HashKV against the handover; objects per type.
@@ -143,7 +159,18 @@ pub trait Mover: Send + Sync {
     /// Counts objects at `revision` (after a restore from the bucket).
     async fn count_objects(&self, shoot: &str, revision: i64) -> Result<Objects, RingError>;
     /// Removes what the finished move `op` left (handover files, restore records).
-    fn finish_move(&self, shoot: &str, op: u64);
+    fn finish_move(&self, shoot: &str, _op: u64) {
+        let layout = self.shoot_layout(shoot);
+        handover::clear(&layout);
+        let _ = std::fs::remove_file(record::path(&layout));
+    }
+}
+
+/// Whether migration `op`'s handover is fetched into `layout` (files of an
+/// older operation are cleared first).
+fn handover_fetched(layout: &ShootLayout, op: u64) -> Result<bool, RingError> {
+    handover::claim(layout, op)?;
+    Ok(handover::read_info(layout).is_some() && layout.spec_file().exists())
 }
 
 /// A start that found the control plane already running has done its job.

@@ -52,7 +52,7 @@ pub(super) fn pod_control_plane(ring: &str, shoot: &str) -> Vec<u32> {
 
 /// Adds the shared bucket (sealed with `key`) to member config `path`; for
 /// `kubernetes`, the member hosts control planes in that seed cluster.
-pub(super) fn configure(
+fn configure(
     path: &Path,
     bucket: &Path,
     key: &Path,
@@ -95,7 +95,7 @@ fn write_configmaps(kubeconfig: &Path, prefix: &str, n: usize) -> u64 {
     last
 }
 
-pub(super) async fn wait_durable(ring: &RingFixture, i: usize, shoot: &str, revision: u64) {
+async fn wait_durable(ring: &RingFixture, i: usize, shoot: &str, revision: u64) {
     ring.wait_status(
         i,
         &format!("a durable backup of {shoot} at revision {revision}"),
@@ -143,22 +143,37 @@ async fn wait_done(
     op
 }
 
-/// Backups from the pods, fencing by the lease guard while m1's ringd is
-/// stopped (SIGSTOP), failover off the Kubernetes seed onto a local one, and a
-/// failover onto the Kubernetes seed restored by etcd's init container.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_ways() {
-    let _slot = ring_slot();
+/// A 3-member ring in which m1's seed is a real cluster with a node, serving
+/// m2's control plane as pods; m2 and m3 local seeds; one sealed file bucket.
+pub(super) struct KubernetesRing {
+    pub ring: RingFixture,
+    /// The seed cluster (stopped by the test).
+    pub cluster: seed::LocalSeed,
+    /// Its node (stopped on drop).
+    pub node: ring_tests::node::TestNode,
+    /// m1's ringd state dir for the seed cluster.
+    pub state: PathBuf,
+}
+
+/// Starts a [`KubernetesRing`] with seed cluster `cluster_name`, node `node`,
+/// ring `ring_name` and a hostPath volume per name in `volumes`; returns once
+/// m1 serves m2 ready from pods.
+pub(super) async fn start_ring(
+    cluster_name: &str,
+    node: &str,
+    ring_name: &str,
+    volumes: &[&str],
+) -> KubernetesRing {
     let mut ring = RingFixture::new(3, &["m2", "m3"]);
-    let (cluster, kc, node) = seed_cluster_with_node(&ring.sandbox, "k8s-ring", "seedr").await;
-    // one volume for m2's etcd, one for m3's after its failover onto m1
-    host_path_volume(&kc, &ring.sandbox, "etcd-m2");
-    host_path_volume(&kc, &ring.sandbox, "etcd-m3");
+    let (cluster, kc, node) = seed_cluster_with_node(&ring.sandbox, cluster_name, node).await;
+    for v in volumes {
+        host_path_volume(&kc, &ring.sandbox, v);
+    }
     let bucket = ring.sandbox.path().join("bucket");
     std::fs::create_dir_all(&bucket).unwrap();
     let key = ring.sandbox.path().join("ring.key");
     std::fs::write(&key, "22".repeat(32)).unwrap();
-    let mut k8s = config("kr", &kc);
+    let mut k8s = config(ring_name, &kc);
     k8s.service_type = ServiceType::NodePort;
     k8s.node_address = Some(node.config.address.into());
     let state: PathBuf = ring.sandbox.path().join("m1-k8s-state");
@@ -167,8 +182,6 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
         configure(&m.config, &bucket, &key, kubernetes);
     }
     ring.start_all();
-
-    // m1 serves m2's control plane from pods; writes reach the bucket through the sidecar
     ring.wait_status(
         0,
         "m2 served ready from pods",
@@ -180,6 +193,29 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
         },
     )
     .await;
+    KubernetesRing {
+        ring,
+        cluster,
+        node,
+        state,
+    }
+}
+
+/// Backups from the pods, fencing by the lease guard while m1's ringd is
+/// stopped (SIGSTOP), failover off the Kubernetes seed onto a local one, and a
+/// failover onto the Kubernetes seed restored by etcd's init container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_ways() {
+    let _slot = ring_slot();
+    // one volume for m2's etcd, one for m3's after its failover onto m1
+    let KubernetesRing {
+        mut ring,
+        cluster,
+        node: _node,
+        state,
+    } = start_ring("k8s-ring", "seedr", "kr", &["etcd-m2", "etcd-m3"]).await;
+
+    // m1 serves m2's control plane from pods; writes reach the bucket through the sidecar
     let m2_on_pods = state.join("shoots/m2/admin.kubeconfig");
     let rv = write_configmaps(&m2_on_pods, "from-pods", 10);
     wait_durable(&ring, 1, "m2", rv).await;

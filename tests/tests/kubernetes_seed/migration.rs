@@ -5,7 +5,7 @@
 //! write lost.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,11 +17,10 @@ use ring_tests::ring::RingFixture;
 use ring_tests::*;
 use ringd::client::AdminClient;
 use ringd::state::{Operation, OperationStep};
-use seed::kubernetes::ServiceType;
 use seed::Seed;
 
-use super::failover::{configure, pod_control_plane};
-use super::{config, host_path_volume, seed_cluster_with_node, READY};
+use super::failover::{pod_control_plane, start_ring, KubernetesRing};
+use super::READY;
 
 const MIGRATION: Duration = Duration::from_secs(240);
 
@@ -142,7 +141,13 @@ async fn wait_answers(kubeconfig: &Path, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
     let _slot = ring_slot();
-    let (ring, cluster, node, state) = start_ring().await;
+    // m2's etcd volume, and a fresh one when it comes back after its data was released
+    let KubernetesRing {
+        ring,
+        cluster,
+        node,
+        state,
+    } = start_ring("k8s-move", "seedm", "km", &["etcd-m2", "etcd-m2-back"]).await;
     let m2_on_pods = state.join("shoots/m2/admin.kubeconfig");
     let m2_on_m3 = ring
         .seed_dir(2)
@@ -183,44 +188,4 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
     drop(ring);
     drop(node);
     cluster.stop("k8s-move").await.unwrap();
-}
-
-/// A 3-member ring in which m1's seed is a real cluster with a node (hosting
-/// m2's control plane as pods), m2 and m3 local seeds, one sealed file bucket.
-async fn start_ring() -> (
-    RingFixture,
-    seed::LocalSeed,
-    ring_tests::node::TestNode,
-    PathBuf,
-) {
-    let mut ring = RingFixture::new(3, &["m2", "m3"]);
-    let (cluster, kc, node) = seed_cluster_with_node(&ring.sandbox, "k8s-move", "seedm").await;
-    // m2's etcd volume, and a fresh one when it comes back after its data was released
-    host_path_volume(&kc, &ring.sandbox, "etcd-m2");
-    host_path_volume(&kc, &ring.sandbox, "etcd-m2-back");
-    let bucket = ring.sandbox.path().join("bucket");
-    std::fs::create_dir_all(&bucket).unwrap();
-    let key = ring.sandbox.path().join("ring.key");
-    std::fs::write(&key, "44".repeat(32)).unwrap();
-    let mut k8s = config("km", &kc);
-    k8s.service_type = ServiceType::NodePort;
-    k8s.node_address = Some(node.config.address.into());
-    let state = ring.sandbox.path().join("m1-k8s-state");
-    for (i, m) in ring.members.iter().enumerate() {
-        let kubernetes = (i == 0).then_some((state.as_path(), &k8s));
-        configure(&m.config, &bucket, &key, kubernetes);
-    }
-    ring.start_all();
-    ring.wait_status(
-        0,
-        "m2 served ready from pods",
-        Duration::from_secs(300),
-        |s| {
-            s.hosted
-                .iter()
-                .any(|h| h.shoot == "m2" && h.serving && h.ready)
-        },
-    )
-    .await;
-    (ring, cluster, node, state)
 }
