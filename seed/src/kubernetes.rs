@@ -26,6 +26,7 @@
 //!   plainly when it cannot.
 
 pub mod agent;
+mod forwarder;
 mod handover;
 pub mod manifests;
 mod records;
@@ -252,6 +253,8 @@ pub struct KubernetesSeed {
     starting: tokio::sync::Mutex<()>,
     /// The lease guard and backup containers of a ring's control planes.
     wiring: Wiring,
+    /// Relays of the shoots' stable endpoints (a ring's seed; see [`forwarder`]).
+    forwarders: Option<forwarder::Forwarders>,
 }
 
 impl KubernetesSeed {
@@ -311,6 +314,7 @@ impl KubernetesSeed {
             stop_grace: Duration::from_secs(30),
             starting: tokio::sync::Mutex::new(()),
             wiring: Wiring::default(),
+            forwarders: None,
         }
     }
 
@@ -318,6 +322,14 @@ impl KubernetesSeed {
     /// backs etcd up from a sidecar and restores it in an init container.
     pub fn with_wiring(mut self, wiring: Wiring) -> Self {
         self.wiring = wiring;
+        self
+    }
+
+    /// Keeps each served shoot's stable endpoint (the address its kubeconfig
+    /// names, as on a local seed) relayed to its kube-apiserver Service by
+    /// `ring-agent` at `agent`, under the guard of the shoot's lease file.
+    pub fn with_forwarder(mut self, agent: PathBuf) -> Self {
+        self.forwarders = Some(forwarder::Forwarders::new(agent));
         self
     }
 
@@ -642,6 +654,7 @@ impl KubernetesSeed {
     /// removes every object it owns) and etcd's volume claims, i.e. all of the
     /// shoot's data on this seed. The namespace stays (it may carry ringd's RBAC).
     pub async fn delete(&self, shoot: &str) -> Result<()> {
+        self.stop_relay(shoot).await;
         let ns = self.namespace(shoot);
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
         match cms.delete(ANCHOR, &DeleteParams::background()).await {
@@ -861,6 +874,7 @@ impl Seed for KubernetesSeed {
 
     async fn stop(&self, shoot: &str) -> Result<()> {
         self.anchor(shoot).await?;
+        self.stop_relay(shoot).await;
         for c in Component::ALL.iter().rev() {
             self.scale(shoot, *c, 0).await?;
         }
@@ -869,6 +883,7 @@ impl Seed for KubernetesSeed {
     }
 
     async fn fence(&self, shoot: &str) -> Result<()> {
+        self.stop_relay(shoot).await;
         self.anchor(shoot).await?;
         self.scale(shoot, Component::KubeApiserver, 0).await?;
         self.delete_pods_now(shoot, &component_selector(shoot, APISERVER))
@@ -928,18 +943,27 @@ impl Seed for KubernetesSeed {
             (_, true, false) => Phase::Degraded,
         };
         let svc = self.api_service(shoot).await?;
-        let api_url = self.reachable_url(shoot, svc.as_ref()).unwrap_or_else(|_| {
-            format!(
-                "https://{APISERVER}.{}.svc:{}",
-                self.namespace(shoot),
-                spec.endpoint.api_port
-            )
-        });
+        let reachable = self.reachable_url(shoot, svc.as_ref());
+        let (api_url, kubeconfig) = match (&self.forwarders, reachable) {
+            (Some(_), _) => (
+                spec.endpoint.api_url(),
+                self.shoot_layout(shoot).admin_kubeconfig(),
+            ),
+            (None, Ok(url)) => (url, self.admin_kubeconfig(shoot)),
+            (None, Err(_)) => (
+                format!(
+                    "https://{APISERVER}.{}.svc:{}",
+                    self.namespace(shoot),
+                    spec.endpoint.api_port
+                ),
+                self.admin_kubeconfig(shoot),
+            ),
+        };
         Ok(ControlPlaneStatus {
             shoot: shoot.to_string(),
             phase,
             api_url,
-            kubeconfig: self.admin_kubeconfig(shoot),
+            kubeconfig,
             supervisor_pid: None,
             readyz: health.detail,
             components,
@@ -991,15 +1015,23 @@ impl Seed for KubernetesSeed {
             &pki,
             &pki.leaf(crate::pki::Leaf::Admin),
         )?;
+        let health = kubeconfig::readyz(shoot, &path).await;
+        let stable = match &health {
+            Ok(h) if h.ready => self.stable_health(shoot, &url, &pki).await,
+            _ => Ok(None),
+        };
         let _ = std::fs::remove_dir_all(&dir);
-        let health = kubeconfig::readyz(shoot, &path).await?;
-        Ok(if health.ready {
-            health
-        } else {
-            Health {
+        let health = health?;
+        Ok(match stable? {
+            _ if !health.ready => Health {
                 ready: false,
                 detail: format!("{replicas}; /readyz at {url}: {}", health.detail),
-            }
+            },
+            Some(stable) => Health {
+                ready: stable.ready,
+                detail: format!("{}; {}", health.detail, stable.detail),
+            },
+            None => health,
         })
     }
 }

@@ -29,6 +29,9 @@ pub enum Component {
     Kubelet,
     /// A node's Service proxy (iptables).
     KubeProxy,
+    /// A Kubernetes seed's relay from a shoot's stable API address to its
+    /// Service (see `kubernetes::forwarder`).
+    ApiForwarder,
 }
 
 impl Component {
@@ -50,6 +53,7 @@ impl Component {
             Component::Containerd => "containerd",
             Component::Kubelet => "kubelet",
             Component::KubeProxy => "kube-proxy",
+            Component::ApiForwarder => "api-forwarder",
         }
     }
 }

@@ -21,6 +21,7 @@ use seed::kubernetes::agent;
 use crate::RingError;
 
 pub mod backup;
+pub mod forward;
 pub mod guard;
 pub mod handover;
 pub mod restore;

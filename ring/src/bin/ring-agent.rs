@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 #[command(
     name = "ring-agent",
     version,
-    about = "Ring's agent next to a control plane's pods: lease guard, backup, restore"
+    about = "Ring's agent next to a control plane's pods: lease guard, backup, restore, stable endpoint"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,6 +30,16 @@ enum Command {
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
+    },
+    /// Relays a shoot's stable API address to its kube-apiserver Service
+    /// (run by ringd under the guard and the shoot's lease file).
+    Forward {
+        /// The stable address (`ADDR:PORT`) to listen on.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Where the Service answers (`HOST:PORT`).
+        #[arg(long)]
+        to: String,
     },
     /// Backs up the pod's etcd into the ring's bucket while the lease is valid.
     Backup {
@@ -90,24 +100,23 @@ async fn main() -> ExitCode {
 }
 
 async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd::RingError> {
-    use ringd::agent::{guard, LeaseSource};
-    if let Command::Guard {
-        lease_file: Some(file),
-        program,
-    } = command
-    {
-        return guard::run(
-            LeaseSource::File(file),
-            program,
-            guard::Mode::Once,
-            shutdown,
-        )
-        .await;
-    }
-    let cluster = ringd::agent::Cluster::from_pod().await?;
+    use ringd::agent::{guard, Cluster, LeaseSource};
     match command {
-        Command::Guard { program, .. } => {
-            let source = LeaseSource::Cluster(cluster);
+        // on a host: a local seed's guard, a Kubernetes seed's relay
+        Command::Guard {
+            lease_file: Some(file),
+            program,
+        } => {
+            let source = LeaseSource::File(file);
+            guard::run(source, program, guard::Mode::Once, shutdown).await
+        }
+        Command::Forward { listen, to } => ringd::agent::forward::run(listen, to, shutdown).await,
+        // in a control plane's pod
+        Command::Guard {
+            lease_file: None,
+            program,
+        } => {
+            let source = LeaseSource::Cluster(Cluster::from_pod().await?);
             guard::run(source, program, guard::Mode::Restart, shutdown).await
         }
         Command::Backup {
@@ -116,6 +125,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
             spool_dir,
         } => {
             let config = ringd::agent::load_config(&backup_config, &shoot)?;
+            let cluster = Cluster::from_pod().await?;
             ringd::agent::backup::run(cluster, config, spool_dir, shutdown).await
         }
         Command::Restore {
@@ -135,6 +145,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
                     cluster_token,
                 },
             };
+            let cluster = Cluster::from_pod().await?;
             ringd::agent::restore::run(cluster, args, shutdown)
                 .await
                 .map(|_| ())

@@ -85,7 +85,8 @@ impl KubernetesExecutor {
         };
         let seed = KubernetesSeed::connect(config, state_dir)
             .await?
-            .with_wiring(wiring);
+            .with_wiring(wiring)
+            .with_forwarder(super::agent_binary()?);
         Ok(Self::new(seed, state_dir, member, bucket.cloned()))
     }
 
@@ -119,6 +120,17 @@ impl KubernetesExecutor {
         }
     }
 
+    /// Lets the relay of the shoot's stable endpoint listen until
+    /// `fence_at_ms` (0: stop now).
+    fn relay_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
+        let layout = self.layout(shoot);
+        seed::pki::create_private_dir(&layout.dir)?;
+        Ok(seed::lease_file::write(
+            &seed::lease_file::path(&layout),
+            fence_at_ms,
+        )?)
+    }
+
     /// Records `record` and writes it to the Lease (if the control plane exists).
     async fn record_lease(&self, shoot: &str, record: LeaseRecord) -> Result<(), RingError> {
         lock(&self.leases).insert(shoot.to_string(), record.clone());
@@ -128,7 +140,9 @@ impl KubernetesExecutor {
 
     /// Tells the guards to stop at once.
     async fn fence_now(&self, shoot: &str) -> Result<(), RingError> {
-        self.guard_until(shoot, 0, Duration::from_secs(1)).await
+        let relay = self.relay_until(shoot, 0);
+        self.guard_until(shoot, 0, Duration::from_secs(1)).await?;
+        relay
     }
 
     /// Lets the guards run their child until `fence_at_ms` (0: stop now),
@@ -207,6 +221,9 @@ impl Executor for KubernetesExecutor {
             fence_at_ms,
             duration_secs: lease.as_secs().max(1),
         };
+        if let Err(e) = self.relay_until(shoot, fence_at_ms) {
+            tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease file of the stable endpoint's relay; it stops at the last fence time");
+        }
         if let Err(e) = self.record_lease(shoot, record).await {
             tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease for the guards; they fence at the last fence time");
         }

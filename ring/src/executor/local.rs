@@ -21,25 +21,6 @@ use crate::{now_ms, RingError};
 /// How long etcd's guard lets etcd run for one attempt at a final snapshot.
 const HANDOVER_WINDOW: Duration = Duration::from_secs(150);
 
-/// `ring-agent`, next to this ringd: the lease guard of local control planes.
-fn agent_binary() -> Result<PathBuf, RingError> {
-    let exe = std::env::current_exe().map_err(|source| RingError::Io {
-        what: "finding ringd's own path".into(),
-        source,
-    })?;
-    let agent = exe.with_file_name("ring-agent");
-    if !agent.is_file() {
-        return Err(RingError::Config {
-            field: "seed".into(),
-            reason: format!(
-                "{} is missing: a local seed runs etcd and kube-apiserver under ring-agent's lease guard; build it next to ringd with `cargo build -p ringd --bins` (scripts/setup does)",
-                agent.display()
-            ),
-        });
-    }
-    Ok(agent)
-}
-
 /// Control planes as local processes.
 pub struct LocalExecutor {
     seed: Arc<LocalSeed>,
@@ -57,7 +38,7 @@ impl LocalExecutor {
         let seed = LocalSeed::new(&sc.state_dir, bins)
             .with_tuning(tuning)
             .with_advertise(sc.api_advertise.clone())
-            .with_guard(agent_binary()?);
+            .with_guard(super::agent_binary()?);
         Ok(LocalExecutor {
             seed: Arc::new(seed),
             bin_dir: sc.bin_dir.clone(),

@@ -31,6 +31,26 @@ mod record;
 pub use kubernetes::{pod_backup, KubernetesExecutor};
 pub use local::{restore_from_bucket, LocalExecutor};
 
+/// `ring-agent`, next to this ringd: the lease guard of local control planes
+/// and the relay of a Kubernetes seed's stable endpoints.
+pub(super) fn agent_binary() -> Result<PathBuf, RingError> {
+    let exe = std::env::current_exe().map_err(|source| RingError::Io {
+        what: "finding ringd's own path".into(),
+        source,
+    })?;
+    let agent = exe.with_file_name("ring-agent");
+    if !agent.is_file() {
+        return Err(RingError::Config {
+            field: "seed".into(),
+            reason: format!(
+                "{} is missing: a local seed runs etcd and kube-apiserver under ring-agent's lease guard, a Kubernetes seed relays each shoot's stable endpoint with it; build it next to ringd with `cargo build -p ringd --bins` (scripts/setup does)",
+                agent.display()
+            ),
+        });
+    }
+    Ok(agent)
+}
+
 /// The writers of a control plane: stopped first when it is handed over.
 const WRITERS: [seed::Component; 3] = [
     seed::Component::KubeScheduler,

@@ -232,30 +232,11 @@ pub async fn forward_into(
             node: netns.to_string(),
             reason: format!("listening on {listen}: {e}"),
         })?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                biased;
-                _ = stop.cancelled() => return,
-                a = listener.accept() => a,
-            };
-            let Ok((mut inbound, _)) = accepted else {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            };
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await else {
-                    return;
-                };
-                tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => {}
-                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                }
-            });
-        }
-    }))
+    Ok(tokio::spawn(crate::forward::relay(
+        listener,
+        addr.to_string(),
+        stop,
+    )))
 }
 
 #[cfg(test)]

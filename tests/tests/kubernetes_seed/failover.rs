@@ -215,17 +215,21 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
         state,
     } = start_ring("k8s-ring", "seedr", "kr", &["etcd-m2", "etcd-m3"]).await;
 
-    // m1 serves m2's control plane from pods; writes reach the bucket through the sidecar
-    let m2_on_pods = state.join("shoots/m2/admin.kubeconfig");
-    let rv = write_configmaps(&m2_on_pods, "from-pods", 10);
+    // m1 serves m2's control plane from pods, reached at m2's stable endpoint
+    // (the address a local seed gives it, relayed to the Service); writes
+    // reach the bucket through the sidecar
+    let m2_stable = state.join("shoots/m2/kubeconfig/admin.kubeconfig");
+    let rv = write_configmaps(&m2_stable, "from-pods", 10);
     wait_durable(&ring, 1, "m2", rv).await;
     assert!(
         !pod_control_plane("kr", "m2").is_empty(),
         "m2's etcd and kube-apiserver run in pods"
     );
 
-    // m1's ringd stops (SIGSTOP): nothing renews the lease, the guard stops etcd
-    // and kube-apiserver in the pods by itself, and the ring fails m2 over to m3
+    // m1's ringd stops (SIGSTOP): nothing renews the lease, the guards stop etcd
+    // and kube-apiserver in the pods and the relay of the stable endpoint by
+    // themselves, and the ring fails m2 over to m3, whose kube-apiserver then
+    // listens on that address itself
     ring.signal(0, libc::SIGSTOP);
     wait_for(
         "m2's pods stop serving without ringd",
@@ -235,11 +239,8 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     .await;
     let op = wait_done(&ring, 1, "m2", 2).await;
     assert_eq!(op.target(), "m3", "{op:?}");
-    let m2_local = ring
-        .seed_dir(2)
-        .join("shoots/m2/kubeconfig/admin.kubeconfig");
     for i in 0..10 {
-        kubectl(&m2_local, &["get", "configmap", &format!("from-pods-{i}")]);
+        kubectl(&m2_stable, &["get", "configmap", &format!("from-pods-{i}")]);
     }
     assert!(
         pod_control_plane("kr", "m2").is_empty(),
@@ -248,7 +249,8 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     ring.signal(0, libc::SIGCONT);
 
     // m3's control plane (on m2) fails over onto the Kubernetes seed: restored
-    // from the bucket by etcd's init container, with its objects counted
+    // from the bucket by etcd's init container, with its objects counted, and
+    // still reached with the kubeconfig the local seed wrote
     let m3_local = ring
         .seed_dir(1)
         .join("shoots/m3/kubeconfig/admin.kubeconfig");
@@ -259,12 +261,15 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     assert_eq!(op.target(), "m1", "{op:?}");
     let detail = format!("{op:?}");
     assert!(detail.contains("restored revision"), "{detail}");
-    let m3_on_pods = state.join("shoots/m3/admin.kubeconfig");
+    assert!(
+        !pod_control_plane("kr", "m3").is_empty(),
+        "m3's etcd and kube-apiserver run in pods"
+    );
     wait_for("m3 answers from pods", READY, || async {
         let out = run_bounded(
             std::process::Command::new(kubectl_path())
                 .arg("--kubeconfig")
-                .arg(&m3_on_pods)
+                .arg(&m3_local)
                 .args(["get", "configmap", "from-local-9", "-o", "name"]),
             Duration::from_secs(20),
         );
@@ -272,10 +277,7 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     })
     .await;
     for i in 0..10 {
-        kubectl(
-            &m3_on_pods,
-            &["get", "configmap", &format!("from-local-{i}")],
-        );
+        kubectl(&m3_local, &["get", "configmap", &format!("from-local-{i}")]);
     }
     ring.stop(0);
     ring.stop(2);

@@ -128,7 +128,7 @@ async fn wait_answers(kubeconfig: &Path, what: &str) {
             std::process::Command::new(kubectl_path())
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
-                .args(["get", "configmaps", "-o", "name"]),
+                .args(["get", "configmaps", "-o", "name", "--request-timeout=5s"]),
             Duration::from_secs(20),
         );
         out.status.success().then_some(())
@@ -148,13 +148,12 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
         node,
         state,
     } = start_ring("k8s-move", "seedm", "km", &["etcd-m2", "etcd-m2-back"]).await;
-    let m2_on_pods = state.join("shoots/m2/admin.kubeconfig");
-    let m2_on_m3 = ring
-        .seed_dir(2)
-        .join("shoots/m2/kubeconfig/admin.kubeconfig");
+    // one kubeconfig throughout: m2's stable endpoint, relayed to the pods'
+    // Service by m1, served by m3's kube-apiserver itself while m3 hosts m2
+    let m2 = state.join("shoots/m2/kubeconfig/admin.kubeconfig");
 
     // Kubernetes → local: the sidecar's final snapshot, restored by m3
-    let writer = Writer::start(&m2_on_pods, "off-pods").await;
+    let writer = Writer::start(&m2, "off-pods").await;
     let op = migrate(&ring, "m2", "m3").await;
     let off_pods = writer.stop().await;
     let outcome = op.outcome.clone().expect("outcome");
@@ -162,7 +161,7 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
         outcome.objects.get("configmaps").is_some_and(|n| *n >= 10),
         "{op:?}"
     );
-    assert_all_there(&m2_on_m3, &off_pods, "moving off the pods").await;
+    assert_all_there(&m2, &off_pods, "moving off the pods").await;
     wait_for("m2's pods to stop", Duration::from_secs(60), || async {
         pod_control_plane("km", "m2").is_empty().then_some(())
     })
@@ -170,7 +169,7 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
 
     // local → Kubernetes: the fetched final snapshot stored in the bucket,
     // restored by etcd's init container at exactly its revision
-    let writer = Writer::start(&m2_on_m3, "onto-pods").await;
+    let writer = Writer::start(&m2, "onto-pods").await;
     let op = migrate(&ring, "m2", "m1").await;
     let mut acked = writer.stop().await;
     acked.extend(off_pods);
@@ -178,8 +177,8 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
         !pod_control_plane("km", "m2").is_empty(),
         "m2 runs in pods again: {op:?}"
     );
-    wait_answers(&m2_on_pods, "m2 answering from pods").await;
-    assert_all_there(&m2_on_pods, &acked, "moving onto the pods").await;
+    wait_answers(&m2, "m2 answering from pods").await;
+    assert_all_there(&m2, &acked, "moving onto the pods").await;
     let revision = op.outcome.expect("outcome").restored_revision;
     assert!(
         revision > outcome.restored_revision,

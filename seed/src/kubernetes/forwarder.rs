@@ -1,0 +1,247 @@
+//! A shoot's stable endpoint on a Kubernetes seed: the same address its
+//! control plane has on a local seed (`ShootEndpoint`, e.g. `127.x.y.z:6443`),
+//! relayed to the kube-apiserver Service (node port or load balancer) by
+//! `ring-agent forward`, which runs under `ring-agent guard` and the shoot's
+//! lease file. The relay listens exactly while this member holds the shoot's
+//! lease: the guard stops it at the fence time by its own clock, so a
+//! stopped or killed ringd never keeps the address from the next holder. The
+//! original kubeconfig (server: the stable address) works wherever the
+//! control plane moves.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::KubernetesSeed;
+use crate::error::{Result, SeedError};
+use crate::local::ShootLayout;
+use crate::process::{supervise, Component, ComponentSpec, ComponentState, SupervisorTuning};
+use crate::ControlPlaneSpec;
+
+/// How long stopping a relay may take (SIGTERM to the guard, then SIGKILL).
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The relays of the shoots this seed serves, one supervised
+/// `ring-agent guard -- ring-agent forward` per shoot.
+pub(super) struct Forwarders {
+    agent: PathBuf,
+    running: Mutex<BTreeMap<String, Relay>>,
+}
+
+struct Relay {
+    target: String,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    states: watch::Receiver<crate::process::States>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The relay's command: `ring-agent forward` from `listen` to `target`,
+/// under the guard of the lease file of `layout`.
+pub fn relay_spec(
+    agent: &Path,
+    layout: &ShootLayout,
+    spec: &ControlPlaneSpec,
+    target: &str,
+) -> ComponentSpec {
+    let listen = std::net::SocketAddr::new(spec.endpoint.address.into(), spec.endpoint.api_port);
+    let forward = ComponentSpec {
+        component: Component::ApiForwarder,
+        program: agent.to_path_buf(),
+        args: vec![
+            "forward".into(),
+            "--listen".into(),
+            listen.to_string(),
+            "--to".into(),
+            target.to_string(),
+        ],
+        log: layout.log(Component::ApiForwarder),
+        netns: None,
+    };
+    crate::lease_file::guarded(agent, &crate::lease_file::path(layout), forward)
+}
+
+impl Forwarders {
+    pub(super) fn new(agent: PathBuf) -> Self {
+        Forwarders {
+            agent,
+            running: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Runs the relay of `spec`'s shoot to `target`, unless it already runs
+    /// to that target (level-triggered: called at every health check).
+    pub(super) async fn ensure(
+        &self,
+        layout: &ShootLayout,
+        spec: &ControlPlaneSpec,
+        target: &str,
+    ) -> Result<()> {
+        let shoot = &spec.shoot;
+        if lock(&self.running)
+            .get(shoot)
+            .is_some_and(|r| r.target == target && !r.task.is_finished())
+        {
+            return Ok(());
+        }
+        self.stop(shoot).await;
+        let log_dir = layout.dir.join("logs");
+        std::fs::create_dir_all(&log_dir).map_err(SeedError::io(&log_dir))?;
+        let (tx, rx) = watch::channel(Default::default());
+        let cancel = CancellationToken::new();
+        let tuning = SupervisorTuning {
+            stop_grace: STOP_GRACE,
+            ..Default::default()
+        };
+        let run = supervise(
+            relay_spec(&self.agent, layout, spec, target),
+            cancel.clone(),
+            tx,
+            tuning,
+        );
+        let span = tracing::info_span!("api-forwarder", shoot = %shoot);
+        let task = tokio::spawn(tracing::Instrument::instrument(run, span));
+        tracing::info!(%shoot, listen = %spec.endpoint.api_url(), %target, "stable endpoint relayed under the lease guard");
+        lock(&self.running).insert(
+            shoot.clone(),
+            Relay {
+                target: target.to_string(),
+                cancel,
+                task,
+                states: rx,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops `shoot`'s relay and waits until its processes are gone.
+    pub(super) async fn stop(&self, shoot: &str) {
+        let Some(relay) = lock(&self.running).remove(shoot) else {
+            return;
+        };
+        relay.cancel.cancel();
+        let _ = tokio::time::timeout(STOP_GRACE * 2, relay.task).await;
+    }
+
+    /// The relay's process state, if it is supervised.
+    pub(super) fn state(&self, shoot: &str) -> Option<ComponentState> {
+        let running = lock(&self.running);
+        let relay = running.get(shoot)?;
+        let state = relay.states.borrow().get(&Component::ApiForwarder).cloned();
+        Some(state.unwrap_or_default())
+    }
+}
+
+/// `host:port` of an `https://host:port` URL.
+pub(super) fn authority(url: &str) -> &str {
+    url.trim_start_matches("https://").trim_end_matches('/')
+}
+
+impl KubernetesSeed {
+    /// The relay of `shoot`'s stable endpoint to `direct_url` (where this
+    /// seed reaches the Service), and `/readyz` through it with the admin
+    /// kubeconfig users keep; `None` without a relay.
+    pub(super) async fn stable_health(
+        &self,
+        shoot: &str,
+        direct_url: &str,
+        pki: &crate::pki::Pki,
+    ) -> Result<Option<crate::Health>> {
+        let Some(forwarders) = &self.forwarders else {
+            return Ok(None);
+        };
+        let spec = self.recorded_spec(shoot).await?;
+        let layout = self.shoot_layout(shoot);
+        forwarders
+            .ensure(&layout, &spec, authority(direct_url))
+            .await?;
+        let path = layout.admin_kubeconfig();
+        if let Some(dir) = path.parent() {
+            crate::pki::create_private_dir(dir)?;
+        }
+        let url = spec.endpoint.api_url();
+        crate::kubeconfig::write(
+            &path,
+            shoot,
+            "admin",
+            &url,
+            pki,
+            &pki.leaf(crate::pki::Leaf::Admin),
+        )?;
+        let health = crate::kubeconfig::readyz(shoot, &path).await?;
+        let relay = forwarders.state(shoot).unwrap_or_default();
+        let detail = match (&health.ready, relay.pid, &relay.last_exit) {
+            (true, _, _) => format!("stable endpoint {url} relayed"),
+            (false, None, Some(exit)) => format!(
+                "stable endpoint {url} not relayed (the relay's guard: {exit}; see {})",
+                layout.log(Component::ApiForwarder).display()
+            ),
+            (false, _, _) => format!("stable endpoint {url}: {}", health.detail),
+        };
+        Ok(Some(crate::Health {
+            ready: health.ready,
+            detail,
+        }))
+    }
+
+    /// The local state of `shoot` (PKI cache, spec, lease file, logs).
+    pub fn shoot_layout(&self, shoot: &str) -> ShootLayout {
+        ShootLayout {
+            dir: self.state_dir.join("shoots").join(shoot),
+        }
+    }
+
+    /// Stops `shoot`'s relay, if any.
+    pub(super) async fn stop_relay(&self, shoot: &str) {
+        if let Some(f) = &self.forwarders {
+            f.stop(shoot).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relay_runs_under_the_guard_from_the_stable_address_to_the_service() {
+        let layout = ShootLayout {
+            dir: PathBuf::from("/state/shoots/alpha"),
+        };
+        let spec = ControlPlaneSpec::new("alpha");
+        let cs = relay_spec(
+            Path::new("/bin/ring-agent"),
+            &layout,
+            &spec,
+            "10.0.0.7:31443",
+        );
+        assert_eq!(cs.program, Path::new("/bin/ring-agent"));
+        let listen = format!("{}:6443", spec.endpoint.address);
+        let want = [
+            "guard",
+            "--lease-file",
+            "/state/shoots/alpha/fence-at-ms",
+            "--",
+            "/bin/ring-agent",
+            "forward",
+            "--listen",
+            &listen,
+            "--to",
+            "10.0.0.7:31443",
+        ];
+        assert_eq!(cs.args, want);
+        assert_eq!(cs.component, Component::ApiForwarder);
+        assert_eq!(authority("https://10.0.0.7:31443"), "10.0.0.7:31443");
+        assert_eq!(
+            authority("https://lb.example.com:6443/"),
+            "lb.example.com:6443"
+        );
+    }
+}
