@@ -26,12 +26,49 @@ pub enum SeedSpec {
     /// Local processes on this machine (the default).
     #[default]
     Local,
-    /// Workloads in a Kubernetes cluster.
+    /// Workloads in a Kubernetes cluster (the member's ringd runs on this
+    /// machine and reaches the cluster with `kubeconfig`).
+    #[serde(rename_all = "camelCase")]
     Kubernetes {
         kubeconfig: String,
         #[serde(default)]
         context: Option<String>,
+        /// The kube-apiserver Service's type [default: LoadBalancer].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service_type: Option<seed::kubernetes::ServiceType>,
+        /// A node address ringd reaches, for `serviceType: NodePort`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node_address: Option<std::net::IpAddr>,
+        /// The storage class of etcd's volumes [default: the cluster's default].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        storage_class: Option<String>,
     },
+}
+
+impl SeedSpec {
+    /// The `seed.kubernetes` section of a member's ringd config in ring `ring`;
+    /// `None` for a local seed.
+    pub fn kubernetes_config(&self, ring: &str) -> Option<seed::KubernetesSeedConfig> {
+        let SeedSpec::Kubernetes {
+            kubeconfig,
+            context,
+            service_type,
+            node_address,
+            storage_class,
+        } = self
+        else {
+            return None;
+        };
+        let mut c = seed::KubernetesSeedConfig::new(ring);
+        c.kubeconfig = Some(kubeconfig.into());
+        c.context = context.clone();
+        if let Some(t) = service_type {
+            c.service_type = *t;
+        }
+        c.node_address = *node_address;
+        c.storage_class = storage_class.clone();
+        Some(c)
+    }
 }
 
 /// One member of the ring.
@@ -464,6 +501,26 @@ mod tests {
             !text.contains("netns") && !text.contains("address: null"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_kubernetes_member_gets_its_ringds_seed_section() {
+        let text = yaml(
+            "members: [{name: a, seed: {kind: kubernetes, kubeconfig: /k, serviceType: NodePort, nodeAddress: 10.1.2.3}}, {name: b}, {name: c}]\n",
+        );
+        let c = RingConfig::parse(&text, "ring.yaml").unwrap();
+        let k = c.members[0].seed.kubernetes_config("demo").unwrap();
+        assert_eq!(k.ring, "demo");
+        assert_eq!(k.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        assert_eq!(k.service_type, seed::kubernetes::ServiceType::NodePort);
+        assert_eq!(k.node_address, Some("10.1.2.3".parse().unwrap()));
+        k.validate().unwrap();
+        assert!(c.members[1].seed.kubernetes_config("demo").is_none());
+        let typo = yaml("members: [{name: a, seed: {kind: kubernetes, kubeconfig: /k, nodeAdress: 10.1.2.3}}, {name: b}, {name: c}]\n");
+        let err = RingConfig::parse(&typo, "ring.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nodeAdress"), "{err}");
     }
 
     #[test]

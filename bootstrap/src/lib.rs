@@ -239,16 +239,6 @@ pub async fn bootstrap(
     };
     config.validate()?;
     config.check_bucket_key()?;
-    if let Some(m) = config
-        .members
-        .iter()
-        .find(|m| m.seed != config::SeedSpec::Local)
-    {
-        return Err(BootstrapError::Unsupported(format!(
-            "member {}: only local seeds can be bootstrapped by ringctl for now (Kubernetes seeds come with their own issue)",
-            m.name
-        )));
-    }
     let started = Instant::now();
     let deadline = started + opts.timeout;
     let mut steps: Vec<(String, f64)> = Vec::new();
@@ -557,7 +547,7 @@ fn write_member_config(
         seed: Some(SeedConfig {
             state_dir: layout.seed_dir(&m.name),
             bin_dir: None,
-            kubernetes: None,
+            kubernetes: m.seed.kubernetes_config(&config.name),
             release_grace_secs: config.release_grace_seconds,
             api_advertise: nodes::api_advertise(layout, config)?,
         }),

@@ -312,6 +312,10 @@ pub(crate) struct FailoverBenchArgs {
     /// ConfigMap creates per second during each failover (the RPO load); 0 for none.
     #[arg(long, default_value_t = 100)]
     pub(crate) rate: u64,
+    /// Seed kinds to measure, one ring each, side by side (`kubernetes`: m1's
+    /// seed a cluster with one node, run by the bench; needs `ringctl images build`).
+    #[arg(long, value_delimiter = ',', default_value = "local")]
+    pub(crate) seeds: Vec<crate::bench::failover::SeedKind>,
 }
 
 #[derive(Args)]

@@ -207,6 +207,7 @@ fn apply_hint(seed: &SeedSpec) -> String {
         SeedSpec::Kubernetes {
             kubeconfig,
             context,
+            ..
         } => format!(
             "kubectl --kubeconfig {kubeconfig}{} apply -f -",
             context

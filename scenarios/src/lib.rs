@@ -19,6 +19,7 @@ pub mod result;
 pub mod rng;
 pub mod runner;
 pub mod s3;
+pub mod seed_cluster;
 pub mod workload;
 
 pub use drill::Drill;

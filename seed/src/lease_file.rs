@@ -28,6 +28,13 @@ pub fn write(path: &Path, fence_at_ms: u64) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(SeedError::io(path))
 }
 
+/// Records `fence_at_ms` for `layout`'s shoot (creating its dir): what every
+/// guard under the shoot's lease file then follows.
+pub fn record(layout: &ShootLayout, fence_at_ms: u64) -> Result<()> {
+    crate::pki::create_private_dir(&layout.dir)?;
+    write(&path(layout), fence_at_ms)
+}
+
 /// The recorded fence time: 0 when there is none yet; a file that does not
 /// hold a number is an error naming it.
 pub fn read(path: &Path) -> std::result::Result<u64, String> {

@@ -1,7 +1,11 @@
 //! `ringctl bench failover`: RTO of a real failover — kill -9 of the seed hosting
 //! a control plane with many objects, until a client's first successful read on
 //! the control plane restored from the bucket — split by phase, median of N; and
-//! the RPO achieved while a writer creates ConfigMaps at a steady rate.
+//! the RPO achieved while a writer creates ConfigMaps at a steady rate. With
+//! `--seeds kubernetes` member m1's seed is a real cluster (a control plane
+//! and one node run by the bench, `scenarios::seed_cluster`), so the runs
+//! alternate between failing over off its pods and onto them; the pods
+//! outlive the killed ringd until their lease guard fences them.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -25,6 +29,9 @@ use super::{upper_median, BenchRing};
 pub struct FailoverFigures {
     pub killed: String,
     pub target: String,
+    /// The kind of the killed member's seed, and of the target's.
+    pub killed_seed: String,
+    pub target_seed: String,
     /// The leader committed the failover (member declared down).
     pub decided_secs: f64,
     /// The old lease had ended; the target began restoring.
@@ -41,6 +48,9 @@ pub struct FailoverFigures {
     pub writes_lost: usize,
     /// Writes acknowledged in the run before the kill.
     pub writes_acked: usize,
+    /// Writes acknowledged after the kill (by a control plane that outlived
+    /// its ringd until the fence, or by the restored one) that the end lacks.
+    pub writes_lost_after_kill: usize,
     /// How far before the kill the oldest lost acknowledged write was (0 if none lost).
     pub rpo_secs: f64,
     /// Revisions the ring knew durable but the restore did not reach.
@@ -51,6 +61,8 @@ pub struct FailoverFigures {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverBench {
+    /// `local`, or `kubernetes` (m1's seed a cluster).
+    pub seeds: SeedKind,
     pub objects: usize,
     /// Creates per second during each failover.
     pub rate: u64,
@@ -127,17 +139,47 @@ impl Load {
     }
 }
 
-/// Bootstraps a 3-member ring under `dir`, fills m2 with `objects` ConfigMaps,
-/// then `runs` times kills the member hosting m2 and times the failover.
+/// The seeds of the benchmark's ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "camelCase")]
+pub enum SeedKind {
+    /// Every member on a local seed.
+    Local,
+    /// Member m1 on a Kubernetes seed (a cluster with one node), m2 and m3 local.
+    Kubernetes,
+}
+
+/// Volumes of the seed cluster (etcd of m2 and of m3 on it, and spares).
+pub(super) const VOLUMES: usize = 4;
+
+/// What the benchmark measures, in one run of `ringctl bench failover`.
+#[derive(Debug, Clone, Copy)]
+pub struct FailoverOptions {
+    pub base_port: u16,
+    pub objects: usize,
+    pub runs: usize,
+    pub rate: u64,
+}
+
+/// Bootstraps a 3-member ring under `dir` on `seeds`, fills m2 with
+/// `objects` ConfigMaps, then `runs` times kills the member hosting m2 and
+/// times the failover.
 pub async fn failover_bench(
     dir: &Path,
     ringd: &Path,
-    base_port: u16,
-    objects: usize,
-    runs: usize,
-    rate: u64,
+    seeds: SeedKind,
+    o: FailoverOptions,
 ) -> Result<FailoverBench, BootstrapError> {
-    let ring = BenchRing::new(dir, "benchfail", ringd, base_port);
+    let mut ring = BenchRing::new(dir, "benchfail", ringd, o.base_port);
+    let cluster = match seeds {
+        SeedKind::Local => None,
+        SeedKind::Kubernetes => {
+            let (cluster, spec) = super::seed_cluster(dir, ringd).await?;
+            ring = ring.with_member_seed(0, spec);
+            Some(cluster)
+        }
+    };
+    let (objects, runs, rate) = (o.objects, o.runs, o.rate);
     let result = async {
         ring.bootstrap().await?;
         super::migrate::fill(&ring.layout.kubeconfig("m2"), objects).await?;
@@ -154,8 +196,12 @@ pub async fn failover_bench(
     }
     .await;
     ring.down().await;
+    if let Some(c) = cluster {
+        c.stop().await;
+    }
     let runs = result?;
     Ok(FailoverBench {
+        seeds,
         objects,
         rate,
         median_rto_secs: upper_median(runs.iter().map(|r| r.first_read_secs).collect()),
@@ -204,12 +250,15 @@ async fn one_failover(
     let phases = watch_failover(ring, &mut admin, api, &kill).await?;
     let acked = load.stop().await;
     let writes = lost_writes(api, run, &acked, killed).await?;
+    let target = phases.target.clone();
     let outcome = failover_of(&admin.status().await?, &kill)
         .and_then(|o| o.outcome.clone())
         .unwrap_or_default();
     Ok(FailoverFigures {
+        killed_seed: ring.seed_kind(&kill.host).into(),
+        target_seed: ring.seed_kind(&target).into(),
         killed: kill.host,
-        target: phases.target,
+        target,
         decided_secs: phases.decided.unwrap_or(0.0),
         restoring_secs: phases.restoring.unwrap_or(0.0),
         first_read_secs: phases.first_read.unwrap_or(0.0),
@@ -218,6 +267,7 @@ async fn one_failover(
         start_secs: outcome.start_ms as f64 / 1000.0,
         writes_lost: writes.lost,
         writes_acked: writes.acked,
+        writes_lost_after_kill: writes.lost_after_kill,
         rpo_secs: writes.rpo_secs,
         detail: phases.detail,
     })
@@ -400,6 +450,7 @@ async fn failover_timeout(
 struct Writes {
     acked: usize,
     lost: usize,
+    lost_after_kill: usize,
     /// How far before the kill the oldest lost write was acknowledged (0 if none).
     rpo_secs: f64,
 }
@@ -427,17 +478,26 @@ async fn lost_writes(
         .iter()
         .map(|(_, at)| killed.saturating_duration_since(*at).as_secs_f64())
         .fold(0.0, f64::max);
+    let lost_after_kill = acked
+        .iter()
+        .filter(|(n, at)| *at > killed && !present.contains(n))
+        .count();
     Ok(Writes {
         acked: before.len(),
         lost: lost.len(),
+        lost_after_kill,
         rpo_secs,
     })
 }
 
 /// The figures as text.
 pub fn render(b: &FailoverBench) -> String {
+    let seeds = match b.seeds {
+        SeedKind::Local => "local seeds",
+        SeedKind::Kubernetes => "m1 on a Kubernetes seed (pods on a real node), m2 and m3 local",
+    };
     let mut out = format!(
-        "failover of a control plane with {} extra ConfigMaps, {} creates/s: kill -9 of its seed -> first successful read\n\
+        "failover ({seeds}) of a control plane with {} extra ConfigMaps, {} creates/s: kill -9 of its seed's ringd -> first successful read\n\
          median RTO {:.2} s over {} runs (goal <= 15 s); RPO median {:.2} s, worst {:.2} s (goal <= 1 s)\n",
         b.objects,
         b.rate,
@@ -446,12 +506,13 @@ pub fn render(b: &FailoverBench) -> String {
         b.median_rpo_secs,
         b.max_rpo_secs
     );
-    out.push_str("  run  kill->target  detected  lease-wait  restore  start+verify  first-read  done   lost/acked  RPO\n");
+    out.push_str("  run  kill->target  seeds                    detected  lease-wait  restore  start+verify  first-read  done   lost/acked  lost-after  RPO\n");
     for (i, r) in b.runs.iter().enumerate() {
         out.push_str(&format!(
-            "  {:<4} {:<13} {:>7.1}s {:>10.1}s {:>7.1}s {:>12.1}s {:>10.1}s {:>5.1}s {:>5}/{:<6} {:.2}s\n",
+            "  {:<4} {:<13} {:<24} {:>7.1}s {:>10.1}s {:>7.1}s {:>12.1}s {:>10.1}s {:>5.1}s {:>5}/{:<6} {:>10} {:.2}s\n",
             i + 1,
             format!("{}->{}", r.killed, r.target),
+            format!("{}->{}", r.killed_seed, r.target_seed),
             r.decided_secs,
             (r.restoring_secs - r.decided_secs).max(0.0),
             r.restore_secs,
@@ -460,9 +521,30 @@ pub fn render(b: &FailoverBench) -> String {
             r.done_secs,
             r.writes_lost,
             r.writes_acked,
+            r.writes_lost_after_kill,
             r.rpo_secs
         ));
     }
-    out.push_str("  (detected: the leader committed the failover; lease-wait: until the old lease ended; restore/start: as the target measured them)\n");
+    out.push_str("  (detected: the leader committed the failover; lease-wait: until the old lease ended; restore/start: as the target measured them;\n   lost-after: writes acknowledged after the kill that the end lacks)\n");
+    out
+}
+
+/// Several seed kinds' figures, then side by side.
+pub fn render_all(all: &[FailoverBench]) -> String {
+    let mut out: String = all.iter().map(render).collect::<Vec<_>>().join("\n");
+    if all.len() > 1 {
+        out.push_str("\nside by side:       median RTO   median RPO   worst RPO   lost (before/after kill)\n");
+        for b in all {
+            let before: usize = b.runs.iter().map(|r| r.writes_lost).sum();
+            let after: usize = b.runs.iter().map(|r| r.writes_lost_after_kill).sum();
+            out.push_str(&format!(
+                "  {:<16} {:>10.2}s {:>11.2}s {:>10.2}s   {before}/{after}\n",
+                format!("{:?}", b.seeds).to_lowercase(),
+                b.median_rto_secs,
+                b.median_rpo_secs,
+                b.max_rpo_secs
+            ));
+        }
+    }
     out
 }

@@ -89,6 +89,27 @@ impl BenchRing {
         }
     }
 
+    /// Member `i` hosts control planes on `seed` instead of a local seed.
+    pub fn with_member_seed(mut self, i: usize, seed: ::bootstrap::config::SeedSpec) -> BenchRing {
+        self.config.members[i].seed = seed;
+        self.opts.config = Some(self.config.clone());
+        self
+    }
+
+    /// The kind of member `name`'s seed (`local` or `kubernetes`).
+    pub fn seed_kind(&self, name: &str) -> &'static str {
+        match self
+            .config
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| &m.seed)
+        {
+            Some(::bootstrap::config::SeedSpec::Kubernetes { .. }) => "kubernetes",
+            _ => "local",
+        }
+    }
+
     /// Bootstraps the ring, or brings every member and control plane back up.
     pub async fn bootstrap(&self) -> Result<BootstrapReport, BootstrapError> {
         ::bootstrap::bootstrap(&self.opts, &Quiet).await
@@ -98,6 +119,44 @@ impl BenchRing {
     pub async fn down(&self) {
         let _ = ::bootstrap::down(&self.layout.dir, Duration::from_secs(60)).await;
     }
+}
+
+/// A seed cluster (control plane and one node) under `<dir>/seed-cluster`
+/// with room for a few etcd volumes, and the seed of a member hosting
+/// control planes there (NodePort Services on the node's address).
+pub async fn seed_cluster(
+    dir: &Path,
+    ringd: &Path,
+) -> Result<
+    (
+        scenarios::seed_cluster::SeedCluster,
+        ::bootstrap::config::SeedSpec,
+    ),
+    BootstrapError,
+> {
+    let fail = |e: scenarios::ScenarioError| BootstrapError::Unsupported(e.to_string());
+    let bins = seed::BinarySearch::standard(None)
+        .control_plane()
+        .map_err(|e| BootstrapError::Ring(e.into()))?;
+    let cdir = dir.join("seed-cluster");
+    std::fs::create_dir_all(&cdir)
+        .map_err(|e| BootstrapError::Unsupported(format!("{}: {e}", cdir.display())))?;
+    let ring_node = ringd.with_file_name("ring-node");
+    let cluster = scenarios::seed_cluster::SeedCluster::start(&cdir, "benchseed", bins, &ring_node)
+        .await
+        .map_err(fail)?;
+    let volumes: Vec<String> = (1..=failover::VOLUMES)
+        .map(|i| format!("bench-etcd-{i}"))
+        .collect();
+    cluster.add_volumes(&cdir, &volumes).await.map_err(fail)?;
+    let spec = ::bootstrap::config::SeedSpec::Kubernetes {
+        kubeconfig: cluster.kubeconfig().display().to_string(),
+        context: None,
+        service_type: Some(seed::kubernetes::ServiceType::NodePort),
+        node_address: Some(cluster.node_address().into()),
+        storage_class: None,
+    };
+    Ok((cluster, spec))
 }
 
 #[cfg(test)]

@@ -75,12 +75,20 @@ async fn migrate(args: MigrateBenchArgs, format: Format) -> anyhow::Result<()> {
 
 async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()> {
     let ringd = ringd_exe()?;
-    let dir = temp_state_dir();
     let c = &args.common;
-    let result =
-        bench::failover::failover_bench(&dir, &ringd, c.base_port, c.objects, c.runs, args.rate)
-            .await;
-    let _ = std::fs::remove_dir_all(&dir);
-    let result = result?;
-    print(&result, format, || bench::failover::render(&result))
+    let mut all = Vec::new();
+    for (k, seeds) in args.seeds.iter().enumerate() {
+        let dir = temp_state_dir().join(format!("failover-{k}"));
+        let options = bench::failover::FailoverOptions {
+            // each kind's ring on its own ports (a killed ringd's port may linger)
+            base_port: c.base_port + 50 * k as u16,
+            objects: c.objects,
+            runs: c.runs,
+            rate: args.rate,
+        };
+        let result = bench::failover::failover_bench(&dir, &ringd, *seeds, options).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        all.push(result?);
+    }
+    print(&all, format, || bench::failover::render_all(&all))
 }

@@ -123,12 +123,7 @@ impl KubernetesExecutor {
     /// Lets the relay of the shoot's stable endpoint listen until
     /// `fence_at_ms` (0: stop now).
     fn relay_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
-        let layout = self.layout(shoot);
-        seed::pki::create_private_dir(&layout.dir)?;
-        Ok(seed::lease_file::write(
-            &seed::lease_file::path(&layout),
-            fence_at_ms,
-        )?)
+        Ok(seed::lease_file::record(&self.layout(shoot), fence_at_ms)?)
     }
 
     /// Records `record` and writes it to the Lease (if the control plane exists).

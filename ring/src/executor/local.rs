@@ -59,12 +59,7 @@ impl LocalExecutor {
 
     /// Lets the guards run their program until `fence_at_ms` (0: stop now).
     fn guard_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
-        let layout = self.layout(shoot);
-        seed::pki::create_private_dir(&layout.dir)?;
-        Ok(seed::lease_file::write(
-            &seed::lease_file::path(&layout),
-            fence_at_ms,
-        )?)
+        Ok(seed::lease_file::record(&self.layout(shoot), fence_at_ms)?)
     }
 
     /// The ring lease went to the target with the migration, so etcd's guard

@@ -1,0 +1,202 @@
+//! A seed cluster for rings whose members host control planes as pods: a
+//! control plane run by this process (the cluster's API, advertising its
+//! node's address so pods reach it) and one real node (`ring-node`:
+//! containerd, kubelet, kube-proxy) on a node network of its own, with
+//! hostPath PersistentVolumes for etcd (the cluster has no provisioner).
+//! `ringctl bench failover --seeds kubernetes` runs its ring's Kubernetes
+//! member on one.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, PostParams};
+use seed::node::net::NodeNetwork;
+use seed::node::{NodeConfig, NodeStatus};
+use seed::{Binaries, ControlPlaneSpec, LocalSeed, Seed};
+
+use crate::ScenarioError;
+
+/// How long the cluster's API and its node may take to be ready.
+const READY: Duration = Duration::from_secs(180);
+
+/// A running seed cluster; dropped, its node and node network go (the
+/// cluster's control plane dies with this process; [`SeedCluster::stop`] is the
+/// orderly end).
+pub struct SeedCluster {
+    /// The cluster's name (its control plane's shoot name).
+    pub name: String,
+    seed: LocalSeed,
+    node: NodeConfig,
+    net: Option<NodeNetwork>,
+    child: Option<Child>,
+}
+
+fn setup(what: &str) -> impl Fn(String) -> ScenarioError + '_ {
+    move |e| ScenarioError::Setup(format!("seed cluster: {what}: {e}"))
+}
+
+impl SeedCluster {
+    /// Starts cluster `name` under `dir` with one node (`ring-node` at
+    /// `ring_node`, images from the local image cache) and waits until the
+    /// node is Ready.
+    pub async fn start(
+        dir: &Path,
+        name: &str,
+        bins: Binaries,
+        ring_node: &Path,
+    ) -> Result<SeedCluster, ScenarioError> {
+        if !ring_node.exists() {
+            return Err(ScenarioError::Setup(format!(
+                "{} is missing; build it with `cargo build --workspace --bins`",
+                ring_node.display()
+            )));
+        }
+        let node_name = format!("{name}-node");
+        let net = NodeNetwork::create(std::slice::from_ref(&node_name))
+            .map_err(|e| setup("node network")(e.to_string()))?;
+        let host = net.hosts[0].clone();
+        let seed = LocalSeed::new(dir.join("cluster"), bins)
+            .with_advertise([(name.to_string(), host.address)].into());
+        let node = NodeConfig::on_network(&net, &host, dir.join("node"), api_address(name));
+        let mut cluster = SeedCluster {
+            name: name.to_string(),
+            seed,
+            node,
+            net: Some(net),
+            child: None,
+        };
+        cluster.boot(dir, ring_node).await?;
+        Ok(cluster)
+    }
+
+    async fn boot(&mut self, dir: &Path, ring_node: &Path) -> Result<(), ScenarioError> {
+        let name = self.name.clone();
+        self.seed
+            .start(&ControlPlaneSpec::new(&name))
+            .await
+            .map_err(|e| setup("its control plane")(e.to_string()))?;
+        seed::wait_ready(&self.seed, &name, READY)
+            .await
+            .map_err(|e| setup("its control plane")(e.to_string()))?;
+        let ca = self.seed.layout(&name).pki().ca();
+        let read = |p: &Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| setup("the cluster's CA")(format!("{}: {e}", p.display())))
+        };
+        self.node
+            .issue_credentials(&read(&ca.cert)?, &read(&ca.key)?)
+            .map_err(|e| setup("the node's credentials")(e.to_string()))?;
+        let file = dir.join("node.yaml");
+        self.node
+            .save(&file)
+            .map_err(|e| setup("the node's config")(e.to_string()))?;
+        let log = std::fs::File::create(dir.join("node.log"))
+            .map_err(|e| setup("the node's log")(e.to_string()))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| setup("the node's log")(e.to_string()))?;
+        let child = std::process::Command::new(ring_node)
+            .arg("--config")
+            .arg(&file)
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| setup("starting ring-node")(e.to_string()))?;
+        self.child = Some(child);
+        self.wait_node_ready(dir).await
+    }
+
+    async fn wait_node_ready(&self, dir: &Path) -> Result<(), ScenarioError> {
+        let deadline = Instant::now() + READY;
+        loop {
+            let status = self.node_status();
+            if status
+                .as_ref()
+                .is_some_and(|s| s.registration.ready && s.phase == "Running")
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ScenarioError::Setup(format!(
+                    "seed cluster {}: its node is not Ready after {READY:?} ({status:?}); see {}",
+                    self.name,
+                    dir.join("node.log").display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn node_status(&self) -> Option<NodeStatus> {
+        let text = std::fs::read(self.node.layout().status_file()).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// The cluster's admin kubeconfig (what a member's ringd is given).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.seed.layout(&self.name).admin_kubeconfig()
+    }
+
+    /// The node's address (for `serviceType: NodePort`).
+    pub fn node_address(&self) -> Ipv4Addr {
+        self.node.address
+    }
+
+    /// Creates a 1 GiB hostPath PersistentVolume per name, under `dir`
+    /// (one is bound by each etcd the cluster runs).
+    pub async fn add_volumes(&self, dir: &Path, names: &[String]) -> Result<(), ScenarioError> {
+        let client = seed::kubeconfig::client(&self.name, &self.kubeconfig())
+            .await
+            .map_err(|e| setup("its API")(e.to_string()))?;
+        let api: Api<PersistentVolume> = Api::all(client);
+        for name in names {
+            let path = dir.join(name);
+            let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "hostPath": {"path": path.display().to_string(), "type": "DirectoryOrCreate"},
+                }
+            }))
+            .map_err(|e| setup("a PersistentVolume")(e.to_string()))?;
+            api.create(&PostParams::default(), &pv)
+                .await
+                .map_err(|e| setup(&format!("creating PersistentVolume {name}"))(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the node (its pods, shims and cgroups go too), the node network
+    /// and the cluster's control plane.
+    pub async fn stop(mut self) {
+        self.stop_node();
+        let _ = self.seed.stop(&self.name).await;
+    }
+
+    fn stop_node(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            seed::node::teardown::kill_node_now(&self.node);
+        }
+        if let Some(net) = self.net.take() {
+            let _ = net.remove();
+        }
+    }
+}
+
+impl Drop for SeedCluster {
+    fn drop(&mut self) {
+        self.stop_node();
+    }
+}
+
+/// Where cluster `name`'s API listens (its shoot endpoint).
+fn api_address(name: &str) -> std::net::SocketAddr {
+    let e = seed::ShootEndpoint::for_shoot(name);
+    std::net::SocketAddr::new(e.address.into(), e.api_port)
+}
