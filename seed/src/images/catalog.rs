@@ -227,8 +227,8 @@ fn xtables_extensions(spec: &ImageSpec) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// `ring/ringd`: this workspace's ringd with its shared libraries and the
-/// host's CA bundle (for object storage over TLS).
+/// `ring/ringd`: this workspace's ringd and `ring-agent` with their shared
+/// libraries and the host's CA bundle (for object storage over TLS).
 pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     let ringd = &inputs.ringd;
     if !ringd.is_file() {
@@ -243,6 +243,8 @@ pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     check_version(RINGD, ringd)?;
     let mut spec = ImageSpec::new(RINGD, &["/usr/local/bin/ringd"]);
     spec.add_program("/usr/local/bin/ringd", ringd, ldd)?;
+    // next to ringd: the lease guard and relay its seeds run
+    add_agent(&mut spec, inputs, RINGD, ldd)?;
     spec.add_optional_host_file("/etc/ssl/certs/ca-certificates.crt")?;
     Ok(spec)
 }

@@ -121,11 +121,15 @@ async fn migrate(ring: &RingFixture, shoot: &str, to: &str) -> Operation {
     op
 }
 
-/// Waits until `kubeconfig` answers a list of ConfigMaps.
+/// Waits until `kubeconfig` answers a list of ConfigMaps (an attempt that
+/// hangs is killed after 10 s and counts as no answer yet: seen right after a
+/// move onto the pods, see the closing note of #15).
 async fn wait_answers(kubeconfig: &Path, what: &str) {
     wait_for(what, READY, || async {
         let out = run_bounded(
-            std::process::Command::new(kubectl_path())
+            std::process::Command::new("timeout")
+                .arg("10")
+                .arg(kubectl_path())
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
                 .args(["get", "configmaps", "-o", "name", "--request-timeout=5s"]),
