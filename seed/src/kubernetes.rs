@@ -54,6 +54,7 @@ use serde_json::{json, Value};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 use crate::error::{Result, SeedError};
+use crate::local::ShootLayout;
 use crate::pki::{create_private_dir, write_private, LeafSpec, Pki, KUBERNETES_SERVICE_IP};
 use crate::process::{Component, ComponentState};
 use crate::{
@@ -360,15 +361,20 @@ impl KubernetesSeed {
 
     /// The local cache of `shoot`'s PKI (restored from the Secret on every start).
     pub fn pki_cache(&self, shoot: &str) -> PathBuf {
-        self.state_dir.join("shoots").join(shoot).join("pki")
+        self.shoot_layout(shoot).dir.join("pki")
     }
 
     /// The admin kubeconfig this seed writes for `shoot` (server: the API Service's address).
     pub fn admin_kubeconfig(&self, shoot: &str) -> PathBuf {
-        self.state_dir
-            .join("shoots")
-            .join(shoot)
-            .join("admin.kubeconfig")
+        self.shoot_layout(shoot).dir.join("admin.kubeconfig")
+    }
+
+    /// The local state of `shoot` (PKI cache, spec, lease file, logs, the
+    /// admin kubeconfigs).
+    pub fn shoot_layout(&self, shoot: &str) -> ShootLayout {
+        ShootLayout {
+            dir: self.state_dir.join("shoots").join(shoot),
+        }
     }
 
     fn kube_err(&self, shoot: &str, what: &str) -> impl Fn(kube::Error) -> SeedError {
@@ -577,6 +583,11 @@ impl KubernetesSeed {
     /// The spec recorded in the anchor.
     async fn recorded_spec(&self, shoot: &str) -> Result<ControlPlaneSpec> {
         let anchor = self.anchor(shoot).await?;
+        self.spec_in(shoot, &anchor)
+    }
+
+    /// The spec recorded in `shoot`'s anchor.
+    fn spec_in(&self, shoot: &str, anchor: &ConfigMap) -> Result<ControlPlaneSpec> {
         let text = anchor
             .data
             .as_ref()
@@ -971,7 +982,7 @@ impl Seed for KubernetesSeed {
     }
 
     async fn health(&self, shoot: &str) -> Result<Health> {
-        self.anchor(shoot).await?;
+        let anchor = self.anchor(shoot).await?;
         let (desired, ready) = self
             .replicas(shoot, Component::KubeApiserver)
             .await?
@@ -1017,7 +1028,7 @@ impl Seed for KubernetesSeed {
         )?;
         let health = kubeconfig::readyz(shoot, &path).await;
         let stable = match &health {
-            Ok(h) if h.ready => self.stable_health(shoot, &url, &pki).await,
+            Ok(h) if h.ready => self.stable_health(shoot, &anchor, &url, &pki).await,
             _ => Ok(None),
         };
         let _ = std::fs::remove_dir_all(&dir);

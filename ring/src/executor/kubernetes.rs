@@ -30,7 +30,6 @@ const NO_BUCKET: &str = "a planned migration onto or off a Kubernetes seed goes 
 pub struct KubernetesExecutor {
     seed: Arc<KubernetesSeed>,
     member: String,
-    state_dir: PathBuf,
     /// The ring's bucket (backups, failovers and migrations go through it).
     bucket: Option<RingBucket>,
     /// The newest lease record per shoot (written again when a start applies the objects).
@@ -87,20 +86,14 @@ impl KubernetesExecutor {
             .await?
             .with_wiring(wiring)
             .with_forwarder(super::agent_binary()?);
-        Ok(Self::new(seed, state_dir, member, bucket.cloned()))
+        Ok(Self::new(seed, member, bucket.cloned()))
     }
 
     /// An executor over an already connected seed.
-    pub fn new(
-        seed: KubernetesSeed,
-        state_dir: &Path,
-        member: &str,
-        bucket: Option<RingBucket>,
-    ) -> Self {
+    pub fn new(seed: KubernetesSeed, member: &str, bucket: Option<RingBucket>) -> Self {
         KubernetesExecutor {
             seed: Arc::new(seed),
             member: member.to_string(),
-            state_dir: state_dir.to_path_buf(),
             bucket,
             leases: Mutex::new(BTreeMap::new()),
         }
@@ -115,9 +108,7 @@ impl KubernetesExecutor {
 
     /// The shoot's dir of local caches (PKI, spec, restore record).
     pub(super) fn layout(&self, shoot: &str) -> ShootLayout {
-        ShootLayout {
-            dir: self.state_dir.join("shoots").join(shoot),
-        }
+        self.seed.shoot_layout(shoot)
     }
 
     /// Lets the relay of the shoot's stable endpoint listen until

@@ -145,19 +145,20 @@ pub(super) fn authority(url: &str) -> &str {
 }
 
 impl KubernetesSeed {
-    /// The relay of `shoot`'s stable endpoint to `direct_url` (where this
-    /// seed reaches the Service), and `/readyz` through it with the admin
+    /// The relay of `shoot`'s stable endpoint (its spec in `anchor`) to
+    /// `direct_url` (where this seed reaches the Service), and `/readyz` through it with the admin
     /// kubeconfig users keep; `None` without a relay.
     pub(super) async fn stable_health(
         &self,
         shoot: &str,
+        anchor: &k8s_openapi::api::core::v1::ConfigMap,
         direct_url: &str,
         pki: &crate::pki::Pki,
     ) -> Result<Option<crate::Health>> {
         let Some(forwarders) = &self.forwarders else {
             return Ok(None);
         };
-        let spec = self.recorded_spec(shoot).await?;
+        let spec = self.spec_in(shoot, anchor)?;
         let layout = self.shoot_layout(shoot);
         forwarders
             .ensure(&layout, &spec, authority(direct_url))
@@ -189,13 +190,6 @@ impl KubernetesSeed {
             ready: health.ready,
             detail,
         }))
-    }
-
-    /// The local state of `shoot` (PKI cache, spec, lease file, logs).
-    pub fn shoot_layout(&self, shoot: &str) -> ShootLayout {
-        ShootLayout {
-            dir: self.state_dir.join("shoots").join(shoot),
-        }
     }
 
     /// Stops `shoot`'s relay, if any.
