@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use seed::{Binaries, BinarySearch, LocalSeed};
 
 pub mod etcd;
-pub mod node;
 pub mod ring;
 pub mod s3;
 
@@ -24,6 +23,17 @@ pub fn binaries() -> Binaries {
         Ok(b) => b,
         Err(e) => panic!("{e}\nThe end-to-end tests need real binaries: run scripts/setup first."),
     }
+}
+
+/// The `ring-node` binary next to this test binary (built by `scripts/test`).
+pub fn ring_node_bin() -> PathBuf {
+    let path = ringctl().with_file_name("ring-node");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first with `cargo build --workspace --bins` (scripts/test does)",
+        path.display()
+    );
+    path
 }
 
 /// The `ringctl` binary next to this test binary (`scripts/test` builds it before the tests).

@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Servi
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use ring_tests::*;
+use scenarios::seed_cluster::SeedCluster;
 use seed::kubernetes::ServiceType;
 use seed::{
     wait_ready, ControlPlaneSpec, KubernetesSeed, KubernetesSeedConfig, LocalSeed, Phase, Seed,
@@ -107,38 +108,24 @@ fn manifests_of_m1(sandbox: &Sandbox, ring: &Path) -> (String, PathBuf) {
     (out, manifests)
 }
 
-/// A seed cluster `name` with a real node (`node`): its kube-apiserver advertises
-/// the node's address so pods reach it; returns (cluster, admin kubeconfig, node).
-async fn seed_cluster_with_node(
-    sandbox: &Sandbox,
-    name: &str,
-    node: &str,
-) -> (LocalSeed, PathBuf, ring_tests::node::TestNode) {
-    let plan = ring_tests::node::NodePlan::new(node);
-    let cluster = sandbox
-        .seed()
-        .with_advertise([(name.to_string(), plan.address())].into());
-    cluster
-        .start(&ControlPlaneSpec::new(name))
+/// A seed cluster `name` with a real node: the benchmarks' `SeedCluster`
+/// (its kube-apiserver advertises the node's address so pods reach it), under
+/// the sandbox.
+async fn seed_cluster_with_node(sandbox: &Sandbox, name: &str) -> SeedCluster {
+    let dir = sandbox.path().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    SeedCluster::start(&dir, name, binaries(), &ring_node_bin())
         .await
-        .expect("start seed cluster");
-    wait_ready(&cluster, name, READY)
-        .await
-        .expect("seed cluster ready");
-    let kc = cluster.layout(name).admin_kubeconfig();
-    let node = plan.start(sandbox, &cluster, name);
-    (cluster, kc, node)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A 1 GiB hostPath PersistentVolume `name` (the cluster has no provisioner).
-fn host_path_volume(kc: &Path, sandbox: &Sandbox, name: &str) {
-    let pv = format!(
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
-        sandbox.path().join(name).display()
-    );
-    let file = sandbox.path().join(format!("{name}.yaml"));
-    std::fs::write(&file, pv).unwrap();
-    kubectl(kc, &["apply", "-f", file.to_str().unwrap()]);
+/// A 1 GiB hostPath PersistentVolume `name` under the sandbox (the cluster has
+/// no provisioner).
+async fn host_path_volume(cluster: &SeedCluster, sandbox: &Sandbox, name: &str) {
+    cluster
+        .add_volumes(sandbox.path(), &[name.to_string()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 fn kubectl_json(kubeconfig: &Path, args: &[&str]) -> serde_json::Value {
@@ -677,7 +664,8 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
 async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
     let sandbox = Sandbox::new();
     let cluster_name = "k8s-seed-n";
-    let (cluster, kc, _node) = seed_cluster_with_node(&sandbox, cluster_name, "seedn").await;
+    let cluster = seed_cluster_with_node(&sandbox, cluster_name).await;
+    let kc = cluster.kubeconfig();
 
     let ring = ring_config(sandbox.path(), 3);
     let (_, manifests) = manifests_of_m1(&sandbox, &ring);
@@ -712,7 +700,7 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
         ],
     );
     // a volume for ringd's data (no provisioner in this cluster)
-    host_path_volume(&kc, &sandbox, "ringd-data");
+    host_path_volume(&cluster, &sandbox, "ringd-data").await;
 
     let pod_ip = wait_for("ringd-m1-0 running", Duration::from_secs(120), || async {
         let pod = kubectl_json(&kc, &["get", "pods", "-n", "ring-system"]);
@@ -753,7 +741,7 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
         ],
     );
     assert_eq!(restarts, "0", "ringd restarted in its pod");
-    cluster.stop(cluster_name).await.unwrap();
+    cluster.stop().await;
 }
 
 /// A seed cluster with a real node: a shoot's control plane applied by the
@@ -764,10 +752,11 @@ async fn ringctl_manifests_run_ringd_pods_on_a_cluster_with_a_node() {
 async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
     let sandbox = Sandbox::new();
     let cluster_name = "k8s-seed-p";
-    let (cluster, kc, node) = seed_cluster_with_node(&sandbox, cluster_name, "seedp").await;
-    let node_ip = node.config.address;
+    let cluster = seed_cluster_with_node(&sandbox, cluster_name).await;
+    let kc = cluster.kubeconfig();
+    let node_ip = cluster.node_address();
     // etcd's claim needs a volume (no provisioner in this cluster)
-    host_path_volume(&kc, &sandbox, "etcd-data");
+    host_path_volume(&cluster, &sandbox, "etcd-data").await;
 
     let mut cfg = config("t5", &kc);
     cfg.service_type = ServiceType::NodePort;
@@ -834,5 +823,5 @@ async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
             "on-pods",
         ],
     );
-    cluster.stop(cluster_name).await.unwrap();
+    cluster.stop().await;
 }

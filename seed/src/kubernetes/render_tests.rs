@@ -49,6 +49,23 @@ fn render_wired(config: &KubernetesSeedConfig, wiring: &Wiring) -> String {
     to_yaml(&all)
 }
 
+/// The objects owned by the anchor (uid `u1`) of shoot alpha in ring demo.
+fn owned_objects(wiring: &Wiring) -> Vec<Value> {
+    let config = KubernetesSeedConfig::new("demo");
+    let spec = ControlPlaneSpec::new("alpha");
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config: &config,
+        wiring,
+    };
+    let owner = Owner {
+        name: ANCHOR.into(),
+        uid: "u1".into(),
+    };
+    r.objects(&owner, &BTreeMap::new())
+}
+
 #[test]
 fn control_plane_objects_match_golden_file() {
     golden(
@@ -77,19 +94,7 @@ fn service_type_and_storage_class_are_configurable() {
 
 #[test]
 fn every_owned_object_points_at_the_anchor_and_uses_1_20_apis() {
-    let config = KubernetesSeedConfig::new("demo");
-    let spec = ControlPlaneSpec::new("alpha");
-    let r = Renderer {
-        ring: "demo",
-        spec: &spec,
-        config: &config,
-        wiring: &Wiring::default(),
-    };
-    let owner = Owner {
-        name: ANCHOR.into(),
-        uid: "u1".into(),
-    };
-    for o in r.objects(&owner, &BTreeMap::new()) {
+    for o in owned_objects(&Wiring::default()) {
         assert_eq!(o["metadata"]["namespace"], "shoot--demo--alpha");
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
         let v = o["apiVersion"].as_str().unwrap();
@@ -115,19 +120,7 @@ fn wired_control_plane_matches_golden_file() {
         text.contains("serviceAccountName: ring-control-plane"),
         "{text}"
     );
-    let config = KubernetesSeedConfig::new("demo");
-    let spec = ControlPlaneSpec::new("alpha");
-    let r = Renderer {
-        ring: "demo",
-        spec: &spec,
-        config: &config,
-        wiring: &wiring,
-    };
-    let owner = Owner {
-        name: ANCHOR.into(),
-        uid: "u1".into(),
-    };
-    for o in r.objects(&owner, &BTreeMap::new()) {
+    for o in owned_objects(&wiring) {
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
         let v = o["apiVersion"].as_str().unwrap();
         let served = [

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ring_tests::ring::RingFixture;
 use ring_tests::*;
+use scenarios::seed_cluster::SeedCluster;
 use seed::kubernetes::ServiceType;
-use seed::Seed;
 
 use super::{config, host_path_volume, seed_cluster_with_node, READY};
 
@@ -147,27 +147,25 @@ async fn wait_done(
 /// m2's control plane as pods; m2 and m3 local seeds; one sealed file bucket.
 pub(super) struct KubernetesRing {
     pub ring: RingFixture,
-    /// The seed cluster (stopped by the test).
-    pub cluster: seed::LocalSeed,
-    /// Its node (stopped on drop).
-    pub node: ring_tests::node::TestNode,
+    /// The seed cluster with its node (stopped by the test; its node on drop).
+    pub cluster: SeedCluster,
     /// m1's ringd state dir for the seed cluster.
     pub state: PathBuf,
 }
 
-/// Starts a [`KubernetesRing`] with seed cluster `cluster_name`, node `node`,
+/// Starts a [`KubernetesRing`] with seed cluster `cluster_name`,
 /// ring `ring_name` and a hostPath volume per name in `volumes`; returns once
 /// m1 serves m2 ready from pods.
 pub(super) async fn start_ring(
     cluster_name: &str,
-    node: &str,
     ring_name: &str,
     volumes: &[&str],
 ) -> KubernetesRing {
     let mut ring = RingFixture::new(3, &["m2", "m3"]);
-    let (cluster, kc, node) = seed_cluster_with_node(&ring.sandbox, cluster_name, node).await;
+    let cluster = seed_cluster_with_node(&ring.sandbox, cluster_name).await;
+    let kc = cluster.kubeconfig();
     for v in volumes {
-        host_path_volume(&kc, &ring.sandbox, v);
+        host_path_volume(&cluster, &ring.sandbox, v).await;
     }
     let bucket = ring.sandbox.path().join("bucket");
     std::fs::create_dir_all(&bucket).unwrap();
@@ -175,7 +173,7 @@ pub(super) async fn start_ring(
     std::fs::write(&key, "22".repeat(32)).unwrap();
     let mut k8s = config(ring_name, &kc);
     k8s.service_type = ServiceType::NodePort;
-    k8s.node_address = Some(node.config.address.into());
+    k8s.node_address = Some(cluster.node_address().into());
     let state: PathBuf = ring.sandbox.path().join("m1-k8s-state");
     for (i, m) in ring.members.iter().enumerate() {
         let kubernetes = (i == 0).then_some((state.as_path(), &k8s));
@@ -196,7 +194,6 @@ pub(super) async fn start_ring(
     KubernetesRing {
         ring,
         cluster,
-        node,
         state,
     }
 }
@@ -211,9 +208,8 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     let KubernetesRing {
         mut ring,
         cluster,
-        node: _node,
         state,
-    } = start_ring("k8s-ring", "seedr", "kr", &["etcd-m2", "etcd-m3"]).await;
+    } = start_ring("k8s-ring", "kr", &["etcd-m2", "etcd-m3"]).await;
 
     // m1 serves m2's control plane from pods, reached at m2's stable endpoint
     // (the address a local seed gives it, relayed to the Service); writes
@@ -281,5 +277,5 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     }
     ring.stop(0);
     ring.stop(2);
-    cluster.stop("k8s-ring").await.unwrap();
+    cluster.stop().await;
 }

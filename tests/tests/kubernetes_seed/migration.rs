@@ -17,7 +17,6 @@ use ring_tests::ring::RingFixture;
 use ring_tests::*;
 use ringd::client::AdminClient;
 use ringd::state::{Operation, OperationStep};
-use seed::Seed;
 
 use super::failover::{pod_control_plane, start_ring, KubernetesRing};
 use super::READY;
@@ -149,9 +148,8 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
     let KubernetesRing {
         ring,
         cluster,
-        node,
         state,
-    } = start_ring("k8s-move", "seedm", "km", &["etcd-m2", "etcd-m2-back"]).await;
+    } = start_ring("k8s-move", "km", &["etcd-m2", "etcd-m2-back"]).await;
     // one kubeconfig throughout: m2's stable endpoint, relayed to the pods'
     // Service by m1, served by m3's kube-apiserver itself while m3 hosts m2
     let m2 = state.join("shoots/m2/kubeconfig/admin.kubeconfig");
@@ -189,6 +187,5 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
         "revision {revision} after {outcome:?}"
     );
     drop(ring);
-    drop(node);
-    cluster.stop("k8s-move").await.unwrap();
+    cluster.stop().await;
 }
