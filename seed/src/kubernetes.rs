@@ -476,20 +476,26 @@ impl KubernetesSeed {
         lb: &[LbAddress],
     ) -> Result<BTreeMap<String, Vec<u8>>> {
         let dir = self.pki_cache(&spec.shoot);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(SeedError::io(&dir))?;
-        }
         create_private_dir(&dir)?;
-        if let Some(data) = self.read_pki_secret(&spec.shoot).await? {
-            for (name, bytes) in data {
-                if name.contains('/') || name.starts_with('.') {
-                    return Err(SeedError::Pki {
-                        path: dir.join(&name),
-                        reason: format!("Secret {PKI_SECRET} has an unexpected key {name:?}"),
-                    });
-                }
-                write_private(&dir.join(name), &bytes)?;
+        let data = self.read_pki_secret(&spec.shoot).await?.unwrap_or_default();
+        if let Some(name) = data.keys().find(|n| n.contains('/') || n.starts_with('.')) {
+            return Err(SeedError::Pki {
+                path: dir.join(name),
+                reason: format!("Secret {PKI_SECRET} has an unexpected key {name:?}"),
+            });
+        }
+        // the Secret is the truth: files it lacks go, its files replace the
+        // cached ones one by one (never a missing file for a concurrent reader)
+        for entry in std::fs::read_dir(&dir).map_err(SeedError::io(&dir))? {
+            let path = entry.map_err(SeedError::io(&dir))?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if name.is_some_and(|n| !n.starts_with('.') && !data.contains_key(&n)) && path.is_file()
+            {
+                std::fs::remove_file(&path).map_err(SeedError::io(&path))?;
             }
+        }
+        for (name, bytes) in &data {
+            write_private(&dir.join(name), bytes)?;
         }
         let pki = Pki::new(&dir);
         pki.ensure(&spec.shoot, &spec.endpoint)?;
@@ -1004,12 +1010,15 @@ impl Seed for KubernetesSeed {
                 detail: format!("{replicas}; Secret {PKI_SECRET} is missing, so there is no admin certificate to ask /readyz with"),
             });
         };
-        // An admin kubeconfig for the reachable address, from the Secret's PKI.
-        let dir = self.admin_kubeconfig(shoot).with_extension("pki");
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(SeedError::io(&dir))?;
-        }
-        create_private_dir(&dir)?;
+        // An admin kubeconfig for the reachable address, from the Secret's PKI
+        // (in a temp dir of this check's own: checks run concurrently).
+        let shoot_dir = self.shoot_layout(shoot).dir;
+        create_private_dir(&shoot_dir)?;
+        let temp = tempfile::Builder::new()
+            .prefix(".admin-pki")
+            .tempdir_in(&shoot_dir)
+            .map_err(SeedError::io(&shoot_dir))?;
+        let dir = temp.path().to_path_buf();
         for (name, bytes) in data
             .iter()
             .filter(|(n, _)| ["ca.crt", "admin.crt", "admin.key"].contains(&n.as_str()))
@@ -1031,7 +1040,7 @@ impl Seed for KubernetesSeed {
             Ok(h) if h.ready => self.stable_health(shoot, &anchor, &url, &pki).await,
             _ => Ok(None),
         };
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(temp);
         let health = health?;
         Ok(match stable? {
             _ if !health.ready => Health {

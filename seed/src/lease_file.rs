@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Result, SeedError};
+use crate::error::Result;
 use crate::process::{Component, ComponentSpec};
 use crate::ShootLayout;
 
@@ -23,9 +23,7 @@ pub fn path(layout: &ShootLayout) -> PathBuf {
 /// Records `fence_at_ms` (0: stop now), replacing the file at once (a guard
 /// never reads half a number).
 pub fn write(path: &Path, fence_at_ms: u64) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    crate::pki::write_private(&tmp, fence_at_ms.to_string().as_bytes())?;
-    std::fs::rename(&tmp, path).map_err(SeedError::io(path))
+    crate::pki::write_private(path, fence_at_ms.to_string().as_bytes())
 }
 
 /// Records `fence_at_ms` for `layout`'s shoot (creating its dir): what every

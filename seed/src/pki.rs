@@ -505,9 +505,18 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
         })
 }
 
-/// Writes `contents` to `path` atomically (temp file, fsync, rename) with mode 0600.
+/// Writes `contents` to `path` atomically (temp file, fsync, rename) with mode
+/// 0600. Each call writes its own temp file (`.<name>.<pid>.<n>.tmp`), so
+/// concurrent writers of one path (a lease renewal and a move's lease step)
+/// never rename each other's file away; the last rename wins whole.
 pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+    static TEMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = TEMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map_or_else(
+        || std::borrow::Cow::Borrowed("file"),
+        |n| n.to_string_lossy(),
+    );
+    let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -519,13 +528,42 @@ pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     };
-    write().map_err(SeedError::io(path))
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        SeedError::io(path)(e)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// Writers of one path at once (a lease renewal and a move's lease step)
+    /// all succeed and leave one whole value (one shared temp name renamed
+    /// another writer's file away: ENOENT).
+    #[test]
+    fn concurrent_writes_of_one_path_all_succeed_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("fence-at-ms");
+        let writers: Vec<_> = (0..8u64)
+            .map(|i| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for j in 0..200u64 {
+                        write_private(&path, format!("{}", i * 1000 + j).as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().expect("no writer failed");
+        }
+        let value: u64 = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+        assert_eq!(value % 1000, 199, "one writer's last value: {value}");
+        let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temp file left behind");
+    }
 
     fn endpoint() -> ShootEndpoint {
         ShootEndpoint::on(Ipv4Addr::new(127, 20, 0, 1))

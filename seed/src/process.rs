@@ -326,6 +326,90 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// Runs `cmd` to completion (stdin closed), killing it after `timeout`. Its
+/// stdout and stderr are read on threads of their own while it runs, so a
+/// child that prints more than a pipe holds (64 KiB) never blocks on a full
+/// pipe. Errors name the program; a timeout is `TimedOut` with what the child
+/// had printed to stderr.
+pub fn run_bounded(
+    cmd: &mut std::process::Command,
+    timeout: Duration,
+) -> std::io::Result<std::process::Output> {
+    let program = PathBuf::from(cmd.get_program());
+    let named =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", program.display()));
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(named)?;
+    let out = Drained::start(child.stdout.take());
+    let err = Drained::start(child.stderr.take());
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait().map_err(named)? {
+            Some(status) => break status,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                // what it printed so far: a grandchild may hold the pipe open
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "{} did not finish within {timeout:?}; stderr: {}",
+                        program.display(),
+                        String::from_utf8_lossy(&err.so_far()).trim()
+                    ),
+                ));
+            }
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.finish(),
+        stderr: err.finish(),
+    })
+}
+
+/// A pipe read to its end on a thread of its own.
+struct Drained {
+    bytes: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drained {
+    fn start(pipe: Option<impl std::io::Read + Send + 'static>) -> Self {
+        let bytes = std::sync::Arc::<std::sync::Mutex<Vec<u8>>>::default();
+        let reader = pipe.map(|mut pipe| {
+            let bytes = bytes.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                    bytes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend_from_slice(&buf[..n]);
+                }
+            })
+        });
+        Drained { bytes, reader }
+    }
+
+    fn so_far(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Everything, once the pipe closed.
+    fn finish(mut self) -> Vec<u8> {
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        self.so_far()
+    }
+}
+
 /// Whether `pid` is a live (non-zombie) process.
 pub fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -341,6 +425,23 @@ pub fn pid_alive(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child that prints more than a pipe holds still finishes, and all of
+    /// its output comes back (it blocked on a full pipe until killed before:
+    /// `kubectl get` of a few thousand objects in the migration test).
+    #[test]
+    fn run_bounded_collects_output_larger_than_a_pipe() {
+        let mut cmd = std::process::Command::new("head");
+        cmd.args(["-c", "1000000", "/dev/zero"]);
+        let out = run_bounded(&mut cmd, Duration::from_secs(20)).unwrap();
+        assert!(out.status.success(), "{:?}", out.status);
+        assert_eq!(out.stdout.len(), 1_000_000);
+        let mut slow = std::process::Command::new("sh");
+        slow.args(["-c", "echo waiting >&2; exec sleep 30"]);
+        let e = run_bounded(&mut slow, Duration::from_secs(2)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("stderr: waiting"), "{e}");
+    }
 
     #[test]
     fn backoff_doubles_caps_and_resets() {

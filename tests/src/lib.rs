@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use seed::{Binaries, BinarySearch, LocalSeed};
@@ -154,30 +154,32 @@ where
     }
 }
 
-/// Runs a command to completion, killing it after `timeout`.
-pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let deadline = Instant::now() + timeout;
+/// Polls `check` until it returns `Ok`, panicking with `what` and the last
+/// `Err` (why it was not there yet) after `timeout`.
+pub async fn wait_ok<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            _ => {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("collect output");
-                panic!(
-                    "{cmd:?} did not finish within {timeout:?}; stderr: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
+        let why = match check().await {
+            Ok(v) => return v,
+            Err(why) => why,
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}; last: {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    child.wait_with_output().expect("collect output")
+}
+
+/// Runs a command to completion, killing it after `timeout` (a panic with
+/// what it printed to stderr); stdout and stderr are read while it runs, so
+/// any amount of output comes back ([`seed::process::run_bounded`]).
+pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Output {
+    seed::process::run_bounded(cmd, timeout).unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
 }
 
 /// `ringctl ARGS` with extra environment, bounded to 4 minutes.

@@ -3,7 +3,7 @@
 //! release clocks of data that moved away.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::duties::{HeldLease, Observed, OperationFacts, OperationSeen, SeedFacts};
 use super::MemberLoop;
@@ -42,11 +42,18 @@ impl MemberLoop {
                 seen.released = self.released(shoot);
             }
         }
+        let open = |id: &u64| {
+            state
+                .operations
+                .iter()
+                .any(|o| o.id == *id && !o.step.is_finished())
+        };
+        lock(&self.ledger).retain(|id, _| open(id));
         for op in state.operations.iter().filter(|o| !o.step.is_finished()) {
             if op.role_of(me) == Role::None {
                 continue;
             }
-            if let Some(seen) = self.operation_seen(op).await {
+            if let Some(seen) = self.operation_seen(op) {
                 let shoot = op.shoot().to_string();
                 observed.shoots.entry(shoot).or_default().operation = Some(seen);
             }
@@ -86,47 +93,68 @@ impl MemberLoop {
         }
     }
 
-    /// The facts of a move this member takes part in (none while one of its
-    /// steps runs, or when the seed cannot tell: next round).
-    async fn operation_seen(&self, op: &Operation) -> Option<OperationSeen> {
+    /// The facts of a move this member takes part in: the latest the
+    /// observing task found, if it began after the last step ended (none
+    /// while a step runs or before a fresh observation: next round). Each
+    /// facts are used once, so every step is decided from a fresh look.
+    fn operation_seen(&self, op: &Operation) -> Option<OperationSeen> {
         if self.busy(&operation_key(op.id)) {
             return None;
         }
-        let (retry_at, verified) = lock(&self.ledger)
-            .get(&op.id)
-            .map_or((None, false), |p| (p.retry_at, p.verified.is_some()));
-        let mover = self.executor.mover().ok()?;
-        let shoot = op.shoot();
-        let facts = match op.role_of(self.shared.name()) {
-            Role::Source => mover
-                .source_view(shoot, op.id)
-                .await
-                .map(OperationFacts::Source),
-            Role::Target => {
-                let from_bucket = matches!(op.kind, OperationKind::Failover { .. });
-                mover
-                    .target_facts(shoot, op.id, from_bucket)
+        self.observe_operation(op);
+        let mut ledger = lock(&self.ledger);
+        let p = ledger.get_mut(&op.id)?;
+        let facts = p.take_fresh_facts()?;
+        Some(OperationSeen {
+            id: op.id,
+            facts,
+            retry_at: p.retry_at,
+            verified: p.verified.is_some(),
+        })
+    }
+
+    /// Asks the seed for the facts of `op` in a task (one at a time per
+    /// operation) that leaves them in the ledger.
+    fn observe_operation(&self, op: &Operation) {
+        let (executor, ledger, me) = (
+            self.executor.clone(),
+            self.ledger.clone(),
+            self.shared.name().to_string(),
+        );
+        let op = op.clone();
+        self.spawn_once(observe_key(op.id), async move {
+            let began = Instant::now();
+            let Ok(mover) = executor.mover() else {
+                return;
+            };
+            let shoot = op.shoot();
+            let facts = match op.role_of(&me) {
+                Role::Source => mover
+                    .source_view(shoot, op.id)
                     .await
-                    .map(|f| OperationFacts::Target {
-                        fetched: f.fetched,
-                        restored: f.restored,
-                        running: f.running,
-                    })
+                    .map(OperationFacts::Source),
+                Role::Target => {
+                    let from_bucket = matches!(op.kind, OperationKind::Failover { .. });
+                    mover
+                        .target_facts(shoot, op.id, from_bucket)
+                        .await
+                        .map(|f| OperationFacts::Target {
+                            fetched: f.fetched,
+                            restored: f.restored,
+                            running: f.running,
+                        })
+                }
+                Role::None => return,
+            };
+            match facts {
+                Ok(facts) => {
+                    lock(&ledger).entry(op.id).or_default().facts = Some((began, facts));
+                }
+                Err(e) => {
+                    tracing::warn!(op = op.id, %shoot, error = %e, "cannot observe the operation's state on this seed");
+                }
             }
-            Role::None => return None,
-        };
-        match facts {
-            Ok(facts) => Some(OperationSeen {
-                id: op.id,
-                facts,
-                retry_at,
-                verified,
-            }),
-            Err(e) => {
-                tracing::warn!(op = op.id, %shoot, error = %e, "cannot observe the operation's state on this seed");
-                None
-            }
-        }
+        });
     }
 
     /// The release clock of `shoot`: (epoch, wall ms) when this member first
@@ -147,4 +175,9 @@ impl MemberLoop {
 /// The in-flight key of an operation's steps.
 pub(super) fn operation_key(op: u64) -> String {
     format!("op:{op}")
+}
+
+/// The in-flight key of observing an operation.
+fn observe_key(op: u64) -> String {
+    format!("observe-op:{op}")
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use migrate::plan::{SourceAction, TargetAction};
 
+use super::duties::OperationFacts;
 use crate::executor::{Mover, Objects};
 use crate::shared::{lock, Shared};
 use crate::state::{Operation, OperationKind, OperationStep, Outcome, RingCommand};
@@ -38,6 +39,25 @@ pub(crate) struct Progress {
     pub retry_at: Option<Instant>,
     /// Failed attempts in a row.
     pub failures: u32,
+    /// The seed's latest facts of this operation, with the instant observing
+    /// them began (observed in a task of its own: a slow seed never holds up
+    /// a round, so lease renewals and fencing keep their pace).
+    pub facts: Option<(Instant, OperationFacts)>,
+    /// When the last step ended: facts observed before are stale.
+    pub step_ended: Option<Instant>,
+}
+
+impl Progress {
+    /// The facts to decide the next step from, used once: none before a
+    /// fresh observation, and none whose observation began before the last
+    /// step ended (it may predate what that step changed).
+    pub fn take_fresh_facts(&mut self) -> Option<OperationFacts> {
+        let (began, facts) = self.facts.take()?;
+        match self.step_ended {
+            Some(ended) if began < ended => None,
+            _ => Some(facts),
+        }
+    }
 }
 
 /// Operation id → progress, shared by the member loop and its step tasks.
@@ -102,6 +122,7 @@ pub(crate) async fn run_step(
         Step::BeginRestore => begin_restore(shared, op).await,
     };
     let took = began.elapsed();
+    lock(ledger).entry(op.id).or_default().step_ended = Some(Instant::now());
     if let Step::Target(a) = &step {
         if *a != TargetAction::Complete {
             let mut all = lock(ledger);
@@ -310,5 +331,50 @@ pub(crate) fn outcome(
         rpo_revisions: rpo.0,
         rpo_ms: rpo.1,
         objects: progress.verified.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(running: bool) -> OperationFacts {
+        OperationFacts::Target {
+            fetched: true,
+            restored: true,
+            running,
+        }
+    }
+
+    #[test]
+    fn facts_count_once_and_only_when_observed_after_the_last_step() {
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        // (observation began, last step ended) → used?
+        let cases = [
+            ("no step yet", Some(later(10)), None, true),
+            (
+                "observed after the step",
+                Some(later(20)),
+                Some(later(10)),
+                true,
+            ),
+            (
+                "observed while the step ran",
+                Some(later(5)),
+                Some(later(10)),
+                false,
+            ),
+            ("nothing observed", None, Some(later(10)), false),
+        ];
+        for (name, began, ended, used) in cases {
+            let mut p = Progress {
+                facts: began.map(|b| (b, running(true))),
+                step_ended: ended,
+                ..Default::default()
+            };
+            assert_eq!(p.take_fresh_facts().is_some(), used, "{name}");
+            assert_eq!(p.take_fresh_facts(), None, "{name}: used at most once");
+        }
     }
 }

@@ -1,10 +1,9 @@
 //! What image builds ask of the host: running a tool with a time limit, and
 //! the shared libraries `ldd` says a binary loads.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use crate::error::{Result, SeedError};
 
@@ -18,40 +17,11 @@ pub(super) struct Ran {
 /// Runs `cmd` to completion (stdin closed), killing it after `timeout`; the
 /// error names the program.
 pub(super) fn run(cmd: &mut Command, timeout: Duration) -> std::io::Result<Ran> {
-    let program = PathBuf::from(cmd.get_program());
-    let named =
-        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", program.display()));
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(named)?;
-    // Readers on their own threads, so a chatty child never blocks on a full pipe.
-    let out = child.stdout.take().map(drain);
-    let err = child.stderr.take().map(drain);
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait().map_err(named)? {
-            Some(status) => break status,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("{} did not finish within {timeout:?}", program.display()),
-                ));
-            }
-        }
-    };
-    let collect = |h: Option<std::thread::JoinHandle<String>>| {
-        h.and_then(|h| h.join().ok()).unwrap_or_default()
-    };
+    let out = crate::process::run_bounded(cmd, timeout)?;
     Ok(Ran {
-        success: status.success(),
-        stdout: collect(out),
-        stderr: collect(err),
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
 }
 
@@ -60,14 +30,6 @@ pub(super) fn run_for(image: &str, cmd: &mut Command, timeout: Duration) -> Resu
     run(cmd, timeout).map_err(|e| SeedError::ImageBuild {
         image: image.to_string(),
         reason: format!("cannot run {e}"),
-    })
-}
-
-fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = pipe.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
     })
 }
 

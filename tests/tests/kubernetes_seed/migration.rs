@@ -124,7 +124,7 @@ async fn migrate(ring: &RingFixture, shoot: &str, to: &str) -> Operation {
 /// hangs is killed after 10 s and counts as no answer yet: seen right after a
 /// move onto the pods, see the closing note of #15).
 async fn wait_answers(kubeconfig: &Path, what: &str) {
-    wait_for(what, READY, || async {
+    wait_ok(what, READY, || async {
         let out = run_bounded(
             std::process::Command::new("timeout")
                 .arg("10")
@@ -134,9 +134,24 @@ async fn wait_answers(kubeconfig: &Path, what: &str) {
                 .args(["get", "configmaps", "-o", "name", "--request-timeout=5s"]),
             Duration::from_secs(20),
         );
-        out.status.success().then_some(())
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        }
     })
     .await;
+}
+
+/// How often the relay's guard fenced it (its log says why each time).
+fn relay_fences(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("the lease's fence time has come")
+        .count()
 }
 
 /// m2's control plane moves off the pods on m1's Kubernetes seed onto m3's
@@ -171,6 +186,8 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
 
     // local → Kubernetes: the fetched final snapshot stored in the bucket,
     // restored by etcd's init container at exactly its revision
+    let relay_log = state.join("shoots/m2/logs/api-forwarder.log");
+    let fenced_before = relay_fences(&relay_log);
     let writer = Writer::start(&m2, "onto-pods").await;
     let op = migrate(&ring, "m2", "m1").await;
     let mut acked = writer.stop().await;
@@ -180,6 +197,14 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
         "m2 runs in pods again: {op:?}"
     );
     wait_answers(&m2, "m2 answering from pods").await;
+    // m1 renewed its lease throughout, however slow its seed answered: the
+    // relay of the stable endpoint was never fenced on the way in
+    assert_eq!(
+        relay_fences(&relay_log),
+        fenced_before,
+        "the relay was fenced while m1 held m2's lease; see {}",
+        relay_log.display()
+    );
     assert_all_there(&m2, &acked, "moving onto the pods").await;
     let revision = op.outcome.expect("outcome").restored_revision;
     assert!(
