@@ -60,6 +60,13 @@ pub struct RingSpec {
     /// How members are separated on this machine.
     #[serde(default)]
     pub network: NetworkKind,
+    /// Ring positions (1-based) of members whose seed is a Kubernetes
+    /// cluster the runner starts (a control plane and one real node): they
+    /// host their successor's control plane as pods. `killSeed` of such a
+    /// member kills its node too (its pods die with the machine); `heal`
+    /// starts the node again. Needs `network: loopback`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kubernetes_members: Vec<usize>,
 }
 
 /// How the drill's members are separated.
@@ -335,6 +342,7 @@ impl Drill {
                 "the S3 server listens on the host's loopback, which member namespaces do not reach: use ring.bucket: file with ring.network: namespaces",
             ));
         }
+        self.validate_kubernetes_members()?;
         let w = &self.workload;
         if !(1..=8).contains(&w.writers_per_shoot) {
             return Err(bad("workload.writersPerShoot", "must be between 1 and 8"));
@@ -484,6 +492,47 @@ impl Drill {
     }
 
     /// The member names, in ring order.
+    fn validate_kubernetes_members(&self) -> Result<(), ScenarioError> {
+        let (n, k) = (self.ring.members, &self.ring.kubernetes_members);
+        if let Some(p) = k.iter().find(|p| **p == 0 || **p > n) {
+            return Err(bad(
+                "ring.kubernetesMembers",
+                format!("ring positions are 1..{n}, not {p}"),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(p) = k.iter().find(|p| !seen.insert(**p)) {
+            return Err(bad(
+                "ring.kubernetesMembers",
+                format!("names position {p} twice"),
+            ));
+        }
+        if !k.is_empty() && self.ring.network == NetworkKind::Namespaces {
+            return Err(bad(
+                "ring.kubernetesMembers",
+                "a seed cluster's API listens on the host's loopback, which member namespaces do not reach: use ring.network: loopback",
+            ));
+        }
+        let unsupported = self.faults.iter().position(|f| {
+            matches!(
+                f.action,
+                Action::LoseRing {} | Action::RestoreFromBucket {} | Action::FullSnapshot { .. }
+            )
+        });
+        match unsupported {
+            Some(i) if !k.is_empty() => Err(bad(
+                format!("faults[{i}].action.{}", self.faults[i].action.name()),
+                "is not supported with ring.kubernetesMembers yet (it drives local seeds' files); drop one of them",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the member at ring position `p` (1-based) has a Kubernetes seed.
+    pub fn is_kubernetes_member(&self, p: usize) -> bool {
+        self.ring.kubernetes_members.contains(&p)
+    }
+
     pub fn members(&self) -> Vec<String> {
         (1..=self.ring.members)
             .map(|i| format!("{}{i}", self.ring.member_prefix))
@@ -588,6 +637,7 @@ expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
             [ObjectKind::ConfigMap, ObjectKind::Secret]
         );
         assert!(d.expect.no_double_serving && d.expect.converge);
+        assert!(d.ring.kubernetes_members.is_empty() && !d.is_kubernetes_member(1));
         // round trip
         let text = serde_yaml::to_string(&d).unwrap();
         assert_eq!(Drill::parse(&text, "x").unwrap(), d);
@@ -696,6 +746,26 @@ expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
                 GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: namespaces}")
                     .replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
                 "faults[1].action.fullSnapshot: reads etcd on the shoot's loopback address",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [4]}"),
+                "ring.kubernetesMembers: ring positions are 1..3, not 4",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1, 1]}"),
+                "ring.kubernetesMembers: names position 1 twice",
+            ),
+            (
+                GOOD.replace(
+                    "memberPrefix: ks}",
+                    "memberPrefix: ks, kubernetesMembers: [1], network: namespaces}",
+                ),
+                "ring.kubernetesMembers: a seed cluster's API listens on the host's loopback",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1]}")
+                    .replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
+                "faults[1].action.fullSnapshot: is not supported with ring.kubernetesMembers",
             ),
         ];
         for (text, want) in cases {

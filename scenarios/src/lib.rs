@@ -7,11 +7,13 @@
 //! losing the whole ring and restoring it from the bucket) and expectations
 //! (RTO bound, no acknowledged write lost beyond the last durable delta, never
 //! two control planes of one shoot, the ring converges). [`runner::run`]
-//! bootstraps a throwaway local ring, runs the drill with a seeded RNG and
+//! bootstraps a throwaway ring (members whose seeds are local processes, or
+//! Kubernetes seed clusters with real nodes: [`kube_seeds`]), runs the drill with a seeded RNG and
 //! returns a [`result::RunResult`]; [`report`] renders it as a terminal summary
 //! and a self-contained HTML report with an SVG timeline.
 
 pub mod drill;
+pub mod kube_seeds;
 pub mod netns;
 pub mod procs;
 pub mod report;

@@ -65,6 +65,43 @@ pub fn control_planes(ring_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
+/// Shoot → members whose node runs control-plane processes of the shoot in
+/// pods right now (etcd or kube-apiserver anywhere under the node's pod
+/// cgroup); `nodes` are (member, its node's pod cgroup root). A dead node's
+/// pods count as gone only once their processes are.
+pub fn pod_control_planes(nodes: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (member, root) in nodes {
+        for pid in seed::node::teardown::pod_pids(root) {
+            let proc_dir = format!("/proc/{pid}");
+            let comm = std::fs::read_to_string(format!("{proc_dir}/comm")).unwrap_or_default();
+            if !matches!(comm.trim(), "etcd" | "kube-apiserver")
+                || !seed::process::pid_alive(pid as u32)
+            {
+                continue;
+            }
+            let Ok(cmdline) = std::fs::read(format!("{proc_dir}/cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if let Some(shoot) = pod_shoot(&cmdline) {
+                out.entry(shoot).or_default().insert(member.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The shoot of a control-plane process in a pod, from the etcd client
+/// Service its command line names (`etcd-client.shoot--<ring>--<shoot>.svc`).
+pub fn pod_shoot(cmdline: &str) -> Option<String> {
+    let marker = format!("{}.shoot--", seed::kubernetes::render::ETCD_CLIENT_SERVICE);
+    let rest = &cmdline[cmdline.find(&marker)? + marker.len()..];
+    let namespace = rest.split(".svc").next()?;
+    let shoot = namespace.rsplit_once("--")?.1;
+    (!shoot.is_empty()).then(|| shoot.to_string())
+}
+
 /// `(member, shoot)` from the first `<needle><member>/seed/shoots/<shoot>/` in a command line.
 pub fn parse_member_shoot(cmdline: &str, needle: &str) -> Option<(String, String)> {
     let rest = &cmdline[cmdline.find(needle)? + needle.len()..];
@@ -206,6 +243,16 @@ mod tests {
             None
         );
         assert_eq!(parse_member_shoot("etcd --data-dir /else", needle), None);
+    }
+
+    #[test]
+    fn a_pod_s_shoot_comes_from_the_etcd_service_it_names() {
+        let etcd = "etcd --name=etcd-0 --advertise-client-urls=https://etcd-client.shoot--kill-seed--ks2.svc:2379 --x";
+        assert_eq!(pod_shoot(etcd), Some("ks2".into()));
+        let api = "kube-apiserver --etcd-servers=https://etcd-client.shoot--r--ks3.svc:2379";
+        assert_eq!(pod_shoot(api), Some("ks3".into()));
+        assert_eq!(pod_shoot("etcd --data-dir=/var/lib/etcd"), None);
+        assert_eq!(pod_shoot("x https://etcd-client.shoot--.svc"), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use ringd::status::RingStatus;
 use tokio_util::sync::CancellationToken;
 
 use crate::drill::{Action, BucketKind, Drill, NetworkKind, Step, Target, When};
+use crate::kube_seeds::KubeSeeds;
 use crate::netns::Network;
 use crate::procs;
 use crate::result::{
@@ -140,19 +141,34 @@ struct Observer {
 }
 
 impl Observer {
-    fn start(ring_dir: PathBuf, layout: RingLayout, config: RingConfig, t0: Instant) -> Observer {
+    /// Observes the ring in `ring_dir` (and the pods of the nodes in
+    /// `pod_nodes`: (member, pod cgroup root)) from `t0` on.
+    fn start(
+        ring_dir: PathBuf,
+        pod_nodes: Vec<(String, String)>,
+        layout: RingLayout,
+        config: RingConfig,
+        t0: Instant,
+    ) -> Observer {
         let stop = CancellationToken::new();
         let state: Arc<Mutex<Observed>> = Arc::default();
-        // the double-serving checker: every seed's processes, every 200 ms
+        // the double-serving checker: every seed's processes (local ones and
+        // those in the pods of Kubernetes seeds' nodes), every 200 ms
         let checker = {
             let (stop, state) = (stop.clone(), state.clone());
             tokio::spawn(async move {
                 let mut last: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
                 loop {
-                    let dir = ring_dir.clone();
-                    let now = tokio::task::spawn_blocking(move || procs::control_planes(&dir))
-                        .await
-                        .unwrap_or_default();
+                    let (dir, nodes) = (ring_dir.clone(), pod_nodes.clone());
+                    let now = tokio::task::spawn_blocking(move || {
+                        let mut all = procs::control_planes(&dir);
+                        for (shoot, members) in procs::pod_control_planes(&nodes) {
+                            all.entry(shoot).or_default().extend(members);
+                        }
+                        all
+                    })
+                    .await
+                    .unwrap_or_default();
                     let t = t0.elapsed().as_secs_f64();
                     {
                         let mut st = lock(&state);
@@ -362,6 +378,8 @@ struct Run<'a> {
     network: Option<Arc<Network>>,
     losses: BTreeMap<String, Vec<LossPoint>>,
     s3: Option<Arc<Mutex<S3Server>>>,
+    /// Seed clusters of the Kubernetes members.
+    kube_seeds: KubeSeeds,
     say: &'a (dyn Fn(&str) + Sync),
 }
 
@@ -474,10 +492,15 @@ impl Run<'_> {
                 let hosted = hosted_by(obs, &m);
                 self.last_kill_ms = now_ms();
                 let k = procs::kill_member(&self.layout.dir, &m).await;
+                // a Kubernetes seed's machine: its node and pods die too
+                let node = match self.kube_seeds.kill_node(&m) {
+                    true => ", its node and every pod on it",
+                    false => "",
+                };
                 self.last_killed = Some(m.clone());
                 self.record_losses(&hosted, obs).await;
                 Ok(format!(
-                    "kill -9 {m} (hosting {}): ringd {}, {} process groups, {} processes",
+                    "kill -9 {m} (hosting {}): ringd {}, {} process groups, {} processes{node}",
                     hosted.join(", "),
                     k.ringd.map_or("-".into(), |p| p.to_string()),
                     k.process_groups,
@@ -486,8 +509,13 @@ impl Run<'_> {
             }
             Action::RestartSeed { target } => {
                 let m = self.resolve(*target, obs)?;
+                // a Kubernetes seed's machine comes back with its node first
+                let node = match self.kube_seeds.revive_member(&m).await? {
+                    true => " and its node (its pods recreated by kubelet)",
+                    false => "",
+                };
                 bootstrap::start_member(&self.layout, &self.opts.ringd, &m)?;
-                Ok(format!("started ringd {m} again"))
+                Ok(format!("started ringd {m}{node} again"))
             }
             Action::Partition { target } => {
                 let network = self.network.clone().ok_or_else(|| {
@@ -642,7 +670,8 @@ impl Run<'_> {
                     Some(n) => n.heal()?,
                     None => Vec::new(),
                 };
-                // every dead member back (bootstrap resumes the ring)
+                // every dead node and member back (bootstrap resumes the ring)
+                let nodes = self.kube_seeds.revive().await?;
                 bootstrap::bootstrap(&self.bootstrap_options(None), &Quiet).await?;
                 // re-link: each member hosts its successor (planned migrations)
                 let n = self.members.len();
@@ -690,13 +719,14 @@ impl Run<'_> {
                         }
                     }
                 }
+                let said = |what: &str, who: &[String]| match who.is_empty() {
+                    true => String::new(),
+                    false => format!("{what} {}; ", who.join(", ")),
+                };
                 Ok(format!(
-                    "{}restarted dead members and re-linked the ring in {:.1}s (moved: {})",
-                    if reconnected.is_empty() {
-                        String::new()
-                    } else {
-                        format!("reconnected {}; ", reconnected.join(", "))
-                    },
+                    "{}{}restarted dead members and re-linked the ring in {:.1}s (moved: {})",
+                    said("reconnected", &reconnected),
+                    said("started the nodes of", &nodes),
                     started.elapsed().as_secs_f64(),
                     if moved.is_empty() {
                         "nothing".into()
@@ -773,12 +803,22 @@ pub async fn run(
     let isolation = network
         .as_ref()
         .map_or_else(|| ISOLATION.to_string(), |n| n.describe());
+    if !drill.ring.kubernetes_members.is_empty() {
+        say(&format!(
+            "drill {} run {run}: starting a seed cluster (control plane and one node) per Kubernetes member",
+            drill.name
+        ));
+    }
+    let (kube_seeds, kube_specs) = KubeSeeds::start(&dir, drill, &opts.ringd).await?;
     let config = RingConfig {
         name: drill.name.clone(),
         members: members
             .iter()
             .map(|m| {
                 let mut spec = MemberSpec::local(m);
+                if let Some(seed) = kube_specs.get(m) {
+                    spec.seed = seed.clone();
+                }
                 if let Some(h) = network
                     .as_ref()
                     .and_then(|n| n.hosts().iter().find(|h| h.member == *m))
@@ -852,7 +892,13 @@ pub async fn run(
     let rng = Rng::new(seed);
     let t0 = Instant::now();
     let started_at_ms = now_ms();
-    let obs = Observer::start(layout.dir.clone(), layout.clone(), config.clone(), t0);
+    let obs = Observer::start(
+        layout.dir.clone(),
+        kube_seeds.pod_nodes(),
+        layout.clone(),
+        config.clone(),
+        t0,
+    );
     let probes = Probes::start(&shoots, Duration::from_millis(250), t0);
     let writers = Writers::start(&shoots, &drill.workload, &rng.fork(1), t0);
     let mut r = Run {
@@ -873,6 +919,7 @@ pub async fn run(
         network: network.clone(),
         losses: BTreeMap::new(),
         s3,
+        kube_seeds,
         say,
     };
     let mut failures = Vec::new();
@@ -1063,6 +1110,8 @@ pub async fn run(
     let more = verdict(&drill.expect, &result);
     result.failures.extend(more);
     result.passed = result.failures.is_empty();
+    // an orderly end of the seed clusters (the teardown kills what is left)
+    std::mem::take(&mut r.kube_seeds).stop().await;
     Ok(result)
 }
 

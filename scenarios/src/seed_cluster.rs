@@ -4,7 +4,7 @@
 //! containerd, kubelet, kube-proxy) on a node network of its own, with
 //! hostPath PersistentVolumes for etcd (the cluster has no provisioner).
 //! `ringctl bench failover --seeds kubernetes` runs its ring's Kubernetes
-//! member on one.
+//! member on one, drills one per member in `ring.kubernetesMembers`.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -28,6 +28,8 @@ const READY: Duration = Duration::from_secs(180);
 pub struct SeedCluster {
     /// The cluster's name (its control plane's shoot name).
     pub name: String,
+    dir: PathBuf,
+    ring_node: PathBuf,
     seed: LocalSeed,
     node: NodeConfig,
     net: Option<NodeNetwork>,
@@ -63,16 +65,46 @@ impl SeedCluster {
         let node = NodeConfig::on_network(&net, &host, dir.join("node"), api_address(name));
         let mut cluster = SeedCluster {
             name: name.to_string(),
+            dir: dir.to_path_buf(),
+            ring_node: ring_node.to_path_buf(),
             seed,
             node,
             net: Some(net),
             child: None,
         };
-        cluster.boot(dir, ring_node).await?;
+        cluster.boot().await?;
         Ok(cluster)
     }
 
-    async fn boot(&mut self, dir: &Path, ring_node: &Path) -> Result<(), ScenarioError> {
+    /// A seed cluster under `dir` named `name` with `volumes` hostPath
+    /// PersistentVolumes, and the seed spec of a member hosting control planes
+    /// there (NodePort Services on the node's address); `ring-node` is looked
+    /// for next to `ringd`.
+    pub async fn for_member(
+        dir: &Path,
+        name: &str,
+        ringd: &Path,
+        volumes: &[String],
+    ) -> Result<(SeedCluster, bootstrap::config::SeedSpec), ScenarioError> {
+        let bins = seed::BinarySearch::standard(None)
+            .control_plane()
+            .map_err(|e| setup("its binaries")(e.to_string()))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| setup("its dir")(format!("{}: {e}", dir.display())))?;
+        let cluster =
+            SeedCluster::start(dir, name, bins, &ringd.with_file_name("ring-node")).await?;
+        cluster.add_volumes(dir, volumes).await?;
+        let spec = bootstrap::config::SeedSpec::Kubernetes {
+            kubeconfig: cluster.kubeconfig().display().to_string(),
+            context: None,
+            service_type: Some(seed::kubernetes::ServiceType::NodePort),
+            node_address: Some(cluster.node_address().into()),
+            storage_class: None,
+        };
+        Ok((cluster, spec))
+    }
+
+    async fn boot(&mut self) -> Result<(), ScenarioError> {
         let name = self.name.clone();
         self.seed
             .start(&ControlPlaneSpec::new(&name))
@@ -89,27 +121,63 @@ impl SeedCluster {
         self.node
             .issue_credentials(&read(&ca.cert)?, &read(&ca.key)?)
             .map_err(|e| setup("the node's credentials")(e.to_string()))?;
-        let file = dir.join("node.yaml");
         self.node
-            .save(&file)
+            .save(&self.dir.join("node.yaml"))
             .map_err(|e| setup("the node's config")(e.to_string()))?;
-        let log = std::fs::File::create(dir.join("node.log"))
+        self.start_node().await
+    }
+
+    /// Runs `ring-node` with the saved config and waits until the node is Ready.
+    async fn start_node(&mut self) -> Result<(), ScenarioError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("node.log"))
             .map_err(|e| setup("the node's log")(e.to_string()))?;
         let err = log
             .try_clone()
             .map_err(|e| setup("the node's log")(e.to_string()))?;
-        let child = std::process::Command::new(ring_node)
+        let child = std::process::Command::new(&self.ring_node)
             .arg("--config")
-            .arg(&file)
+            .arg(self.dir.join("node.yaml"))
             .stdout(log)
             .stderr(err)
             .spawn()
             .map_err(|e| setup("starting ring-node")(e.to_string()))?;
         self.child = Some(child);
-        self.wait_node_ready(dir).await
+        self.wait_node_ready().await
     }
 
-    async fn wait_node_ready(&self, dir: &Path) -> Result<(), ScenarioError> {
+    /// kill -9 of the node as of a machine that died: `ring-node` (containerd,
+    /// kubelet and kube-proxy die with it), then every pod; the node network
+    /// and the cluster's control plane stay. Whether a node was running.
+    pub fn kill_node(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        seed::node::teardown::kill_node_now(&self.node);
+        true
+    }
+
+    /// Starts a killed node again (containerd over its old state; kubelet
+    /// recreates the pods the cluster still schedules there).
+    pub async fn revive_node(&mut self) -> Result<bool, ScenarioError> {
+        if self.child.is_some() {
+            return Ok(false);
+        }
+        self.start_node().await?;
+        Ok(true)
+    }
+
+    /// The cgroup every pod of the node lives under.
+    pub fn pod_cgroup_root(&self) -> &str {
+        &self.node.cgroup_root
+    }
+
+    async fn wait_node_ready(&self) -> Result<(), ScenarioError> {
+        let dir = &self.dir;
         let deadline = Instant::now() + READY;
         loop {
             let status = self.node_status();

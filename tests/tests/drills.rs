@@ -1,5 +1,8 @@
 //! The essential chaos drills through the real `ringctl drill run` binary:
 //! `kill-seed` (kill -9 of a seed, failover from the bucket, re-link) and
+//! `kill-kubernetes-seed` (the same with the killed seed a Kubernetes cluster:
+//! its node and pods die, the control plane comes back onto the pods),
+//! `kubernetes-to-kubernetes` (failover and move between two seed clusters) and
 //! `full-ring-dr` (the whole ring lost, `ringctl restore --from-bucket`).
 //! Each run's JSON result is checked: passed, RTO measured, never two control
 //! planes of one shoot, no acknowledged write lost beyond the durable delta.
@@ -125,6 +128,81 @@ fn kill_seed_drill_fails_over_from_the_bucket_and_relinks() {
         "re-linked by a planned migration: {ops:?}"
     );
     assert!(!events(&r, "loss").is_empty());
+}
+
+/// A drill killing member 1 (`<p>1`), whose Kubernetes seed hosts shoot 2 as
+/// pods: the checker saw shoot 2 in `<p>1`'s pods before the kill, on `<p>3`
+/// after the failover and in `<p>1`'s pods again at the end, the failover
+/// and the planned move back are done, and nothing ran twice.
+fn check_kubernetes_seed_killed(name: &str, p: &str) {
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill(name, sandbox.path());
+    check_common(&r, &html);
+    let (m1, m2, m3) = (format!("{p}1"), format!("{p}2"), format!("{p}3"));
+    let faults = events(&r, "fault");
+    let kill = faults[0]["detail"].as_str().unwrap();
+    assert!(
+        kill.starts_with(&format!("kill -9 {m1}")) && kill.contains("its node and every pod on it"),
+        "{faults:?}"
+    );
+    let kill_t = faults[0]["t"].as_f64().unwrap();
+    let serving: Vec<(f64, Vec<&str>)> = events(&r, "serving")
+        .iter()
+        .filter(|e| e["shoot"] == m2.as_str())
+        .map(|e| {
+            let members = e["members"].as_array().unwrap();
+            let members = members.iter().map(|m| m.as_str().unwrap()).collect();
+            (e["t"].as_f64().unwrap(), members)
+        })
+        .collect();
+    assert!(
+        serving
+            .iter()
+            .any(|(t, m)| *t < kill_t && m == &[m1.as_str()]),
+        "{m2} seen in {m1}'s pods before the kill: {serving:?}"
+    );
+    assert!(
+        serving
+            .iter()
+            .any(|(t, m)| *t > kill_t && m == &[m3.as_str()]),
+        "{m2} seen on {m3} after the failover: {serving:?}"
+    );
+    assert_eq!(
+        serving.last().map(|(_, m)| m.clone()),
+        Some(vec![m1.as_str()]),
+        "{m2} back in {m1}'s pods: {serving:?}"
+    );
+    let ops = events(&r, "operation");
+    assert!(
+        ops.iter().any(|o| o["kind"] == "failover"
+            && o["shoot"] == m2.as_str()
+            && o["from"] == m1.as_str()
+            && o["to"] == m3.as_str()
+            && o["step"] == "Done"),
+        "{ops:?}"
+    );
+    assert!(
+        ops.iter().any(|o| o["kind"] == "migration"
+            && o["shoot"] == m2.as_str()
+            && o["to"] == m1.as_str()
+            && o["step"] == "Done"),
+        "back onto the pods by a planned migration: {ops:?}"
+    );
+}
+
+/// Off the pods onto a local seed, and back onto the pods.
+#[test]
+fn kill_kubernetes_seed_drill_fails_over_off_the_pods_and_back() {
+    let _slot = ring_slot();
+    check_kubernetes_seed_killed("kill-kubernetes-seed", "kk");
+}
+
+/// From one Kubernetes seed's pods to another's (failover from the bucket),
+/// and back by a planned migration between the two seed clusters.
+#[test]
+fn kubernetes_to_kubernetes_drill_fails_over_and_moves_between_seed_clusters() {
+    let _slot = ring_slot();
+    check_kubernetes_seed_killed("kubernetes-to-kubernetes", "kt");
 }
 
 #[test]

@@ -134,29 +134,17 @@ pub async fn seed_cluster(
     ),
     BootstrapError,
 > {
-    let fail = |e: scenarios::ScenarioError| BootstrapError::Unsupported(e.to_string());
-    let bins = seed::BinarySearch::standard(None)
-        .control_plane()
-        .map_err(|e| BootstrapError::Ring(e.into()))?;
-    let cdir = dir.join("seed-cluster");
-    std::fs::create_dir_all(&cdir)
-        .map_err(|e| BootstrapError::Unsupported(format!("{}: {e}", cdir.display())))?;
-    let ring_node = ringd.with_file_name("ring-node");
-    let cluster = scenarios::seed_cluster::SeedCluster::start(&cdir, "benchseed", bins, &ring_node)
-        .await
-        .map_err(fail)?;
     let volumes: Vec<String> = (1..=failover::VOLUMES)
         .map(|i| format!("bench-etcd-{i}"))
         .collect();
-    cluster.add_volumes(&cdir, &volumes).await.map_err(fail)?;
-    let spec = ::bootstrap::config::SeedSpec::Kubernetes {
-        kubeconfig: cluster.kubeconfig().display().to_string(),
-        context: None,
-        service_type: Some(seed::kubernetes::ServiceType::NodePort),
-        node_address: Some(cluster.node_address().into()),
-        storage_class: None,
-    };
-    Ok((cluster, spec))
+    scenarios::seed_cluster::SeedCluster::for_member(
+        &dir.join("seed-cluster"),
+        "benchseed",
+        ringd,
+        &volumes,
+    )
+    .await
+    .map_err(|e| BootstrapError::Unsupported(e.to_string()))
 }
 
 #[cfg(test)]

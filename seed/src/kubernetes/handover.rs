@@ -32,12 +32,17 @@ impl KubernetesSeed {
         Ok(running)
     }
 
-    /// Scales `components` to zero, in order, and waits for each one's pods
-    /// to go (stragglers are deleted without grace after the stop grace).
+    /// Scales `components` to zero, all at once, and waits until their pods
+    /// are gone (stragglers are deleted without grace after the stop grace).
+    /// One wait for all: pods of one component take 5-10 s to go (kubelet
+    /// kills the containers, then reports), so stopping one after another
+    /// tripled a handover's downtime.
     pub async fn stop_components(&self, shoot: &str, components: &[Component]) -> Result<()> {
         self.anchor(shoot).await?;
         for c in components {
             self.scale(shoot, *c, 0).await?;
+        }
+        for c in components {
             self.wait_pods_gone(shoot, &component_selector(shoot, c.name()))
                 .await?;
         }
