@@ -739,6 +739,12 @@ impl Run<'_> {
     }
 }
 
+/// At most the first 16 bytes of a drill's name (names are ASCII DNS labels),
+/// without a trailing '-'.
+fn short_name(name: &str) -> &str {
+    name.get(..16).unwrap_or(name).trim_end_matches('-')
+}
+
 /// Runs one drill on a fresh ring; `run` numbers it, `seed` seeds its RNG, `say`
 /// gets progress lines. The ring and its temp dir are gone when this returns.
 pub async fn run(
@@ -749,11 +755,13 @@ pub async fn run(
     say: &(dyn Fn(&str) + Sync),
 ) -> Result<RunResult, ScenarioError> {
     drill.validate()?;
+    // short: a Kubernetes member's node lives three levels down, and its
+    // kubelet's sockets must fit in 107 bytes (NodeConfig::validate says so)
     let dir = opts.work_dir.join(format!(
         "ring-drill-{}-{}-{}",
-        drill.name,
+        short_name(&drill.name),
         std::process::id(),
-        now_ms()
+        now_ms() % 1_000_000
     ));
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let dir = dir
@@ -1120,6 +1128,25 @@ mod tests {
     use super::*;
     use ringd::state::{MemberState, Operation};
     use ringd::status::{MemberStatus, PlacementStatus};
+
+    #[test]
+    fn a_drill_dir_keeps_a_kubernetes_member_s_node_within_kubelet_s_socket_limit() {
+        assert_eq!(short_name("kill-seed"), "kill-seed");
+        assert_eq!(
+            short_name("leader-dies-mid-kubernetes-failover"),
+            "leader-dies-mid"
+        );
+        assert_eq!(short_name("abcdefghijklmno-x"), "abcdefghijklmno");
+        // the longest drill name and pid there can be, a member prefix of 7, under /tmp
+        let dir = format!(
+            "/tmp/ring-drill-{}-{}-{}/seed-{}/node",
+            short_name(&"a".repeat(63)),
+            4_194_304,
+            999_999,
+            "memberp9"
+        );
+        assert!(dir.len() <= seed::node::config::MAX_STATE_DIR_LEN, "{dir}");
+    }
 
     fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
         RingStatus {

@@ -11,6 +11,17 @@ use crate::process::Component;
 /// The `apiVersion` of a node config.
 pub const API_VERSION: &str = "ring.gardener.cloud/v1alpha1";
 
+/// The longest unix socket path the kernel takes (`sun_path` less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The longest socket kubelet binds under its root dir (`<stateDir>/kubelet`):
+/// the pod-resources socket, first bound under a temporary name of up to ten
+/// digits.
+const KUBELET_LONGEST_SOCKET: &str = "/kubelet/pod-resources/1234567890";
+
+/// The longest `stateDir` whose kubelet sockets still fit.
+pub const MAX_STATE_DIR_LEN: usize = MAX_SOCKET_PATH - KUBELET_LONGEST_SOCKET.len();
+
 /// How one node runs: which shoot it joins, where it lives on the network, and
 /// where its state is. Written by `ringctl bootstrap`, read by `ring-node`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,6 +153,17 @@ impl NodeConfig {
                     format!("{} is not an absolute path", dir.display()),
                 ));
             }
+        }
+        let state_len = self.state_dir.as_os_str().len();
+        if state_len > MAX_STATE_DIR_LEN {
+            return Err(bad(
+                "stateDir",
+                format!(
+                    "{} is {state_len} bytes: kubelet's sockets under it would exceed {MAX_SOCKET_PATH} bytes \
+                     and kubelet could not start; use a shorter dir (at most {MAX_STATE_DIR_LEN} bytes)",
+                    self.state_dir.display()
+                ),
+            ));
         }
         if self.run_dir.as_os_str().len() > 60 {
             return Err(bad(

@@ -224,6 +224,7 @@ pub fn component_specs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::config::MAX_STATE_DIR_LEN;
 
     pub(crate) fn config() -> NodeConfig {
         NodeConfig {
@@ -327,6 +328,12 @@ mod tests {
             (|c| c.kind = "Node".into(), "kind"),
             (|c| c.name = "M_1".into(), "name"),
             (|c| c.state_dir = "rel".into(), "stateDir"),
+            // kubelet's pod-resources socket under it would not fit in 107 bytes
+            // (a drill's node dir once was 84 bytes: kubelet exited 255 in a loop)
+            (
+                |c| c.state_dir = format!("/tmp/{}/seed-lk1/node", "d".repeat(62)).into(),
+                "stateDir",
+            ),
             (
                 |c| c.run_dir = format!("/{}", "x".repeat(70)).into(),
                 "runDir",
@@ -350,5 +357,12 @@ mod tests {
             );
         }
         config().validate().unwrap();
+        // the longest state dir that still fits is accepted
+        let mut c = config();
+        c.state_dir = format!("/{}", "s".repeat(MAX_STATE_DIR_LEN - 1)).into();
+        c.validate().unwrap();
+        c.state_dir = format!("/{}", "s".repeat(MAX_STATE_DIR_LEN)).into();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("kubelet") && err.contains("shorter"), "{err}");
     }
 }
