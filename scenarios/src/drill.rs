@@ -507,6 +507,16 @@ impl Drill {
                 format!("names position {p} twice"),
             ));
         }
+        let max = seed::kubernetes::MAX_RING_NAME;
+        if !k.is_empty() && self.name.len() > max {
+            return Err(bad(
+                "name",
+                format!(
+                    "is the ring's name, and a Kubernetes seed's ring name has at most {max} characters \
+                     (its namespaces are shoot--<ring>--<shoot>): shorten it or drop ring.kubernetesMembers"
+                ),
+            ));
+        }
         if !k.is_empty() && self.ring.network == NetworkKind::Namespaces {
             return Err(bad(
                 "ring.kubernetesMembers",
@@ -750,6 +760,11 @@ expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
             (
                 GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [4]}"),
                 "ring.kubernetesMembers: ring positions are 1..3, not 4",
+            ),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1]}")
+                    .replace("name: kill-seed", "name: leader-dies-mid-kubernetes-failover"),
+                "name: is the ring's name, and a Kubernetes seed's ring name has at most 24",
             ),
             (
                 GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1, 1]}"),

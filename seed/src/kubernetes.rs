@@ -161,7 +161,7 @@ fn default_etcd_storage() -> String {
 }
 
 /// Longest ring name that leaves room for a shoot name in a 63-character namespace.
-const MAX_RING_NAME: usize = 24;
+pub const MAX_RING_NAME: usize = 24;
 
 impl KubernetesSeedConfig {
     /// Defaults for `ring`, using the in-cluster service account.
