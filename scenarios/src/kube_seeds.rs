@@ -68,11 +68,10 @@ impl KubeSeeds {
 
     /// Starts every killed node again; the members whose node came back.
     pub async fn revive(&mut self) -> Result<Vec<String>, ScenarioError> {
-        let members: Vec<String> = self.clusters.keys().cloned().collect();
         let mut back = Vec::new();
-        for m in members {
-            if self.revive_member(&m).await? {
-                back.push(m);
+        for (m, c) in self.clusters.iter_mut() {
+            if c.revive_node().await? {
+                back.push(m.clone());
             }
         }
         Ok(back)

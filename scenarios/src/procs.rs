@@ -28,20 +28,35 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, String, String)> {
         if pid == me {
             continue;
         }
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+        let Some(cmdline) = command_line(pid) else {
             continue;
         };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if !cmdline.contains(needle) || !seed::process::pid_alive(pid) {
             continue;
         }
-        let comm = std::fs::read_to_string(entry.path().join("comm"))
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        out.push((pid, comm, cmdline));
+        out.push((pid, command_name(pid), cmdline));
     }
     out
+}
+
+/// `/proc/<pid>/cmdline` with NULs as spaces (none once the process is gone).
+fn command_line(pid: u32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(String::from_utf8_lossy(&cmdline).replace('\0', " "))
+}
+
+/// `/proc/<pid>/comm`, trimmed (empty once the process is gone).
+fn command_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Whether a process named `comm` serves a control plane (and so must never
+/// run twice for one shoot).
+fn is_control_plane(comm: &str) -> bool {
+    matches!(comm, "etcd" | "kube-apiserver")
 }
 
 /// The prefix every process of member `m` of the ring in `ring_dir` names.
@@ -55,7 +70,7 @@ pub fn control_planes(ring_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let needle = format!("{}/members/", ring_dir.display());
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (_, comm, cmdline) in processes_mentioning(&needle) {
-        if comm != "etcd" && comm != "kube-apiserver" {
+        if !is_control_plane(&comm) {
             continue;
         }
         if let Some((member, shoot)) = parse_member_shoot(&cmdline, &needle) {
@@ -73,18 +88,11 @@ pub fn pod_control_planes(nodes: &[(String, String)]) -> BTreeMap<String, BTreeS
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (member, root) in nodes {
         for pid in seed::node::teardown::pod_pids(root) {
-            let proc_dir = format!("/proc/{pid}");
-            let comm = std::fs::read_to_string(format!("{proc_dir}/comm")).unwrap_or_default();
-            if !matches!(comm.trim(), "etcd" | "kube-apiserver")
-                || !seed::process::pid_alive(pid as u32)
-            {
+            let pid = pid as u32;
+            if !is_control_plane(&command_name(pid)) || !seed::process::pid_alive(pid) {
                 continue;
             }
-            let Ok(cmdline) = std::fs::read(format!("{proc_dir}/cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if let Some(shoot) = pod_shoot(&cmdline) {
+            if let Some(shoot) = command_line(pid).as_deref().and_then(pod_shoot) {
                 out.entry(shoot).or_default().insert(member.clone());
             }
         }

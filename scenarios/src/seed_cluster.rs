@@ -246,11 +246,7 @@ impl SeedCluster {
     }
 
     fn stop_node(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-            seed::node::teardown::kill_node_now(&self.node);
-        }
+        self.kill_node();
         if let Some(net) = self.net.take() {
             let _ = net.remove();
         }

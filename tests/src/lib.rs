@@ -141,17 +141,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ok(what, timeout, || {
+        let answer = check();
+        async move { answer.await.ok_or_else(|| "not there yet".to_string()) }
+    })
+    .await
 }
 
 /// Polls `check` until it returns `Ok`, panicking with `what` and the last

@@ -42,14 +42,13 @@ impl MemberLoop {
                 seen.released = self.released(shoot);
             }
         }
-        let open = |id: &u64| {
-            state
-                .operations
-                .iter()
-                .any(|o| o.id == *id && !o.step.is_finished())
-        };
-        lock(&self.ledger).retain(|id, _| open(id));
-        for op in state.operations.iter().filter(|o| !o.step.is_finished()) {
+        let open: Vec<&Operation> = state
+            .operations
+            .iter()
+            .filter(|o| !o.step.is_finished())
+            .collect();
+        lock(&self.ledger).retain(|id, _| open.iter().any(|o| o.id == *id));
+        for op in open {
             if op.role_of(me) == Role::None {
                 continue;
             }
