@@ -302,10 +302,24 @@ fn operation_duties(
             },
         ) => {
             let epoch = op.epoch();
+            let leased = lease_valid(observed.leases.get(shoot), epoch, observed.seed.lease, now);
+            if running && !leased {
+                // a target that lost its lease mid-move (cut off while it
+                // verifies, say) stops serving like any holder; it acquires the
+                // lease and starts again on a later round
+                out.push(Duty::Fence {
+                    shoot: shoot.to_string(),
+                    reason: format!(
+                        "lease for epoch {epoch} about to end while operation {} runs: fenced",
+                        op.id
+                    ),
+                });
+                return;
+            }
             let view = TargetView {
                 fetched,
                 restored,
-                leased: lease_valid(observed.leases.get(shoot), epoch, observed.seed.lease, now),
+                leased,
                 serving: running,
                 verified: facts.verified,
             };

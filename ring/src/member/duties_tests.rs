@@ -544,6 +544,76 @@ fn a_failover_target_waits_for_the_old_lease_then_restores_from_the_bucket() {
     }));
 }
 
+/// A target whose control plane runs under the move's new epoch serves only
+/// under that epoch's lease: cut off from the quorum while it verifies, or
+/// restarted without the lease, it is fenced like any holder, then leases,
+/// starts and verifies again.
+#[test]
+fn a_move_target_that_loses_its_lease_while_it_runs_is_fenced() {
+    let now = Instant::now();
+    let restoring = failover_state(Some(OperationStep::Restoring));
+    let running = ShootSeen {
+        operation: Some(OperationSeen {
+            id: 0,
+            facts: OperationFacts::Target {
+                fetched: true,
+                restored: true,
+                running: true,
+            },
+            retry_at: None,
+            verified: false,
+        }),
+        serving: true,
+        backup_running: true,
+        ..Default::default()
+    };
+    let fence = Duty::Fence {
+        shoot: "b".into(),
+        reason: "lease for epoch 2 about to end while operation 0 runs: fenced".into(),
+    };
+    let renew = Duty::RenewLease {
+        shoot: "b".into(),
+        epoch: 2,
+    };
+    let verify = Duty::Target {
+        op: 0,
+        shoot: "b".into(),
+        epoch: 2,
+        action: TargetAction::Verify,
+    };
+    // (case, lease, expected)
+    let cases: Vec<(&str, Option<HeldLease>, Vec<Duty>)> = vec![
+        (
+            "lease fresh: verify",
+            Some(lease(now, 2, LEASE, LEASE / 3)),
+            vec![verify],
+        ),
+        (
+            "lease about to end (renewals fail): fence, keep renewing",
+            Some(lease(now, 2, LEASE / 7, Duration::ZERO)),
+            vec![fence.clone(), renew],
+        ),
+        (
+            "no lease (ringd restarted mid-move): fence",
+            None,
+            vec![fence.clone()],
+        ),
+        (
+            "only the old epoch's lease: fence",
+            Some(lease(now, 1, LEASE, LEASE / 3)),
+            vec![fence],
+        ),
+    ];
+    for (case, held, want) in cases {
+        let mut o = observed(now);
+        o.shoots.insert("b".into(), running.clone());
+        if let Some(l) = held {
+            o.leases.insert("b".into(), l);
+        }
+        assert_eq!(duties_b(&restoring, "c", &o, now), want, "{case}");
+    }
+}
+
 #[test]
 fn operation_steps_wait_for_their_retry_ignore_stale_facts_and_are_refused_by_seeds_that_cannot_move(
 ) {
