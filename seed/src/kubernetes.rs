@@ -26,6 +26,7 @@
 //!   plainly when it cannot.
 
 pub mod agent;
+mod backoff;
 mod forwarder;
 mod handover;
 pub mod manifests;
@@ -886,6 +887,9 @@ impl Seed for KubernetesSeed {
             self.apply(&spec.shoot, &object).await?;
         }
         tracing::info!(shoot = %spec.shoot, namespace = %ns, "control plane applied");
+        // a start repeated until the control plane is whole (a move's target)
+        // also ends back-offs its dependents entered while the API was down
+        self.replace_backed_off(&spec.shoot).await?;
         Ok(())
     }
 

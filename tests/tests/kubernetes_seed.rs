@@ -29,6 +29,8 @@ use seed::{
     SeedError,
 };
 
+#[path = "kubernetes_seed/backoff.rs"]
+mod backoff;
 #[path = "kubernetes_seed/failover.rs"]
 mod failover;
 #[path = "kubernetes_seed/migration.rs"]

@@ -182,7 +182,15 @@ impl Executor for KubernetesExecutor {
     }
 
     async fn ready(&self, shoot: &str) -> bool {
-        matches!(self.seed.health(shoot).await, Ok(h) if h.ready)
+        let ready = matches!(self.seed.health(shoot).await, Ok(h) if h.ready);
+        if ready {
+            // controller-manager and scheduler that crashed while the API was
+            // down start again now rather than after their back-off
+            if let Err(e) = self.seed.replace_backed_off(shoot).await {
+                tracing::warn!(%shoot, error = %e, "cannot replace pods left in back-off");
+            }
+        }
+        ready
     }
 
     async fn remove(&self, shoot: &str) -> Result<(), RingError> {
