@@ -19,15 +19,7 @@ fn source_walk(view: &mut SourceView, action: SourceAction) {
 #[test]
 fn a_migration_source_drains_snapshots_and_hands_over_without_fencing_itself() {
     let now = Instant::now();
-    let mut state = ring();
-    apply(
-        &mut state,
-        RingCommand::StartMigration {
-            shoot: "b".into(),
-            to: "c".into(),
-            at_ms: 1,
-        },
-    );
+    let state = migration_state(false);
     let mut view = SourceView {
         writers_running: true,
         etcd_running: true,
@@ -138,30 +130,13 @@ fn target_walk(state: &RingState, op: u64, epoch: u64) -> Vec<TargetAction> {
 
 #[test]
 fn a_migration_target_fetches_restores_leases_starts_verifies_completes() {
-    let mut state = ring();
-    apply(
-        &mut state,
-        RingCommand::StartMigration {
-            shoot: "b".into(),
-            to: "c".into(),
-            at_ms: 1,
-        },
-    );
     // before the handover the target has no part yet
     let o = observed(Instant::now());
-    assert!(duties_b(&state, "c", &o, Instant::now())
+    assert!(duties_b(&migration_state(false), "c", &o, Instant::now())
         .iter()
         .all(|d| !matches!(d, Duty::Target { .. })));
-    apply(
-        &mut state,
-        RingCommand::HandoverReady {
-            id: 0,
-            revision: 42,
-            at_ms: 2,
-        },
-    );
     assert_eq!(
-        target_walk(&state, 0, 2),
+        target_walk(&migration_state(true), 0, 2),
         vec![
             TargetAction::Fetch,
             TargetAction::Restore,
@@ -171,6 +146,31 @@ fn a_migration_target_fetches_restores_leases_starts_verifies_completes() {
             TargetAction::Complete
         ]
     );
+}
+
+/// b's control plane moving from a to c (operation 0), before or after the
+/// source reported its handover at revision 42.
+fn migration_state(handover_ready: bool) -> RingState {
+    let mut state = ring();
+    apply(
+        &mut state,
+        RingCommand::StartMigration {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: 1,
+        },
+    );
+    if handover_ready {
+        apply(
+            &mut state,
+            RingCommand::HandoverReady {
+                id: 0,
+                revision: 42,
+                at_ms: 2,
+            },
+        );
+    }
+    state
 }
 
 pub(super) fn failover_state(step: Option<OperationStep>) -> RingState {
@@ -390,23 +390,7 @@ fn operation_steps_wait_for_their_retry_ignore_stale_facts_and_are_refused_by_se
 #[test]
 fn a_seed_that_cannot_migrate_refuses_migrations_but_takes_failovers() {
     let now = Instant::now();
-    let mut migration = ring();
-    apply(
-        &mut migration,
-        RingCommand::StartMigration {
-            shoot: "b".into(),
-            to: "c".into(),
-            at_ms: 1,
-        },
-    );
-    apply(
-        &mut migration,
-        RingCommand::HandoverReady {
-            id: 0,
-            revision: 42,
-            at_ms: 2,
-        },
-    );
+    let migration = migration_state(true);
     let mut o = observed(now);
     let why = "c: a Kubernetes seed migrates through the ring's bucket, and there is none";
     o.seed.migrates = Err(why.into());
