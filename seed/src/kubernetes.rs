@@ -793,7 +793,6 @@ fn lb_addresses(svc: &Service) -> Vec<LbAddress> {
         .collect()
 }
 
-/// Every regular file of `dir` by name.
 /// The label selector of `shoot`'s pods of one component (`etcd`, `kube-apiserver`).
 fn component_selector(shoot: &str, component: &str) -> String {
     format!(
@@ -802,6 +801,16 @@ fn component_selector(shoot: &str, component: &str) -> String {
     )
 }
 
+/// The component a pod runs (its component label).
+fn component_of(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(render::COMPONENT_LABEL)
+        .map(String::as_str)
+}
+
+/// Every regular file of `dir` by name.
 fn read_dir_files(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(dir).map_err(SeedError::io(dir))? {
@@ -925,14 +934,7 @@ impl Seed for KubernetesSeed {
             let (desired, ready) = self.replicas(shoot, c).await?.unwrap_or((0, 0));
             desired_total += desired;
             let mut state = ComponentState::default();
-            for pod in pods.iter().filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(render::COMPONENT_LABEL))
-                    .map(String::as_str)
-                    == Some(c.name())
-            }) {
+            for pod in pods.iter().filter(|p| component_of(p) == Some(c.name())) {
                 let statuses = pod
                     .status
                     .as_ref()

@@ -12,21 +12,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 
-use super::render::{COMPONENT_LABEL, SHOOT_LABEL};
-use super::KubernetesSeed;
+use super::render::SHOOT_LABEL;
+use super::{component_of, KubernetesSeed};
 use crate::error::Result;
 use crate::process::Component;
 
 /// The components that wait for the API by exiting (the others are guarded).
 const DEPENDENTS: [Component; 2] = [Component::KubeControllerManager, Component::KubeScheduler];
-
-fn component_of(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .labels
-        .as_ref()?
-        .get(COMPONENT_LABEL)
-        .map(String::as_str)
-}
 
 /// Since when the API serves: the earliest Ready transition among the ready
 /// kube-apiserver pods (`None`: no kube-apiserver pod is ready).
@@ -100,6 +92,7 @@ impl KubernetesSeed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubernetes::render::COMPONENT_LABEL;
     use serde_json::json;
 
     fn pod(name: &str, component: &str, status: serde_json::Value) -> Pod {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::agent::{HandoverRecord, HANDOVER_CONFIGMAP};
 use super::render::SHOOT_LABEL;
-use super::{component_selector, render, KubernetesSeed};
+use super::{component_of, component_selector, KubernetesSeed};
 use crate::error::{Result, SeedError};
 use crate::process::Component;
 
@@ -18,13 +18,7 @@ impl KubernetesSeed {
         let mut running = Vec::new();
         for c in Component::ALL {
             let desired = self.replicas(shoot, c).await?.map_or(0, |(d, _)| d);
-            let has_pods = pods.iter().any(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(render::COMPONENT_LABEL))
-                    .is_some_and(|v| v == c.name())
-            });
+            let has_pods = pods.iter().any(|p| component_of(p) == Some(c.name()));
             if desired > 0 || has_pods {
                 running.push(c);
             }

@@ -26,12 +26,6 @@ fn lease(fence_at_ms: u64) -> LeaseRecord {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// (name, waiting reason, restarts) of each pod matching `selector`.
 fn pods(kc: &Path, ns: &str, selector: &str) -> Vec<(String, String, u64)> {
     let list = kubectl_json(kc, &["get", "pods", "-n", ns, "-l", selector]);
@@ -106,7 +100,7 @@ async fn dependents_left_in_back_off_while_the_api_was_fenced_start_once_it_serv
 
     // the lease comes: the guards start etcd and kube-apiserver
     assert!(seed
-        .write_lease(SHOOT, &lease(now_ms() + 600_000))
+        .write_lease(SHOOT, &lease(ringd::now_ms() + 600_000))
         .await
         .expect("lease"));
     wait_for(
