@@ -84,7 +84,9 @@ pub struct MemberSpec {
     pub address: Option<String>,
     /// A network namespace (`ip netns`, under /run/netns) this member's ringd and
     /// every control plane it hosts run in: members on one machine separated like
-    /// hosts on a network (used by the partition drill). The namespace must exist.
+    /// hosts on a network (used by the partition drill). The namespace must exist;
+    /// for a Kubernetes seed it must reach the seed cluster's API and the
+    /// addresses its Services are reached at (the drills give it a link of its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
 }
@@ -261,12 +263,6 @@ impl RingConfig {
                     return Err(bad(
                         format!("members[{i}].netns"),
                         format!("{ns:?} is not a network namespace name (letters, digits, '-', '_', '.'; at most 64)"),
-                    ));
-                }
-                if m.seed != SeedSpec::Local {
-                    return Err(bad(
-                        format!("members[{i}].netns"),
-                        "only a member on a local seed runs in a network namespace",
                     ));
                 }
             }
@@ -597,10 +593,6 @@ mod tests {
             (
                 yaml("members: [{name: a, netns: ../x}, {name: b}, {name: c}]\n"),
                 "config members[0].netns: \"../x\" is not a network namespace name",
-            ),
-            (
-                yaml("members: [{name: a}, {name: b}, {name: c, netns: n, seed: {kind: kubernetes, kubeconfig: k}}]\n"),
-                "config members[2].netns: only a member on a local seed",
             ),
         ];
         for (text, want) in cases {

@@ -11,6 +11,7 @@ use std::path::Path;
 use bootstrap::config::SeedSpec;
 
 use crate::drill::Drill;
+use crate::netns::Network;
 use crate::seed_cluster::SeedCluster;
 use crate::ScenarioError;
 
@@ -27,10 +28,13 @@ pub struct KubeSeeds {
 impl KubeSeeds {
     /// Starts a seed cluster under `dir` for every Kubernetes member of
     /// `drill` (`ring-node` next to `ringd`); the seed spec of each member.
+    /// On a drill `network`, each cluster is reachable from its member's
+    /// namespace by a link the drill's partitions do not cut.
     pub async fn start(
         dir: &Path,
         drill: &Drill,
         ringd: &Path,
+        network: Option<&Network>,
     ) -> Result<(KubeSeeds, BTreeMap<String, SeedSpec>), ScenarioError> {
         let members = drill.members();
         let mut seeds = KubeSeeds::default();
@@ -45,6 +49,9 @@ impl KubeSeeds {
                 &volumes,
             )
             .await?;
+            if let Some(host) = network.and_then(|n| n.hosts().iter().find(|h| h.member == *m)) {
+                cluster.reach_from(&host.netns, 0).await?;
+            }
             seeds.clusters.insert(m.clone(), cluster);
             specs.insert(m.clone(), spec);
         }

@@ -817,7 +817,8 @@ pub async fn run(
             drill.name
         ));
     }
-    let (kube_seeds, kube_specs) = KubeSeeds::start(&dir, drill, &opts.ringd).await?;
+    let (kube_seeds, kube_specs) =
+        KubeSeeds::start(&dir, drill, &opts.ringd, network.as_deref()).await?;
     let config = RingConfig {
         name: drill.name.clone(),
         members: members

@@ -16,6 +16,7 @@ use kube::api::{Api, PostParams};
 use seed::node::net::NodeNetwork;
 use seed::node::{NodeConfig, NodeStatus};
 use seed::{Binaries, ControlPlaneSpec, LocalSeed, Seed};
+use tokio_util::sync::CancellationToken;
 
 use crate::ScenarioError;
 
@@ -34,6 +35,8 @@ pub struct SeedCluster {
     node: NodeConfig,
     net: Option<NodeNetwork>,
     child: Option<Child>,
+    /// Ends the relays into guest namespaces ([`SeedCluster::reach_from`]).
+    relays: CancellationToken,
 }
 
 fn setup(what: &str) -> impl Fn(String) -> ScenarioError + '_ {
@@ -71,6 +74,7 @@ impl SeedCluster {
             node,
             net: Some(net),
             child: None,
+            relays: CancellationToken::new(),
         };
         cluster.boot().await?;
         Ok(cluster)
@@ -146,6 +150,27 @@ impl SeedCluster {
             .map_err(|e| setup("starting ring-node")(e.to_string()))?;
         self.child = Some(child);
         self.wait_node_ready().await
+    }
+
+    /// Makes the cluster reachable from network namespace `netns` (a drill
+    /// member's, whose ringd hosts control planes here) as from the host: the
+    /// namespace is plugged into the node network as guest `i` (node ports on
+    /// the node's address) and gets a relay of the cluster's API address to
+    /// the host's loopback. A link of its own, so cutting the member off from
+    /// the other members leaves it its seed cluster, as a member running in
+    /// its cluster keeps it.
+    pub async fn reach_from(&self, netns: &str, i: u8) -> Result<(), ScenarioError> {
+        let net = self
+            .net
+            .as_ref()
+            .ok_or_else(|| ScenarioError::Setup(format!("seed cluster {}: stopped", self.name)))?;
+        net.plug_guest(netns, i)
+            .map_err(|e| setup("plugging a member into its node network")(e.to_string()))?;
+        let api = api_address(&self.name);
+        seed::node::net::forward_into(netns, api, api, self.relays.clone())
+            .await
+            .map_err(|e| setup("relaying its API into a member's namespace")(e.to_string()))?;
+        Ok(())
     }
 
     /// kill -9 of the node as of a machine that died: `ring-node` (containerd,
@@ -246,6 +271,7 @@ impl SeedCluster {
     }
 
     fn stop_node(&mut self) {
+        self.relays.cancel();
         self.kill_node();
         if let Some(net) = self.net.take() {
             let _ = net.remove();

@@ -101,13 +101,20 @@ pub fn setup_hub(hub: &str, root_if: &str, gateway_cidr: &str) -> Result<()> {
 pub fn attach(hub: &str, port: &str, netns: &str, cidr: &str) -> Result<()> {
     ip(&["netns", "add", netns])?;
     ip(&["-n", netns, "link", "set", "lo", "up"])?;
+    plug(hub, port, netns, "eth0", cidr)
+}
+
+/// Plugs the existing namespace `netns` into the bridge of `hub` as port
+/// `port`: a second network for a host that has one, its interface `ifname`
+/// with address `cidr`. Deleting either namespace removes the link.
+pub fn plug(hub: &str, port: &str, netns: &str, ifname: &str, cidr: &str) -> Result<()> {
     let _ = ip(&["-n", hub, "link", "del", port]);
     ip(&[
-        "-n", hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", netns,
+        "-n", hub, "link", "add", port, "type", "veth", "peer", "name", ifname, "netns", netns,
     ])?;
     ip(&["-n", hub, "link", "set", port, "master", "br0", "up"])?;
-    ip(&["-n", netns, "addr", "add", cidr, "dev", "eth0"])?;
-    ip(&["-n", netns, "link", "set", "eth0", "up"])
+    ip(&["-n", netns, "addr", "add", cidr, "dev", ifname])?;
+    ip(&["-n", netns, "link", "set", ifname, "up"])
 }
 
 /// Binds a UDP socket inside namespace `name` (from a short-lived thread).

@@ -188,6 +188,28 @@ impl NodeNetwork {
         Ok(())
     }
 
+    /// Plugs the existing namespace `netns` (a host that is not a node, e.g. a
+    /// drill member whose ringd uses this network's nodes) into the bridge as
+    /// guest `i` (0..=49): interface `node0` with address 198.19.16T.(200+i),
+    /// which reaches every node directly. Deleting `netns` removes the link.
+    pub fn plug_guest(&self, netns: &str, i: u8) -> Result<Ipv4Addr> {
+        if i >= 50 {
+            return Err(SeedError::InvalidSpec {
+                field: "node network guest".into(),
+                reason: format!("{i} is not in 0..=49"),
+            });
+        }
+        let address = Ipv4Addr::new(198, 19, self.tag * 16, 200 + i);
+        crate::netns::plug(
+            &self.hub(),
+            &format!("g{i}"),
+            netns,
+            "node0",
+            &format!("{address}/24"),
+        )?;
+        Ok(address)
+    }
+
     /// Deletes every namespace and link of this network (what is gone is skipped).
     pub fn remove(&self) -> Result<()> {
         let mut first_err = None;
@@ -256,5 +278,67 @@ mod tests {
         let names: Vec<String> = (0..16).map(|i| format!("n{i}")).collect();
         assert!(NodeNetwork::plan(0, &names).is_err());
         assert!(NodeNetwork::plan(16, &names[..1]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod guest_tests {
+    use super::*;
+
+    /// Needs root (as CI and the drills do): a real node network with one
+    /// node, and a guest namespace plugged into it that reaches the node's
+    /// address directly, as a drill member's ringd reaches its node ports.
+    #[test]
+    fn a_guest_namespace_reaches_the_nodes_on_its_own_link() {
+        let net = NodeNetwork::create(&["guestnode".to_string()])
+            .expect("creating a node network (needs root; run the tests as root)");
+        let guest = format!("rnode-{}-guest", net.tag);
+        let outcome = (|| -> std::result::Result<(), String> {
+            crate::netns::ip(&["netns", "add", &guest]).map_err(|e| e.to_string())?;
+            let node = net.hosts[0].clone();
+            let listener = crate::netns::listen_in(&node.netns, (node.address, 7101).into())
+                .map_err(|e| format!("listening in the node: {e}"))?;
+            // before plugging, the guest has no route to the node
+            let reach = |ns: String| {
+                std::thread::spawn(move || {
+                    crate::netns::enter(&ns)?;
+                    std::net::TcpStream::connect_timeout(
+                        &(node.address, 7101).into(),
+                        std::time::Duration::from_secs(2),
+                    )
+                })
+                .join()
+                .map_err(|_| "the connecting thread panicked".to_string())
+            };
+            if reach(guest.clone())?.is_ok() {
+                return Err("the guest reached the node before it was plugged in".into());
+            }
+            let address = net.plug_guest(&guest, 3).map_err(|e| e.to_string())?;
+            if address != Ipv4Addr::new(198, 19, net.tag * 16, 203) {
+                return Err(format!("guest 3 got {address}"));
+            }
+            // a port that just came up may drop the first packets: bounded retries
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                match reach(guest.clone())? {
+                    Ok(_) => break,
+                    Err(e) if std::time::Instant::now() >= deadline => {
+                        return Err(format!("the plugged guest does not reach the node: {e}"))
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+                }
+            }
+            listener.set_nonblocking(false).map_err(|e| e.to_string())?;
+            let (_, from) = listener.accept().map_err(|e| e.to_string())?;
+            if from.ip() != std::net::IpAddr::V4(address) {
+                return Err(format!("the node saw the guest as {from}, not {address}"));
+            }
+            Ok(())
+        })();
+        let _ = crate::netns::ip(&["netns", "del", &guest]);
+        let removed = net.remove();
+        outcome.unwrap();
+        removed.unwrap();
+        assert!(!crate::netns::exists(&guest), "{guest} left behind");
     }
 }
