@@ -163,6 +163,26 @@ pub struct RingConfig {
     /// Seconds a seed keeps a control plane's data after it moved away (default 3600).
     #[serde(default = "ringd::config::default_release_grace_secs")]
     pub release_grace_seconds: u64,
+    /// Members that host their successor's control plane as pods on their own
+    /// shoot's node instead of as processes (bootstrap moves it there).
+    #[serde(default, skip_serializing_if = "SelfHosting::is_empty")]
+    pub self_hosting: SelfHosting,
+}
+
+/// Which members host as pods on their own shoot's node (`selfHosting`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SelfHosting {
+    /// Member names; each hosts its successor as pods on its shoot's first node.
+    #[serde(default)]
+    pub members: Vec<String>,
+}
+
+impl SelfHosting {
+    /// Whether no member hosts as pods.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
 }
 
 impl Default for RingConfig {
@@ -182,6 +202,7 @@ impl Default for RingConfig {
             timing: Timing::default(),
             nodes: Nodes::default(),
             release_grace_seconds: ringd::config::default_release_grace_secs(),
+            self_hosting: SelfHosting::default(),
         }
     }
 }
@@ -276,6 +297,7 @@ impl RingConfig {
             }
         }
         self.validate_nodes()?;
+        self.validate_self_hosting()?;
         self.timing
             .validate()
             .map_err(|e| bad("timing", e.to_string()))?;
@@ -348,6 +370,46 @@ impl RingConfig {
         Ok(())
     }
 
+    fn validate_self_hosting(&self) -> Result<(), BootstrapError> {
+        let names = &self.self_hosting.members;
+        for (i, n) in names.iter().enumerate() {
+            let field = format!("selfHosting.members[{i}]");
+            let Some(m) = self.members.iter().find(|m| m.name == *n) else {
+                return Err(bad(field, format!("{n:?} is not a member of the ring")));
+            };
+            if names[..i].contains(n) {
+                return Err(bad(field, format!("{n:?} is listed twice")));
+            }
+            if m.seed != SeedSpec::Local || m.netns.is_some() {
+                return Err(bad(
+                    field,
+                    format!("{n:?} must be a member on a local seed without netns: it hosts on its own shoot's node"),
+                ));
+            }
+        }
+        if !names.is_empty() && self.nodes.per_member == 0 {
+            return Err(bad(
+                "selfHosting",
+                "pods need nodes: set nodes.perMember to 1 or more",
+            ));
+        }
+        if !names.is_empty() && names.len() >= self.members.len() {
+            return Err(bad(
+                "selfHosting.members",
+                "listing every member closes the ring, which this version does not do yet: \
+                 a control plane's pods read their lease through their seed's API, itself in pods \
+                 of another member, so one lost machine would stop them all; leave one member out",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The member after `member` in ring order (whose control plane it hosts).
+    pub fn successor(&self, member: &str) -> Option<String> {
+        let i = self.members.iter().position(|m| m.name == member)?;
+        Some(self.members[(i + 1) % self.members.len()].name.clone())
+    }
+
     /// The IP member `i` listens on: its own `address`, else `ports.address`.
     pub fn member_ip(&self, i: usize) -> &str {
         self.members
@@ -402,205 +464,5 @@ pub fn check_bucket_url(url: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn yaml(body: &str) -> String {
-        format!("apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: demo\n{body}")
-    }
-
-    #[test]
-    fn default_is_a_valid_three_member_local_ring() {
-        let c = RingConfig::default();
-        c.validate().unwrap();
-        assert_eq!(c.members.len(), 3);
-        assert_eq!(c.member_address(0), "127.0.0.1:17101");
-        let text = serde_yaml::to_string(&c).unwrap();
-        assert_eq!(RingConfig::parse(&text, "x").unwrap(), c);
-    }
-
-    #[test]
-    fn nodes_are_one_per_member_by_default_and_checked() {
-        let members = "members: [{name: a}, {name: b}, {name: c}]\n";
-        let c = RingConfig::parse(&yaml(members), "ring.yaml").unwrap();
-        assert_eq!(c.nodes.per_member, 1);
-        for (body, field, says) in [
-            (
-                "nodes: {perMember: 6}\n",
-                "nodes.perMember",
-                "3 members x 6 nodes = 18",
-            ),
-            (
-                "nodes: {perMember: 1, extra: 1}\n",
-                "ring.yaml",
-                "unknown field",
-            ),
-        ] {
-            let err = RingConfig::parse(&yaml(&format!("{members}{body}")), "ring.yaml")
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(field) && err.contains(says), "{body}: {err}");
-        }
-        let in_netns = "members: [{name: a, netns: ns-a}, {name: b}, {name: c}]\n";
-        let err = RingConfig::parse(&yaml(in_netns), "ring.yaml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("members[0].netns") && err.contains("perMember: 0"),
-            "{err}"
-        );
-        let many: Vec<String> = (0..16).map(|i| format!("{{name: m{i}}}")).collect();
-        let err = RingConfig::parse(&yaml(&format!("members: [{}]\n", many.join(", "))), "r")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("room for 15 nodes"), "{err}");
-        let two =
-            RingConfig::parse(&yaml(&format!("{members}nodes: {{perMember: 2}}\n")), "r").unwrap();
-        assert_eq!(
-            crate::nodes::node_names(&two),
-            ["a", "a-2", "b", "b-2", "c", "c-2"]
-        );
-        assert_eq!(crate::nodes::shoot_of(&two, "b-2").as_deref(), Some("b"));
-        let long = format!(
-            "members: [{{name: {}}}, {{name: b}}, {{name: c}}]\nnodes: {{perMember: 2}}\n",
-            "x".repeat(40)
-        );
-        let err = RingConfig::parse(&yaml(&long), "r")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("members[0].name") && err.contains("-2"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn a_member_may_have_its_own_address_and_network_namespace() {
-        let c = RingConfig::parse(
-            &yaml(
-                "members: [{name: a, address: 198.18.0.1, netns: ring-a}, {name: b}, {name: c}]\nnodes: {perMember: 0}\n",
-            ),
-            "ring.yaml",
-        )
-        .unwrap();
-        assert_eq!(c.member_address(0), "198.18.0.1:17101");
-        assert_eq!(c.metrics_address(0), "198.18.0.1:17201");
-        assert_eq!(c.member_address(1), "127.0.0.1:17102");
-        assert_eq!(c.members[0].netns.as_deref(), Some("ring-a"));
-        assert_eq!(
-            c.member_ip_addr(0).unwrap(),
-            "198.18.0.1".parse::<std::net::IpAddr>().unwrap()
-        );
-        // a member without them is written as before
-        let text = serde_yaml::to_string(&RingConfig::default()).unwrap();
-        assert!(
-            !text.contains("netns") && !text.contains("address: null"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn a_kubernetes_member_gets_its_ringds_seed_section() {
-        let text = yaml(
-            "members: [{name: a, seed: {kind: kubernetes, kubeconfig: /k, serviceType: NodePort, nodeAddress: 10.1.2.3}}, {name: b}, {name: c}]\n",
-        );
-        let c = RingConfig::parse(&text, "ring.yaml").unwrap();
-        let k = c.members[0].seed.kubernetes_config("demo").unwrap();
-        assert_eq!(k.ring, "demo");
-        assert_eq!(k.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
-        assert_eq!(k.service_type, seed::kubernetes::ServiceType::NodePort);
-        assert_eq!(k.node_address, Some("10.1.2.3".parse().unwrap()));
-        k.validate().unwrap();
-        assert!(c.members[1].seed.kubernetes_config("demo").is_none());
-        let typo = yaml("members: [{name: a, seed: {kind: kubernetes, kubeconfig: /k, nodeAdress: 10.1.2.3}}, {name: b}, {name: c}]\n");
-        let err = RingConfig::parse(&typo, "ring.yaml")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("nodeAdress"), "{err}");
-    }
-
-    #[test]
-    fn the_bucket_key_is_checked_where_it_is_used() {
-        let text = yaml(
-            "members: [{name: a}, {name: b}, {name: c}]\nbucketEncryption: {keyFile: /nonexistent/ring.key}\n",
-        );
-        // `ringctl status` / `down` read the config without needing the key
-        let config = RingConfig::parse(&text, "ring.yaml").unwrap();
-        let err = config.check_bucket_key().unwrap_err().to_string();
-        assert!(
-            err.contains("bucketEncryption") && err.contains("/nonexistent/ring.key"),
-            "{err}"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("ring.key");
-        std::fs::write(&key, "22".repeat(32)).unwrap();
-        let text = text.replace("/nonexistent/ring.key", &key.display().to_string());
-        RingConfig::parse(&text, "ring.yaml")
-            .unwrap()
-            .check_bucket_key()
-            .unwrap();
-    }
-
-    #[test]
-    fn bad_configs_give_precise_errors() {
-        let three = "members: [{name: a}, {name: b}, {name: c}]\n";
-        let cases = [
-            (
-                yaml("members: [{name: a}, {name: b}]\n"),
-                "config members: a ring needs at least 3 members",
-            ),
-            (
-                yaml("members: [{name: a}, {name: b}, {name: a}]\n"),
-                "config members[2].name: \"a\" is already members[0]",
-            ),
-            (
-                yaml(&format!("{three}bucket: ftp://x\n")),
-                "config bucket: \"ftp://x\": unsupported scheme \"ftp\"",
-            ),
-            (
-                yaml(&format!("{three}bucket: file://relative\n")),
-                "absolute path",
-            ),
-            (
-                yaml(&format!("{three}bucketEncryption: {{keyFile: key}}\n")),
-                "config bucketEncryption.keyFile: give an absolute path",
-            ),
-            (
-                yaml(&format!("{three}bucketEncryption: {{}}\n")),
-                "give keyFile (a file with the key) or keyEnv",
-            ),
-            (
-                yaml(&format!("{three}colour: blue\n")),
-                "unknown field `colour`",
-            ),
-            (
-                yaml("members: [{name: a, zone: x}, {name: b}, {name: c}]\n"),
-                "unknown field `zone`",
-            ),
-            (
-                yaml("members: [{name: A}, {name: b}, {name: c}]\n"),
-                "members[0].name",
-            ),
-            (yaml(&format!("{three}ports: {{base: 80}}\n")), "ports.base"),
-            (
-                yaml(&format!("{three}timing: {{leaseMs: 10}}\n")),
-                "timing.leaseMs",
-            ),
-            (
-                yaml("members: [{name: a}, {name: b, address: 10.0.0.300}, {name: c}]\n"),
-                "config members[1].address: \"10.0.0.300\" is not an IP address",
-            ),
-            (
-                yaml("members: [{name: a, netns: ../x}, {name: b}, {name: c}]\n"),
-                "config members[0].netns: \"../x\" is not a network namespace name",
-            ),
-        ];
-        for (text, want) in cases {
-            let got = RingConfig::parse(&text, "ring.yaml")
-                .map(|_| ())
-                .unwrap_err()
-                .to_string();
-            assert!(got.contains(want), "want {want:?} in {got:?}");
-        }
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -12,6 +12,7 @@ pub mod config;
 pub mod nodes;
 pub mod plan;
 pub mod restore;
+pub mod selfhost;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -383,6 +384,9 @@ async fn observe(layout: &RingLayout, config: &RingConfig) -> Observed {
                 o.ready.insert(h.shoot.clone());
             }
         }
+        if status.leader.is_some() && o.placements.is_empty() {
+            observe_moves(&status, &mut o);
+        }
         let _ = name;
     }
     for n in &names {
@@ -392,7 +396,29 @@ async fn observe(layout: &RingLayout, config: &RingConfig) -> Observed {
     }
     o.kubeconfigs = kubeconfigs;
     observe_nodes(layout, config, &mut o);
+    // ringd restarts right after its config changes (stopped, written, started)
+    o.pod_seeds = names
+        .iter()
+        .filter(|n| selfhost::hosts_as_pods(layout, n))
+        .map(|n| n.to_string())
+        .collect();
+    for m in &config.self_hosting.members {
+        let asked = !o.pod_seeds.contains(m) && o.kubeconfigs.contains(m) && o.ready.contains(m);
+        if asked && selfhost::volumes_exist(layout, m).await {
+            o.volumes.insert(m.clone());
+        }
+    }
     o
+}
+
+/// Placements and unfinished moves, from a member that knows a leader.
+fn observe_moves(status: &RingStatus, o: &mut Observed) {
+    for p in &status.placements {
+        o.placements.insert(p.shoot.clone(), p.host.clone());
+    }
+    for op in status.operations.iter().filter(|op| !op.step.is_finished()) {
+        o.moving.insert(op.shoot().to_string());
+    }
 }
 
 fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
@@ -484,11 +510,29 @@ async fn execute(
             nodes::configure(layout, config, node, &host)?;
         }
         Step::StartNode(member) => nodes::start(layout, &ring_node_binary(ringd), member)?,
-        Step::AwaitNodes(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        Step::AwaitNodes(_) | Step::AwaitMoves(_) => {
+            tokio::time::sleep(Duration::from_millis(250)).await
+        }
+        Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => {
+            // e.g. no leader yet after a member's ringd restarted: the next
+            // round observes again and asks again (bounded by the timeout)
+            match migrate_and_wait(layout, config, shoot, to, MOVE_TIMEOUT).await {
+                Err(e) if e.is_retryable() => {
+                    tracing::info!(%shoot, %to, error = %e, "moving again after a retryable error");
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
+                r => r?,
+            }
+        }
+        Step::CreateVolumes(m) => selfhost::create_volumes(layout, m).await?,
+        Step::SwitchSeed(m) => selfhost::switch_seed(layout, config, ringd, m).await?,
         Step::Done => {}
     }
     Ok(())
 }
+
+/// How long bootstrap waits for one planned migration of self-hosting.
+const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// `ring-node` is built next to `ringd`.
 fn ring_node_binary(ringd: &Path) -> PathBuf {

@@ -1,7 +1,7 @@
 //! The bootstrap plan: what to do next, decided from what is observed. Pure, so
 //! a crash or a rerun resumes where the ring is, and the order is unit-tested.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::RingConfig;
 
@@ -32,6 +32,22 @@ pub enum Step {
     StartNode(String),
     /// Wait until these nodes are registered and Ready in their shoots.
     AwaitNodes(Vec<String>),
+    /// Wait until the moves of these shoots' control planes end.
+    AwaitMoves(Vec<String>),
+    /// Move `shoot` off `from` (planned migration to `to`) so that member
+    /// `from` hosts nothing while its seed changes kind.
+    Evacuate {
+        shoot: String,
+        from: String,
+        to: String,
+    },
+    /// Create the hostPath PersistentVolumes etcd binds in this member's shoot.
+    CreateVolumes(String),
+    /// Make this member host as pods on its own shoot's node: its ringd's seed
+    /// becomes a Kubernetes seed on its shoot, and ringd restarts.
+    SwitchSeed(String),
+    /// Move `shoot` into pods on member `to`'s node (planned migration).
+    Pivot { shoot: String, to: String },
     /// Everything is up.
     Done,
 }
@@ -52,6 +68,11 @@ impl Step {
             Step::ConfigureNode(m) => format!("configure node {m}"),
             Step::StartNode(m) => format!("start node {m}"),
             Step::AwaitNodes(_) => "nodes ready".into(),
+            Step::AwaitMoves(s) => format!("wait for the moves of {}", s.join(", ")),
+            Step::Evacuate { shoot, from, to } => format!("move {shoot} off {from} to {to}"),
+            Step::CreateVolumes(m) => format!("create etcd volumes in {m}"),
+            Step::SwitchSeed(m) => format!("make {m} host as pods"),
+            Step::Pivot { shoot, to } => format!("move {shoot} into pods on {to}"),
             Step::Done => "done".into(),
         }
     }
@@ -81,6 +102,23 @@ pub struct Observed {
     pub nodes_running: BTreeSet<String>,
     /// Members whose node is registered and Ready in its shoot.
     pub nodes_ready: BTreeSet<String>,
+    /// Where each shoot's control plane is placed (shoot -> member).
+    pub placements: BTreeMap<String, String>,
+    /// Shoots with a failover or migration that has not ended.
+    pub moving: BTreeSet<String>,
+    /// Members whose ringd hosts as pods (its config has a Kubernetes seed).
+    pub pod_seeds: BTreeSet<String>,
+    /// Members whose shoot holds the etcd volumes for self-hosting.
+    pub volumes: BTreeSet<String>,
+}
+
+impl Observed {
+    /// Whether `shoot`'s control plane is placed on a member that hosts as pods.
+    fn pod_hosted(&self, shoot: &str) -> bool {
+        self.placements
+            .get(shoot)
+            .is_some_and(|h| self.pod_seeds.contains(h))
+    }
 }
 
 /// The next step towards a complete ring.
@@ -101,6 +139,27 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
         return Step::AwaitQuorum;
     }
     let shoots: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
+    // control planes in pods need their host's node: awaited after the nodes
+    let not_ready: Vec<String> = shoots
+        .iter()
+        .filter(|s| !o.ready.contains(*s) && !o.pod_hosted(s))
+        .cloned()
+        .collect();
+    if !not_ready.is_empty() {
+        return Step::AwaitControlPlanes(not_ready);
+    }
+    let unpublished: Vec<String> = shoots
+        .iter()
+        .filter(|s| !o.kubeconfigs.contains(*s) && o.ready.contains(*s))
+        .cloned()
+        .collect();
+    if !unpublished.is_empty() {
+        return Step::PublishKubeconfigs(unpublished);
+    }
+    let step = next_node_step(config, o);
+    if step != Step::Done {
+        return step;
+    }
     let not_ready: Vec<String> = shoots
         .iter()
         .filter(|s| !o.ready.contains(*s))
@@ -116,7 +175,69 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     if !unpublished.is_empty() {
         return Step::PublishKubeconfigs(unpublished);
     }
-    next_node_step(config, o)
+    next_pivot_step(config, o)
+}
+
+/// The steps that move each self-hosting member's successor into pods on
+/// that member's node: move it off the member, give the member's shoot etcd
+/// volumes, switch the member's seed to its own shoot, move the successor
+/// back onto the member. One member at a time, in `selfHosting.members` order.
+fn next_pivot_step(config: &RingConfig, o: &Observed) -> Step {
+    let moving: Vec<String> = o.moving.iter().cloned().collect();
+    if !moving.is_empty() {
+        return Step::AwaitMoves(moving);
+    }
+    for m in &config.self_hosting.members {
+        let Some(shoot) = config.successor(m) else {
+            continue;
+        };
+        let host = o.placements.get(&shoot);
+        if !o.pod_seeds.contains(m) {
+            if host == Some(m) {
+                let Some(to) = evacuation_target(config, o, m, &shoot) else {
+                    continue;
+                };
+                return Step::Evacuate {
+                    shoot,
+                    from: m.clone(),
+                    to,
+                };
+            }
+            if !o.volumes.contains(m) {
+                return Step::CreateVolumes(m.clone());
+            }
+            return Step::SwitchSeed(m.clone());
+        }
+        if host != Some(m) {
+            return Step::Pivot {
+                shoot,
+                to: m.clone(),
+            };
+        }
+    }
+    Step::Done
+}
+
+/// Where `shoot` waits while `member`'s seed changes kind: the next member in
+/// ring order after `member` that hosts as processes and is not `shoot`
+/// itself, else any other member hosting as processes.
+fn evacuation_target(
+    config: &RingConfig,
+    o: &Observed,
+    member: &str,
+    shoot: &str,
+) -> Option<String> {
+    let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
+    let at = names.iter().position(|n| *n == member)?;
+    let candidates: Vec<&str> = (1..names.len())
+        .map(|k| names[(at + k) % names.len()])
+        .filter(|n| !o.pod_seeds.contains(*n))
+        .collect();
+    candidates
+        .iter()
+        .find(|n| **n != shoot)
+        .or_else(|| candidates.first())
+        .map(|n| n.to_string())
 }
 
 /// The steps that give every shoot its node (none when `nodes.perMember` is 0).
@@ -171,6 +292,18 @@ impl Observed {
                 self.nodes_running.insert(m);
             }
             Step::AwaitNodes(s) => self.nodes_ready.extend(s),
+            Step::AwaitMoves(s) => s.iter().for_each(|s| {
+                self.moving.remove(s);
+            }),
+            Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => {
+                self.placements.insert(shoot, to);
+            }
+            Step::CreateVolumes(m) => {
+                self.volumes.insert(m);
+            }
+            Step::SwitchSeed(m) => {
+                self.pod_seeds.insert(m);
+            }
             Step::Done => return false,
         }
         true
@@ -241,6 +374,7 @@ mod tests {
             nodes_configured: all(&c),
             nodes_running: all(&c),
             nodes_ready: all(&c),
+            ..Default::default()
         };
         assert_eq!(next_step(&c, &o), Step::Done);
         o.nodes_running.remove("m3");
@@ -270,6 +404,125 @@ mod tests {
         assert_eq!(
             next_step(&c, &o),
             Step::AwaitControlPlanes(vec!["m2".into(), "m3".into()])
+        );
+    }
+
+    fn self_hosting(members: &[&str]) -> RingConfig {
+        let mut c = RingConfig::default();
+        c.self_hosting.members = members.iter().map(|m| m.to_string()).collect();
+        c
+    }
+
+    /// A ring up as processes: every node Ready, each member hosting its successor.
+    fn up_as_processes(c: &RingConfig) -> Observed {
+        Observed {
+            config_written: true,
+            pki_complete: true,
+            member_configs_written: true,
+            running: all(c),
+            quorum: true,
+            ready: all(c),
+            kubeconfigs: all(c),
+            images_built: true,
+            node_network: true,
+            nodes_configured: all(c),
+            nodes_running: all(c),
+            nodes_ready: all(c),
+            placements: [("m1", "m3"), ("m2", "m1"), ("m3", "m2")]
+                .iter()
+                .map(|(s, h)| (s.to_string(), h.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_self_hosting_member_moves_its_successor_away_switches_its_seed_and_takes_it_back() {
+        let c = self_hosting(&["m3"]);
+        let mut o = up_as_processes(&c);
+        let mut seen = Vec::new();
+        loop {
+            let step = next_step(&c, &o);
+            seen.push(step.clone());
+            if !o.pretend(step) {
+                break;
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![
+                // m1 waits on m2 (the next member after m3 that is not m1 itself)
+                Step::Evacuate {
+                    shoot: "m1".into(),
+                    from: "m3".into(),
+                    to: "m2".into()
+                },
+                Step::CreateVolumes("m3".into()),
+                Step::SwitchSeed("m3".into()),
+                Step::Pivot {
+                    shoot: "m1".into(),
+                    to: "m3".into()
+                },
+                Step::Done,
+            ]
+        );
+        assert_eq!(o.placements["m1"], "m3");
+        // a ring without selfHosting is done at the same point
+        assert_eq!(
+            next_step(&RingConfig::default(), &up_as_processes(&c)),
+            Step::Done
+        );
+    }
+
+    #[test]
+    fn self_hosting_resumes_where_it_stopped_and_waits_for_moves_in_flight() {
+        let c = self_hosting(&["m3"]);
+        let mut o = up_as_processes(&c);
+        // evacuated earlier, the volumes exist, the seed was not switched yet
+        o.placements.insert("m1".into(), "m2".into());
+        o.volumes.insert("m3".into());
+        assert_eq!(next_step(&c, &o), Step::SwitchSeed("m3".into()));
+        // a move in flight (e.g. the evacuation a crashed bootstrap started)
+        o.moving.insert("m1".into());
+        assert_eq!(next_step(&c, &o), Step::AwaitMoves(vec!["m1".into()]));
+        o.moving.clear();
+        // switched and pivoted: done; a lost ringd is started again first
+        o.pod_seeds.insert("m3".into());
+        o.placements.insert("m1".into(), "m3".into());
+        assert_eq!(next_step(&c, &o), Step::Done);
+        o.running.remove("m3");
+        assert_eq!(next_step(&c, &o), Step::StartMember("m3".into()));
+    }
+
+    #[test]
+    fn after_down_pods_wait_for_their_node_while_processes_are_awaited_first() {
+        let c = self_hosting(&["m3"]);
+        let mut o = up_as_processes(&c);
+        o.pod_seeds.insert("m3".into());
+        o.placements.insert("m1".into(), "m3".into());
+        // everything restarted: ringd up, nodes not yet, m1's pods cannot run
+        o.ready = ["m2".to_string(), "m3".to_string()].into();
+        o.node_network = false;
+        o.nodes_running.clear();
+        o.nodes_ready.clear();
+        assert_eq!(
+            next_step(&c, &o),
+            Step::CreateNodeNetwork,
+            "the nodes come before waiting for the control plane in pods"
+        );
+        o.node_network = true;
+        o.nodes_running = all(&c);
+        o.nodes_ready = all(&c);
+        assert_eq!(
+            next_step(&c, &o),
+            Step::AwaitControlPlanes(vec!["m1".into()])
+        );
+        // a control plane in processes is still awaited before the nodes
+        o.ready.remove("m2");
+        o.node_network = false;
+        assert_eq!(
+            next_step(&c, &o),
+            Step::AwaitControlPlanes(vec!["m2".into()])
         );
     }
 }

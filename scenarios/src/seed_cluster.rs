@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Api, PostParams};
 use seed::node::net::NodeNetwork;
 use seed::node::{NodeConfig, NodeStatus};
 use seed::{Binaries, ControlPlaneSpec, LocalSeed, Seed};
@@ -244,22 +242,11 @@ impl SeedCluster {
         let client = seed::kubeconfig::client(&self.name, &self.kubeconfig())
             .await
             .map_err(|e| setup("its API")(e.to_string()))?;
-        let api: Api<PersistentVolume> = Api::all(client);
-        for name in names {
-            let path = dir.join(name);
-            let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": name},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "hostPath": {"path": path.display().to_string(), "type": "DirectoryOrCreate"},
-                }
-            }))
-            .map_err(|e| setup("a PersistentVolume")(e.to_string()))?;
-            api.create(&PostParams::default(), &pv)
-                .await
-                .map_err(|e| setup(&format!("creating PersistentVolume {name}"))(e.to_string()))?;
-        }
+        let volumes: Vec<(String, PathBuf)> =
+            names.iter().map(|n| (n.clone(), dir.join(n))).collect();
+        seed::kubernetes::volumes::ensure_host_path_volumes(client, &self.name, &volumes)
+            .await
+            .map_err(|e| setup("its PersistentVolumes")(e.to_string()))?;
         Ok(())
     }
 

@@ -32,6 +32,7 @@ mod handover;
 pub mod manifests;
 mod records;
 pub mod render;
+pub mod volumes;
 
 pub use agent::{LeaseRecord, PodBackup, Wiring};
 pub use records::{BackupProgress, RestoreRecord};

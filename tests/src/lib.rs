@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use seed::{Binaries, BinarySearch, LocalSeed};
 
 pub mod etcd;
+pub mod procs;
 pub mod ring;
 pub mod s3;
 

@@ -2,7 +2,8 @@
 //! (containerd, kubelet, kube-proxy in the member's network namespace), pods
 //! from every locally built image, Services, the node network, adoption of
 //! running pods by a restarted node, `ringctl down` leaving nothing behind, and
-//! a node that cannot register saying why.
+//! a node that cannot register saying why; and self-hosting, a member's
+//! successor moved into pods on the member's own node (`nodes/self_hosted.rs`).
 
 // Each test runs on its own runtime; `ring_slot` only serialises whole tests.
 #![allow(clippy::await_holding_lock)]
@@ -11,6 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ring_tests::*;
+
+#[path = "nodes/self_hosted.rs"]
+mod self_hosted;
 
 /// Kills the ring's nodes and removes their pods, shims, cgroups and network
 /// when the test ends (also on failure); declared after the sandbox so it runs first.

@@ -44,6 +44,9 @@ pub(crate) fn backed_off(pods: &[Pod], api_since: &Time) -> Vec<String> {
     };
     pods.iter()
         .filter(|p| dependent(p))
+        // already replaced: its kubelet may take a while (or, when its sandbox
+        // is gone, fail) to confirm the deletion; asking again changes nothing
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
             let statuses = p
                 .status
@@ -203,6 +206,20 @@ mod tests {
                     "CrashLoopBackOff",
                     Some("2026-01-01T00:00:05Z"),
                 ),
+                false,
+            ),
+            (
+                "already being deleted (asked before)",
+                {
+                    let mut p = dependent(
+                        "cm",
+                        "kube-controller-manager",
+                        "CrashLoopBackOff",
+                        Some("2026-01-01T00:00:05Z"),
+                    );
+                    p.metadata.deletion_timestamp = Some(time("2026-01-01T00:00:12Z"));
+                    p
+                },
                 false,
             ),
         ];

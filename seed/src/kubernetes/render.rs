@@ -415,7 +415,20 @@ impl Renderer<'_> {
             format!("--client-ca-file={}", pki("ca.crt")),
             format!("--tls-cert-file={}", pki("kube-apiserver.crt")),
             format!("--tls-private-key-file={}", pki("kube-apiserver.key")),
-            "--authorization-mode=RBAC".into(),
+            // a shoot's own nodes register with certificates of group
+            // system:nodes; the Node authorizer and NodeRestriction keep each
+            // one to its own objects (as on a local seed)
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                pki("kube-apiserver-kubelet-client.crt")
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                pki("kube-apiserver-kubelet-client.key")
+            ),
+            "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP".into(),
             format!("--service-account-key-file={}", pki("service-account.pub")),
             format!(
                 "--service-account-signing-key-file={}",
@@ -450,6 +463,8 @@ impl Renderer<'_> {
             "etcd-client.key",
             "kube-apiserver.crt",
             "kube-apiserver.key",
+            "kube-apiserver-kubelet-client.crt",
+            "kube-apiserver-kubelet-client.key",
             "service-account.pub",
             "service-account.key",
         ];

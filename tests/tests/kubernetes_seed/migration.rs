@@ -13,12 +13,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::Api;
+use ring_tests::procs::pod_control_plane;
 use ring_tests::ring::RingFixture;
 use ring_tests::*;
 use ringd::client::AdminClient;
 use ringd::state::{Operation, OperationStep};
 
-use super::failover::{pod_control_plane, start_ring, KubernetesRing};
+use super::failover::{start_ring, KubernetesRing};
 use super::READY;
 
 const MIGRATION: Duration = Duration::from_secs(240);

@@ -1,0 +1,168 @@
+//! Self-hosting: `selfHosting: {members: [m3]}` added to a running 3-member
+//! ring with nodes makes `ringctl bootstrap` move m1's control plane (which m3
+//! hosted as processes) into pods on m3's own node, in shoot m3, by planned
+//! migrations: off m3, m3's seed switched to its shoot, back onto m3.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ring_tests::procs::{pod_control_plane, processes};
+use ring_tests::*;
+
+use super::NodesGuard;
+
+/// The `ringctl status -o json` of the ring in `dir`.
+fn status(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&ringctl_in(dir, &["status", "-o", "json"])).expect("status json")
+}
+
+/// Pods of namespace `ns` in the shoot `kubeconfig` reaches: (name, node, ready).
+fn pods(kubeconfig: &Path, ns: &str) -> Vec<(String, String, bool)> {
+    let out = kubectl(kubeconfig, &["get", "pods", "-n", ns, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("pods json");
+    v["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            let ready = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                ready,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_a_write() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let _nodes = NodesGuard(layout.clone());
+    let config = ring_config_with(sandbox.path(), 3, "nodes: {perMember: 1}");
+    ringctl_in(
+        &dir,
+        &["bootstrap", "--config", &config.display().to_string()],
+    );
+    let kc = |s: &str| dir.join("kubeconfigs").join(format!("{s}.kubeconfig"));
+    let m1_kubeconfig = std::fs::read(kc("m1")).unwrap();
+    for i in 0..20 {
+        kubectl(&kc("m1"), &["create", "configmap", &format!("before-{i}")]);
+    }
+    // m1's control plane runs as processes on m3's local seed
+    // (its pods' etcd has the same token, with its data on the node's volume)
+    let members = dir.join("members").display().to_string();
+    let local_m1 = || processes("etcd", &["--initial-cluster-token=ring-m1", &members]);
+    assert!(!local_m1().is_empty(), "m1's etcd runs as a process first");
+
+    // self-hosting added to the stored config; bootstrap resumes the live ring
+    let stored = dir.join("ring.yaml");
+    let mut text = std::fs::read_to_string(&stored).unwrap();
+    text.push_str("selfHosting:\n  members: [m3]\n");
+    std::fs::write(&stored, text).unwrap();
+    let ring_dir = dir.display().to_string();
+    let out = ringctl_cmd(["bootstrap", "--ring-dir", ring_dir.as_str()], &[]);
+    expect_success(&out);
+    let progress = String::from_utf8_lossy(&out.stderr);
+    for step in [
+        "move m1 off m3 to m2",
+        "create etcd volumes in m3",
+        "make m3 host as pods",
+        "move m1 into pods on m3",
+    ] {
+        assert!(
+            progress.contains(step),
+            "bootstrap did not {step}:\n{progress}"
+        );
+    }
+
+    let s = status(&dir);
+    let placement = s["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["shoot"] == "m1")
+        .cloned()
+        .unwrap();
+    assert_eq!(placement["host"], "m3", "{placement}");
+    let moves: Vec<&serde_json::Value> = s["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["kind"] == "migration" && op["shoot"] == "m1")
+        .collect();
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    for op in &moves {
+        assert_eq!(op["step"], "Done", "{op}");
+        assert!(op["detail"].as_str().unwrap().contains("HashKV"), "{op}");
+    }
+
+    // in shoot m3, on node m3: m1's etcd, kube-apiserver, controller-manager, scheduler
+    let in_pods = pods(&kc("m3"), "shoot--test--m1");
+    for component in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        assert!(
+            in_pods
+                .iter()
+                .any(|(name, node, ready)| name.starts_with(component) && node == "m3" && *ready),
+            "no Ready {component} pod of m1 on node m3: {in_pods:?}"
+        );
+    }
+    assert!(!pod_control_plane("test", "m1").is_empty());
+    assert!(
+        local_m1().is_empty(),
+        "m1's local etcd is left: {:?}",
+        local_m1()
+    );
+
+    // the kubeconfig m1's users got still works and nothing acknowledged is lost
+    assert_eq!(std::fs::read(kc("m1")).unwrap(), m1_kubeconfig);
+    let names = kubectl(&kc("m1"), &["get", "configmaps", "-o", "name"]);
+    for i in 0..20 {
+        assert!(
+            names.lines().any(|l| l == format!("configmap/before-{i}")),
+            "before-{i} lost:\n{names}"
+        );
+    }
+    // m1's own node still reaches its API, now in pods
+    wait_for(
+        "node m1 Ready in shoot m1",
+        Duration::from_secs(60),
+        || async {
+            let ready = kubectl(
+                &kc("m1"),
+                &[
+                    "get",
+                    "node",
+                    "m1",
+                    "-o",
+                    r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+                ],
+            );
+            (ready == "True").then_some(())
+        },
+    )
+    .await;
+
+    // a rerun finds the ring complete
+    let again = ringctl_in(&dir, &["bootstrap"]);
+    assert!(again.contains("was already up"), "{again}");
+}
