@@ -10,11 +10,11 @@
 
 pub mod config;
 pub mod nodes;
+mod observe;
 pub mod plan;
 pub mod restore;
 pub mod selfhost;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,8 @@ use ringd::status::RingStatus;
 use ringd::RingError;
 
 pub use config::RingConfig;
-use plan::{next_step, Observed, Step};
+use observe::observe;
+use plan::{next_step, Step};
 
 /// Errors of bootstrapping and operating a local ring.
 #[derive(Debug, thiserror::Error)]
@@ -340,107 +341,6 @@ fn stuck_detail(layout: &RingLayout, config: &RingConfig, step: &Step) -> String
         layout.log(&member).display(),
         seed::ShootLayout::tail(&layout.log(&member), 15)
     )
-}
-
-async fn observe(layout: &RingLayout, config: &RingConfig) -> Observed {
-    let pki = RingPki::new(layout.pki());
-    let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
-    let files_exist = |n: &str| {
-        let f = pki.files(n);
-        f.ca.exists() && f.cert.exists() && f.key.exists()
-    };
-    let mut o = Observed {
-        config_written: layout.config_file().exists(),
-        pki_complete: files_exist(ringd::identity::ADMIN_NAME)
-            && names.iter().all(|n| files_exist(n)),
-        member_configs_written: names.iter().all(|n| layout.ringd_config(n).exists()),
-        running: names
-            .iter()
-            .filter(|n| layout.running_pid(n).is_some())
-            .map(|n| n.to_string())
-            .collect(),
-        ..Default::default()
-    };
-    if o.running.len() < names.len() {
-        return o;
-    }
-    let mut kubeconfigs = BTreeSet::new();
-    for (i, name) in names.iter().enumerate() {
-        let Ok(mut client) = AdminClient::connect(&config.member_address(i), &layout.pki()) else {
-            continue;
-        };
-        let Ok(status) = client.status().await else {
-            continue;
-        };
-        if status.leader.is_some()
-            && names
-                .iter()
-                .all(|n| status.members.iter().any(|m| m.name == *n))
-        {
-            o.quorum = true;
-        }
-        for h in &status.hosted {
-            if h.serving && h.ready {
-                o.ready.insert(h.shoot.clone());
-            }
-        }
-        if status.leader.is_some() && o.placements.is_empty() {
-            observe_moves(&status, &mut o);
-        }
-        let _ = name;
-    }
-    for n in &names {
-        if layout.kubeconfig(n).exists() {
-            kubeconfigs.insert(n.to_string());
-        }
-    }
-    o.kubeconfigs = kubeconfigs;
-    observe_nodes(layout, config, &mut o);
-    // ringd restarts right after its config changes (stopped, written, started)
-    o.pod_seeds = names
-        .iter()
-        .filter(|n| selfhost::hosts_as_pods(layout, n))
-        .map(|n| n.to_string())
-        .collect();
-    for m in &config.self_hosting.members {
-        let asked = !o.pod_seeds.contains(m) && o.kubeconfigs.contains(m) && o.ready.contains(m);
-        if asked && selfhost::volumes_exist(layout, m).await {
-            o.volumes.insert(m.clone());
-        }
-    }
-    o
-}
-
-/// Placements and unfinished moves, from a member that knows a leader.
-fn observe_moves(status: &RingStatus, o: &mut Observed) {
-    for p in &status.placements {
-        o.placements.insert(p.shoot.clone(), p.host.clone());
-    }
-    for op in status.operations.iter().filter(|op| !op.step.is_finished()) {
-        o.moving.insert(op.shoot().to_string());
-    }
-}
-
-fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
-    if config.nodes.per_member == 0 {
-        return;
-    }
-    o.images_built = nodes::images_built();
-    o.node_network = nodes::network_up(layout, config);
-    for m in &nodes::node_names(config) {
-        if nodes::configured(layout, m) {
-            o.nodes_configured.insert(m.clone());
-        }
-        if let Some(pid) = nodes::running_pid(layout, m) {
-            o.nodes_running.insert(m.clone());
-            // a status written by an earlier supervisor does not count
-            if nodes::status(layout, m)
-                .is_some_and(|s| s.pid == pid && s.registration.ready && s.phase == "Running")
-            {
-                o.nodes_ready.insert(m.clone());
-            }
-        }
-    }
 }
 
 async fn execute(

@@ -1,7 +1,8 @@
 //! Self-hosting: `selfHosting: {members: [m3]}` added to a running 3-member
 //! ring with nodes makes `ringctl bootstrap` move m1's control plane (which m3
 //! hosted as processes) into pods on m3's own node, in shoot m3, by planned
-//! migrations: off m3, m3's seed switched to its shoot, back onto m3.
+//! migrations: off m3, m3's seed switched to its shoot, back onto m3; after
+//! `ringctl down`, bootstrap brings it back in the pods.
 
 use std::path::Path;
 use std::time::Duration;
@@ -165,4 +166,14 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     // a rerun finds the ring complete
     let again = ringctl_in(&dir, &["bootstrap"]);
     assert!(again.contains("was already up"), "{again}");
+
+    // stopped and started again: the processes first, then the nodes, then
+    // m1's control plane in pods again on node m3, with its data
+    ringctl_in(&dir, &["down"]);
+    assert!(pod_control_plane("test", "m1").is_empty(), "pods left after down");
+    ringctl_in(&dir, &["bootstrap"]);
+    assert!(!pod_control_plane("test", "m1").is_empty());
+    assert!(local_m1().is_empty(), "m1 came back as processes");
+    let names = kubectl(&kc("m1"), &["get", "configmaps", "-o", "name"]);
+    assert!(names.contains("configmap/before-19"), "{names}");
 }
