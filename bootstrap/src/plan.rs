@@ -138,44 +138,38 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     if !o.quorum {
         return Step::AwaitQuorum;
     }
-    let shoots: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
     // control planes in pods need their host's node: awaited after the nodes
-    let not_ready: Vec<String> = shoots
-        .iter()
-        .filter(|s| !o.ready.contains(*s) && !o.pod_hosted(s))
-        .cloned()
-        .collect();
-    if !not_ready.is_empty() {
-        return Step::AwaitControlPlanes(not_ready);
-    }
-    let unpublished: Vec<String> = shoots
-        .iter()
-        .filter(|s| !o.kubeconfigs.contains(*s) && o.ready.contains(*s))
-        .cloned()
-        .collect();
-    if !unpublished.is_empty() {
-        return Step::PublishKubeconfigs(unpublished);
+    if let Some(step) = await_and_publish(config, o, |s| !o.pod_hosted(s)) {
+        return step;
     }
     let step = next_node_step(config, o);
     if step != Step::Done {
         return step;
     }
-    let not_ready: Vec<String> = shoots
-        .iter()
-        .filter(|s| !o.ready.contains(*s))
-        .cloned()
-        .collect();
-    if !not_ready.is_empty() {
-        return Step::AwaitControlPlanes(not_ready);
-    }
-    let unpublished: Vec<String> = shoots
-        .into_iter()
-        .filter(|s| !o.kubeconfigs.contains(s))
-        .collect();
-    if !unpublished.is_empty() {
-        return Step::PublishKubeconfigs(unpublished);
+    if let Some(step) = await_and_publish(config, o, |_| true) {
+        return step;
     }
     next_pivot_step(config, o)
+}
+
+/// Waits for the control planes of the shoots `include` selects, then
+/// publishes the kubeconfigs of those that serve; `None` when both are done.
+fn await_and_publish(
+    config: &RingConfig,
+    o: &Observed,
+    include: impl Fn(&str) -> bool,
+) -> Option<Step> {
+    let shoots = config
+        .members
+        .iter()
+        .map(|m| m.name.clone())
+        .filter(|s| include(s));
+    let not_ready: Vec<String> = shoots.clone().filter(|s| !o.ready.contains(s)).collect();
+    if !not_ready.is_empty() {
+        return Some(Step::AwaitControlPlanes(not_ready));
+    }
+    let unpublished: Vec<String> = shoots.filter(|s| !o.kubeconfigs.contains(s)).collect();
+    (!unpublished.is_empty()).then_some(Step::PublishKubeconfigs(unpublished))
 }
 
 /// The steps that move each self-hosting member's successor into pods on

@@ -170,7 +170,10 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     // stopped and started again: the processes first, then the nodes, then
     // m1's control plane in pods again on node m3, with its data
     ringctl_in(&dir, &["down"]);
-    assert!(pod_control_plane("test", "m1").is_empty(), "pods left after down");
+    assert!(
+        pod_control_plane("test", "m1").is_empty(),
+        "pods left after down"
+    );
     ringctl_in(&dir, &["bootstrap"]);
     assert!(!pod_control_plane("test", "m1").is_empty());
     assert!(local_m1().is_empty(), "m1 came back as processes");
