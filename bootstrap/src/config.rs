@@ -397,8 +397,9 @@ impl RingConfig {
             return Err(bad(
                 "selfHosting.members",
                 "listing every member closes the ring, which this version does not do yet: \
-                 a control plane's pods read their lease through their seed's API, itself in pods \
-                 of another member, so one lost machine would stop them all; leave one member out",
+                 after a stop no shoot's API would run to schedule the others' pods (a cold start \
+                 needs temporary processes first), and etcd's backup sidecar still reads its lease \
+                 through its seed's API; leave one member out",
             ));
         }
         Ok(())

@@ -85,8 +85,13 @@ fn pod_seed(
         node_address: Some(address.into()),
         storage_class: None,
     };
-    spec.kubernetes_config(&config.name)
-        .ok_or_else(|| unsupported("a Kubernetes seed spec without its config".into()))
+    let mut seed = spec
+        .kubernetes_config(&config.name)
+        .ok_or_else(|| unsupported("a Kubernetes seed spec without its config".into()))?;
+    // the pods run on this machine: their guards read ringd's lease file, so
+    // they keep serving while the seed cluster's own API is away
+    seed.lease_from_node = true;
+    Ok(seed)
 }
 
 fn unsupported(reason: String) -> BootstrapError {

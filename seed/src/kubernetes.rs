@@ -156,6 +156,13 @@ pub struct KubernetesSeedConfig {
     /// certificate carries the address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_address: Option<IpAddr>,
+    /// The lease guards in the pods read the fence time from the lease file
+    /// ringd writes under `stateDir` (mounted from the node) instead of the
+    /// Lease in the seed cluster, so they keep their control plane while the
+    /// seed cluster's API is away. Only for a seed cluster whose nodes are the
+    /// machine this ringd runs on (a ring's own shoots: `selfHosting`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lease_from_node: bool,
 }
 
 fn default_etcd_storage() -> String {
@@ -177,6 +184,7 @@ impl KubernetesSeedConfig {
             storage_class: None,
             images: Images::default(),
             node_address: None,
+            lease_from_node: false,
         }
     }
 
@@ -401,6 +409,10 @@ impl KubernetesSeed {
             spec,
             config: &self.config,
             wiring: &self.wiring,
+            lease_dir: self
+                .config
+                .lease_from_node
+                .then(|| self.shoot_layout(&spec.shoot).dir),
         }
     }
 

@@ -17,8 +17,11 @@ pub const GUARDED: [Component; 2] = [Component::Etcd, Component::KubeApiserver];
 
 /// Where the fence time of `layout`'s shoot is kept.
 pub fn path(layout: &ShootLayout) -> PathBuf {
-    layout.dir.join("fence-at-ms")
+    layout.dir.join(FILE_NAME)
 }
+
+/// The lease file's name in a shoot's directory.
+pub const FILE_NAME: &str = "fence-at-ms";
 
 /// Records `fence_at_ms` (0: stop now), replacing the file at once (a guard
 /// never reads half a number).

@@ -27,6 +27,11 @@ enum Command {
         /// namespace; the guard then runs PROGRAM once and exits with it.
         #[arg(long)]
         lease_file: Option<PathBuf>,
+        /// With --lease-file: start PROGRAM again when the lease is renewed
+        /// after a fence (in a pod whose lease file comes from the node),
+        /// instead of exiting with it.
+        #[arg(long, requires = "lease_file")]
+        restart: bool,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
@@ -105,16 +110,23 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
         // on a host: a local seed's guard, a Kubernetes seed's relay
         Command::Guard {
             lease_file: Some(file),
+            restart,
             program,
         } => {
             let source = LeaseSource::File(file);
-            guard::run(source, program, guard::Mode::Once, shutdown).await
+            let mode = if restart {
+                guard::Mode::Restart
+            } else {
+                guard::Mode::Once
+            };
+            guard::run(source, program, mode, shutdown).await
         }
         Command::Forward { listen, to } => ringd::agent::forward::run(listen, to, shutdown).await,
         // in a control plane's pod
         Command::Guard {
             lease_file: None,
             program,
+            ..
         } => {
             let source = LeaseSource::Cluster(Cluster::from_pod().await?);
             guard::run(source, program, guard::Mode::Restart, shutdown).await

@@ -218,8 +218,17 @@ impl Executor for KubernetesExecutor {
         if let Err(e) = self.relay_until(shoot, fence_at_ms) {
             tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease file of the stable endpoint's relay; it stops at the last fence time");
         }
-        if let Err(e) = self.record_lease(shoot, record).await {
-            tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease for the guards; they fence at the last fence time");
+        // bounded: a seed cluster's API that hangs must not hold up the next
+        // renewal (nor the lease file written above)
+        let bound = lease / crate::config::FENCE_EARLY_DIVISOR;
+        match tokio::time::timeout(bound, self.record_lease(shoot, record)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease for the guards; they fence at the last fence time")
+            }
+            Err(_) => {
+                tracing::warn!(%shoot, epoch, waited = ?bound, "the seed cluster did not take the lease in time; the guards fence at the last fence time")
+            }
         }
     }
 

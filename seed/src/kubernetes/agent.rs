@@ -101,6 +101,38 @@ pub fn guarded(mut container: Value) -> Value {
     container
 }
 
+/// Where a guard finds the node's lease directory (`leaseFromNode`).
+pub const LEASE_MOUNT: &str = "/var/run/ring-lease";
+
+/// Makes a guarded container (see [`guarded`]) read its fence time from the
+/// lease file ringd writes on the node, mounted at [`LEASE_MOUNT`] (volume
+/// [`lease_volume`]), restarting its child when the lease is renewed again.
+pub fn lease_from_node(mut container: Value) -> Value {
+    let mut command = vec![
+        json!(AGENT),
+        json!("guard"),
+        json!("--lease-file"),
+        json!(format!("{LEASE_MOUNT}/{}", crate::lease_file::FILE_NAME)),
+        json!("--restart"),
+    ];
+    if let Some(c) = container["command"].as_array() {
+        command.extend(c.iter().skip(2).cloned());
+    }
+    container["command"] = json!(command);
+    let mut mounts = container["volumeMounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    mounts.push(json!({"name": "ring-lease", "mountPath": LEASE_MOUNT, "readOnly": true}));
+    container["volumeMounts"] = json!(mounts);
+    container
+}
+
+/// The node's lease directory `dir` of a shoot, for [`lease_from_node`].
+pub fn lease_volume(dir: &std::path::Path) -> Value {
+    json!({"name": "ring-lease", "hostPath": {"path": dir, "type": "Directory"}})
+}
+
 /// Mounts of the backup Secret (and a file bucket's directory).
 fn backup_mounts(backup: &PodBackup, data: &str) -> Value {
     let mut mounts = vec![

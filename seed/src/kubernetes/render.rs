@@ -95,6 +95,9 @@ pub struct Renderer<'a> {
     pub config: &'a KubernetesSeedConfig,
     /// The lease guard and backup containers a ring adds.
     pub wiring: &'a Wiring,
+    /// The node's directory with the shoot's lease file, when the guards read
+    /// it there (`leaseFromNode`) instead of the Lease.
+    pub lease_dir: Option<std::path::PathBuf>,
 }
 
 impl Renderer<'_> {
@@ -264,6 +267,10 @@ impl Renderer<'_> {
             self.wiring.guard && matches!(component, Component::Etcd | Component::KubeApiserver);
         if guarded {
             container = agent::guarded(container);
+            if let Some(dir) = &self.lease_dir {
+                container = agent::lease_from_node(container);
+                volumes.push(agent::lease_volume(dir));
+            }
         }
         let mut pod = json!({
             "metadata": {"labels": labels(self.ring, &self.spec.shoot, Some(component.name()))},

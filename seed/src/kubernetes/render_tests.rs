@@ -35,6 +35,9 @@ fn render_wired(config: &KubernetesSeedConfig, wiring: &Wiring) -> String {
         spec: &spec,
         config,
         wiring,
+        lease_dir: config
+            .lease_from_node
+            .then(|| "/ring/members/m3/seed/shoots/alpha".into()),
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -58,6 +61,7 @@ fn owned_objects(wiring: &Wiring) -> Vec<Value> {
         spec: &spec,
         config: &config,
         wiring,
+        lease_dir: None,
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -90,6 +94,80 @@ fn service_type_and_storage_class_are_configurable() {
     assert!(!text.contains("imagePullPolicy: Never"), "{text}");
     assert!(text.contains("storageClassName: fast"), "{text}");
     assert!(!text.contains("LoadBalancer"), "{text}");
+}
+
+/// `leaseFromNode`: etcd's and kube-apiserver's guards read the lease file
+/// ringd writes on the node (hostPath), and restart their child after a fence.
+#[test]
+fn guards_of_a_ring_s_own_shoot_read_the_lease_file_on_the_node() {
+    let wiring = Wiring {
+        guard: true,
+        backup: None,
+    };
+    let mut config = KubernetesSeedConfig::new("demo");
+    let from_cluster = render_wired(&config, &wiring);
+    assert!(!from_cluster.contains("--lease-file"), "{from_cluster}");
+    config.lease_from_node = true;
+    let text = render_wired(&config, &wiring);
+    let spec = ControlPlaneSpec::new("alpha");
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config: &config,
+        wiring: &wiring,
+        lease_dir: Some("/ring/members/m3/seed/shoots/alpha".into()),
+    };
+    let owner = Owner {
+        name: ANCHOR.into(),
+        uid: "u1".into(),
+    };
+    let objects = r.objects(&owner, &BTreeMap::new());
+    let mut guarded = 0;
+    for o in &objects {
+        let spec = &o["spec"]["template"]["spec"];
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            let command: Vec<&str> = c["command"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if command.get(1) != Some(&"guard") {
+                continue;
+            }
+            guarded += 1;
+            assert_eq!(
+                command[2..6],
+                [
+                    "--lease-file",
+                    "/var/run/ring-lease/fence-at-ms",
+                    "--restart",
+                    "--"
+                ],
+                "{c}"
+            );
+            assert!(
+                c["volumeMounts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|m| m["name"] == "ring-lease"
+                        && m["mountPath"] == agent::LEASE_MOUNT
+                        && m["readOnly"] == true),
+                "{c}"
+            );
+            assert!(
+                spec["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v["name"] == "ring-lease"
+                        && v["hostPath"]["path"] == "/ring/members/m3/seed/shoots/alpha"),
+                "{spec}"
+            );
+        }
+    }
+    assert_eq!(guarded, 2, "etcd and kube-apiserver:\n{text}");
 }
 
 #[test]

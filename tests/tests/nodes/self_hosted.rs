@@ -1,8 +1,9 @@
 //! Self-hosting: `selfHosting: {members: [m3]}` added to a running 3-member
 //! ring with nodes makes `ringctl bootstrap` move m1's control plane (which m3
 //! hosted as processes) into pods on m3's own node, in shoot m3, by planned
-//! migrations: off m3, m3's seed switched to its shoot, back onto m3; after
-//! `ringctl down`, bootstrap brings it back in the pods.
+//! migrations: off m3, m3's seed switched to its shoot, back onto m3; the pods
+//! keep serving while shoot m3's own API is stopped; after `ringctl down`,
+//! bootstrap brings them back.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,6 +12,23 @@ use ring_tests::procs::{pod_control_plane, processes};
 use ring_tests::*;
 
 use super::NodesGuard;
+
+/// A process stopped with SIGSTOP until dropped (SIGCONT also on a failure).
+struct Stopped(nix::unistd::Pid);
+
+impl Stopped {
+    fn new(pid: u32) -> Self {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
 
 /// The `ringctl status -o json` of the ring in `dir`.
 fn status(dir: &Path) -> serde_json::Value {
@@ -159,6 +177,30 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
                 ],
             );
             (ready == "True").then_some(())
+        },
+    )
+    .await;
+
+    // shoot m3's own API away (its kube-apiserver, a process on m2, stopped
+    // for two lease lengths): the guards of m1's pods read ringd's lease file
+    // on the node, not the Lease in shoot m3, so m1 keeps serving
+    let m3_dir = dir.join("members/m2/seed/shoots/m3").display().to_string();
+    let m3_api = processes("kube-apiserver", &[&m3_dir]);
+    assert_eq!(m3_api.len(), 1, "shoot m3's kube-apiserver: {m3_api:?}");
+    let stopped = Stopped::new(m3_api[0]);
+    let until = std::time::Instant::now() + Duration::from_secs(12);
+    while std::time::Instant::now() < until {
+        kubectl(&kc("m1"), &["get", "--raw", "/readyz"]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(stopped);
+    wait_for(
+        "every shoot ready again after shoot m3's API came back",
+        Duration::from_secs(60),
+        || async {
+            let s = status(&dir);
+            let placements = s["placements"].as_array().cloned().unwrap_or_default();
+            placements.iter().all(|p| p["ready"] == true).then_some(())
         },
     )
     .await;
