@@ -312,18 +312,23 @@ mod tests {
         c.members.iter().map(|m| m.name.clone()).collect()
     }
 
+    /// Every step from `o` to `Done`, pretending each one succeeds.
+    fn walk(c: &RingConfig, o: &mut Observed) -> Vec<Step> {
+        let mut seen = Vec::new();
+        loop {
+            let step = next_step(c, o);
+            seen.push(step.clone());
+            if !o.pretend(step) {
+                return seen;
+            }
+        }
+    }
+
     #[test]
     fn fresh_dir_walks_every_step_in_order() {
         let c = RingConfig::default();
         let mut o = Observed::default();
-        let mut seen = Vec::new();
-        loop {
-            let step = next_step(&c, &o);
-            seen.push(step.clone());
-            if !o.pretend(step) {
-                break;
-            }
-        }
+        let seen = walk(&c, &mut o);
         // config, pki, member configs, 3 ringd, quorum, control planes,
         // kubeconfigs, images, node network, 3 node configs, 3 nodes, nodes ready, done
         assert_eq!(seen.len(), 3 + 3 + 3 + 2 + 3 + 3 + 2);
@@ -434,14 +439,7 @@ mod tests {
     fn a_self_hosting_member_moves_its_successor_away_switches_its_seed_and_takes_it_back() {
         let c = self_hosting(&["m3"]);
         let mut o = up_as_processes(&c);
-        let mut seen = Vec::new();
-        loop {
-            let step = next_step(&c, &o);
-            seen.push(step.clone());
-            if !o.pretend(step) {
-                break;
-            }
-        }
+        let seen = walk(&c, &mut o);
         assert_eq!(
             seen,
             vec![
