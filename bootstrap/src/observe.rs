@@ -35,7 +35,7 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
         return o;
     }
     let mut kubeconfigs = BTreeSet::new();
-    for (i, name) in names.iter().enumerate() {
+    for i in 0..names.len() {
         let Ok(mut client) = AdminClient::connect(&config.member_address(i), &layout.pki()) else {
             continue;
         };
@@ -57,7 +57,6 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
         if status.leader.is_some() && o.placements.is_empty() {
             observe_moves(&status, &mut o);
         }
-        let _ = name;
     }
     for n in &names {
         if layout.kubeconfig(n).exists() {

@@ -55,9 +55,12 @@ pub async fn volumes_exist(layout: &RingLayout, member: &str) -> bool {
 /// Creates the etcd volumes that `member`'s shoot lacks.
 pub async fn create_volumes(layout: &RingLayout, member: &str) -> Result<(), BootstrapError> {
     let client = shoot_client(layout, member).await?;
-    seed::kubernetes::volumes::ensure_host_path_volumes(client, member, &volumes(layout, member))
-        .await?;
-    Ok(())
+    Ok(seed::kubernetes::volumes::ensure_host_path_volumes(
+        client,
+        member,
+        &volumes(layout, member),
+    )
+    .await?)
 }
 
 /// The seed a self-hosting `member` runs: its own shoot, Services on its

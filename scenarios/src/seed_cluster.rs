@@ -246,8 +246,7 @@ impl SeedCluster {
             names.iter().map(|n| (n.clone(), dir.join(n))).collect();
         seed::kubernetes::volumes::ensure_host_path_volumes(client, &self.name, &volumes)
             .await
-            .map_err(|e| setup("its PersistentVolumes")(e.to_string()))?;
-        Ok(())
+            .map_err(|e| setup("its PersistentVolumes")(e.to_string()))
     }
 
     /// Stops the node (its pods, shims and cgroups go too), the node network

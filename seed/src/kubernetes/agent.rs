@@ -84,9 +84,29 @@ fn pod_env() -> Value {
     ])
 }
 
-/// Runs `container`'s command under the lease guard.
-pub fn guarded(mut container: Value) -> Value {
-    let mut command = vec![json!(AGENT), json!("guard"), json!("--")];
+/// Where a guard finds the node's lease directory (`leaseFromNode`).
+pub const LEASE_MOUNT: &str = "/var/run/ring-lease";
+
+/// Runs `container`'s command under the lease guard. The guard reads the
+/// Lease in the pod's namespace, or with `from_node` the lease file ringd
+/// writes on the node, mounted at [`LEASE_MOUNT`] (the pod needs
+/// [`lease_volume`]), restarting its child when the lease is renewed again.
+pub fn guarded(mut container: Value, from_node: bool) -> Value {
+    let mut command = vec![json!(AGENT), json!("guard")];
+    if from_node {
+        command.extend([
+            json!("--lease-file"),
+            json!(format!("{LEASE_MOUNT}/{}", crate::lease_file::FILE_NAME)),
+            json!("--restart"),
+        ]);
+        let mut mounts = container["volumeMounts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        mounts.push(json!({"name": "ring-lease", "mountPath": LEASE_MOUNT, "readOnly": true}));
+        container["volumeMounts"] = json!(mounts);
+    }
+    command.push(json!("--"));
     if let Some(c) = container["command"].as_array() {
         command.extend(c.iter().cloned());
     }
@@ -101,34 +121,7 @@ pub fn guarded(mut container: Value) -> Value {
     container
 }
 
-/// Where a guard finds the node's lease directory (`leaseFromNode`).
-pub const LEASE_MOUNT: &str = "/var/run/ring-lease";
-
-/// Makes a guarded container (see [`guarded`]) read its fence time from the
-/// lease file ringd writes on the node, mounted at [`LEASE_MOUNT`] (volume
-/// [`lease_volume`]), restarting its child when the lease is renewed again.
-pub fn lease_from_node(mut container: Value) -> Value {
-    let mut command = vec![
-        json!(AGENT),
-        json!("guard"),
-        json!("--lease-file"),
-        json!(format!("{LEASE_MOUNT}/{}", crate::lease_file::FILE_NAME)),
-        json!("--restart"),
-    ];
-    if let Some(c) = container["command"].as_array() {
-        command.extend(c.iter().skip(2).cloned());
-    }
-    container["command"] = json!(command);
-    let mut mounts = container["volumeMounts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    mounts.push(json!({"name": "ring-lease", "mountPath": LEASE_MOUNT, "readOnly": true}));
-    container["volumeMounts"] = json!(mounts);
-    container
-}
-
-/// The node's lease directory `dir` of a shoot, for [`lease_from_node`].
+/// The node's lease directory `dir` of a shoot, for a guard reading it (see [`guarded`]).
 pub fn lease_volume(dir: &std::path::Path) -> Value {
     json!({"name": "ring-lease", "hostPath": {"path": dir, "type": "Directory"}})
 }
@@ -337,7 +330,10 @@ mod tests {
 
     #[test]
     fn guarded_runs_the_command_under_the_agent_and_keeps_env() {
-        let c = guarded(json!({"command": ["etcd"], "env": [{"name": "POD_NAME", "value": "x"}]}));
+        let c = guarded(
+            json!({"command": ["etcd"], "env": [{"name": "POD_NAME", "value": "x"}]}),
+            false,
+        );
         assert_eq!(c["command"], json!([AGENT, "guard", "--", "etcd"]));
         let names: Vec<_> = c["env"]
             .as_array()

@@ -266,9 +266,8 @@ impl Renderer<'_> {
         let guarded =
             self.wiring.guard && matches!(component, Component::Etcd | Component::KubeApiserver);
         if guarded {
-            container = agent::guarded(container);
+            container = agent::guarded(container, self.lease_dir.is_some());
             if let Some(dir) = &self.lease_dir {
-                container = agent::lease_from_node(container);
                 volumes.push(agent::lease_volume(dir));
             }
         }

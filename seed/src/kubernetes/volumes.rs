@@ -12,15 +12,14 @@ use kube::api::{Api, PostParams};
 use crate::error::{Result, SeedError};
 
 /// Creates a 1 GiB ReadWriteOnce hostPath PersistentVolume per `(name, dir)`
-/// that does not exist yet (`dir` is created on the node when bound); returns
-/// how many it created. `cluster` names the cluster in errors.
+/// that does not exist yet (`dir` is created on the node when bound).
+/// `cluster` names the cluster in errors.
 pub async fn ensure_host_path_volumes(
     client: kube::Client,
     cluster: &str,
     volumes: &[(String, PathBuf)],
-) -> Result<usize> {
+) -> Result<()> {
     let api: Api<PersistentVolume> = Api::all(client);
-    let mut created = 0;
     for (name, dir) in volumes {
         let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": {"ring.gardener.cloud/host-path": "etcd"}},
@@ -35,7 +34,7 @@ pub async fn ensure_host_path_volumes(
             message: format!("PersistentVolume {name}: {e}"),
         })?;
         match api.create(&PostParams::default(), &pv).await {
-            Ok(_) => created += 1,
+            Ok(_) => {}
             Err(kube::Error::Api(r)) if r.code == 409 => {}
             Err(e) => {
                 return Err(SeedError::Kube {
@@ -45,7 +44,7 @@ pub async fn ensure_host_path_volumes(
             }
         }
     }
-    Ok(created)
+    Ok(())
 }
 
 /// Whether every named PersistentVolume exists.

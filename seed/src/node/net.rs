@@ -279,11 +279,6 @@ mod tests {
         assert!(NodeNetwork::plan(0, &names).is_err());
         assert!(NodeNetwork::plan(16, &names[..1]).is_err());
     }
-}
-
-#[cfg(test)]
-mod guest_tests {
-    use super::*;
 
     /// Needs root (as CI and the drills do): a real node network with one
     /// node, and a guest namespace plugged into it that reaches the node's
