@@ -8,6 +8,7 @@
 //! rerun resumes wherever the ring is; `ringctl down` stops the members and
 //! keeps every byte of data.
 
+mod coldstart;
 pub mod config;
 pub mod nodes;
 mod observe;
@@ -424,7 +425,9 @@ async fn execute(
                 r => r?,
             }
         }
-        Step::CreateVolumes(m) => selfhost::create_volumes(layout, m).await?,
+        Step::ColdStart { member, shoot } => {
+            coldstart::cold_start(layout, config, ringd, member, shoot).await?
+        }
         Step::SwitchSeed(m) => selfhost::switch_seed(layout, config, ringd, m).await?,
         Step::Done => {}
     }

@@ -71,12 +71,6 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
         .filter(|n| selfhost::hosts_as_pods(layout, n))
         .map(|n| n.to_string())
         .collect();
-    for m in &config.self_hosting.members {
-        let asked = !o.pod_seeds.contains(m) && o.kubeconfigs.contains(m) && o.ready.contains(m);
-        if asked && selfhost::volumes_exist(layout, m).await {
-            o.volumes.insert(m.clone());
-        }
-    }
     o
 }
 

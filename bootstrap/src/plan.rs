@@ -41,13 +41,17 @@ pub enum Step {
         from: String,
         to: String,
     },
-    /// Create the hostPath PersistentVolumes etcd binds in this member's shoot.
-    CreateVolumes(String),
     /// Make this member host as pods on its own shoot's node: its ringd's seed
     /// becomes a Kubernetes seed on its shoot, and ringd restarts.
     SwitchSeed(String),
     /// Move `shoot` into pods on member `to`'s node (planned migration).
     Pivot { shoot: String, to: String },
+    /// Cold start of a closed ring (every control plane in pods, none
+    /// serving, so no node can get its pods): `member` hosts its successor
+    /// `shoot` as processes again, from the etcd data its pods left on the
+    /// node; the other control planes follow node by node, then `shoot`
+    /// pivots back into pods.
+    ColdStart { member: String, shoot: String },
     /// Everything is up.
     Done,
 }
@@ -70,9 +74,11 @@ impl Step {
             Step::AwaitNodes(_) => "nodes ready".into(),
             Step::AwaitMoves(s) => format!("wait for the moves of {}", s.join(", ")),
             Step::Evacuate { shoot, from, to } => format!("move {shoot} off {from} to {to}"),
-            Step::CreateVolumes(m) => format!("create etcd volumes in {m}"),
             Step::SwitchSeed(m) => format!("make {m} host as pods"),
             Step::Pivot { shoot, to } => format!("move {shoot} into pods on {to}"),
+            Step::ColdStart { member, shoot } => {
+                format!("cold start: {member} hosts {shoot} as processes")
+            }
             Step::Done => "done".into(),
         }
     }
@@ -108,8 +114,6 @@ pub struct Observed {
     pub moving: BTreeSet<String>,
     /// Members whose ringd hosts as pods (its config has a Kubernetes seed).
     pub pod_seeds: BTreeSet<String>,
-    /// Members whose shoot holds the etcd volumes for self-hosting.
-    pub volumes: BTreeSet<String>,
 }
 
 impl Observed {
@@ -143,6 +147,11 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
         return step;
     }
     let step = next_node_step(config, o);
+    if matches!(step, Step::AwaitNodes(_)) && cold(config, o) {
+        let member = config.members[0].name.clone();
+        let shoot = config.successor(&member).unwrap_or_default();
+        return Step::ColdStart { member, shoot };
+    }
     if step != Step::Done {
         return step;
     }
@@ -172,16 +181,45 @@ fn await_and_publish(
     (!unpublished.is_empty()).then_some(Step::PublishKubeconfigs(unpublished))
 }
 
+/// Whether the ring is closed and stopped: every control plane in pods, none
+/// serving, every node started and none registered (each waits for the API
+/// that runs on another node's pods).
+fn cold(config: &RingConfig, o: &Observed) -> bool {
+    let names = || config.members.iter().map(|m| &m.name);
+    names().all(|m| o.pod_hosted(m))
+        && o.ready.is_empty()
+        && o.nodes_ready.is_empty()
+        && crate::nodes::node_names(config)
+            .iter()
+            .all(|n| o.nodes_running.contains(n))
+}
+
+/// The order members switch to hosting as pods: `selfHosting.members`; for a
+/// closed ring (every member listed), ring order starting at the last member,
+/// so that each shoot waiting for its host's switch has a place to wait (as
+/// processes, or as pods on a member already switched).
+pub fn pivot_order(config: &RingConfig) -> Vec<String> {
+    let listed = &config.self_hosting.members;
+    let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
+    if names.is_empty() || listed.len() < names.len() {
+        return listed.clone();
+    }
+    let last = names.len() - 1;
+    std::iter::once(names[last].clone())
+        .chain(names[..last].iter().cloned())
+        .collect()
+}
+
 /// The steps that move each self-hosting member's successor into pods on
-/// that member's node: move it off the member, give the member's shoot etcd
-/// volumes, switch the member's seed to its own shoot, move the successor
-/// back onto the member. One member at a time, in `selfHosting.members` order.
+/// that member's node: move it off the member, switch the member's seed to
+/// its own shoot, move the successor back onto the member. One member at a
+/// time, in [`pivot_order`].
 fn next_pivot_step(config: &RingConfig, o: &Observed) -> Step {
     let moving: Vec<String> = o.moving.iter().cloned().collect();
     if !moving.is_empty() {
         return Step::AwaitMoves(moving);
     }
-    for m in &config.self_hosting.members {
+    for m in &pivot_order(config) {
         let Some(shoot) = config.successor(m) else {
             continue;
         };
@@ -197,9 +235,6 @@ fn next_pivot_step(config: &RingConfig, o: &Observed) -> Step {
                     to,
                 };
             }
-            if !o.volumes.contains(m) {
-                return Step::CreateVolumes(m.clone());
-            }
             return Step::SwitchSeed(m.clone());
         }
         if host != Some(m) {
@@ -214,7 +249,8 @@ fn next_pivot_step(config: &RingConfig, o: &Observed) -> Step {
 
 /// Where `shoot` waits while `member`'s seed changes kind: the next member in
 /// ring order after `member` that hosts as processes and is not `shoot`
-/// itself, else any other member hosting as processes.
+/// itself, else any other member hosting as processes, else (the last switch
+/// of a closed ring) the next member hosting as pods that is not `shoot`.
 fn evacuation_target(
     config: &RingConfig,
     o: &Observed,
@@ -223,15 +259,15 @@ fn evacuation_target(
 ) -> Option<String> {
     let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
     let at = names.iter().position(|n| *n == member)?;
-    let candidates: Vec<&str> = (1..names.len())
-        .map(|k| names[(at + k) % names.len()])
-        .filter(|n| !o.pod_seeds.contains(*n))
-        .collect();
-    candidates
+    let after = || (1..names.len()).map(|k| names[(at + k) % names.len()]);
+    let processes: Vec<&str> = after().filter(|n| !o.pod_seeds.contains(*n)).collect();
+    processes
         .iter()
         .find(|n| **n != shoot)
-        .or_else(|| candidates.first())
-        .map(|n| n.to_string())
+        .or_else(|| processes.first())
+        .copied()
+        .or_else(|| after().find(|n| *n != shoot))
+        .map(str::to_string)
 }
 
 /// The steps that give every shoot its node (none when `nodes.perMember` is 0).
@@ -292,8 +328,11 @@ impl Observed {
             Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => {
                 self.placements.insert(shoot, to);
             }
-            Step::CreateVolumes(m) => {
-                self.volumes.insert(m);
+            Step::ColdStart { member, .. } => {
+                self.pod_seeds.remove(&member);
+                // processes, then every node and control plane in turn
+                self.ready = self.placements.keys().cloned().collect();
+                self.nodes_ready = self.nodes_running.clone();
             }
             Step::SwitchSeed(m) => {
                 self.pod_seeds.insert(m);
@@ -449,7 +488,6 @@ mod tests {
                     from: "m3".into(),
                     to: "m2".into()
                 },
-                Step::CreateVolumes("m3".into()),
                 Step::SwitchSeed("m3".into()),
                 Step::Pivot {
                     shoot: "m1".into(),
@@ -470,9 +508,8 @@ mod tests {
     fn self_hosting_resumes_where_it_stopped_and_waits_for_moves_in_flight() {
         let c = self_hosting(&["m3"]);
         let mut o = up_as_processes(&c);
-        // evacuated earlier, the volumes exist, the seed was not switched yet
+        // evacuated earlier, the seed was not switched yet
         o.placements.insert("m1".into(), "m2".into());
-        o.volumes.insert("m3".into());
         assert_eq!(next_step(&c, &o), Step::SwitchSeed("m3".into()));
         // a move in flight (e.g. the evacuation a crashed bootstrap started)
         o.moving.insert("m1".into());
@@ -516,5 +553,113 @@ mod tests {
             next_step(&c, &o),
             Step::AwaitControlPlanes(vec!["m2".into()])
         );
+    }
+
+    /// Walks `c` from `o` to `Done`, checking at every switch that the member
+    /// hosts nothing and that no shoot ever runs in pods on its own node.
+    fn walk_checked(c: &RingConfig, o: &mut Observed) -> Vec<Step> {
+        let mut seen = Vec::new();
+        loop {
+            let step = next_step(c, o);
+            match &step {
+                Step::SwitchSeed(m) => assert!(
+                    !o.placements.values().any(|h| h == m),
+                    "{m} switches while hosting: {:?}",
+                    o.placements
+                ),
+                Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => assert!(
+                    shoot != to || !o.pod_seeds.contains(to),
+                    "{shoot} in pods on its own node"
+                ),
+                _ => {}
+            }
+            seen.push(step.clone());
+            if !o.pretend(step) {
+                return seen;
+            }
+        }
+    }
+
+    /// Each shoot in pods on its predecessor: the closed ring.
+    fn closed(o: &Observed) -> bool {
+        let want = [("m1", "m3"), ("m2", "m1"), ("m3", "m2")];
+        want.iter()
+            .all(|(s, h)| o.placements[*s] == *h && o.pod_seeds.contains(*h))
+    }
+
+    #[test]
+    fn a_closed_ring_switches_the_last_member_first_and_the_last_move_is_pods_to_pods() {
+        let c = self_hosting(&["m1", "m2", "m3"]);
+        assert_eq!(pivot_order(&c), ["m3", "m1", "m2"]);
+        assert_eq!(pivot_order(&self_hosting(&["m2", "m1"])), ["m2", "m1"]);
+        let mut o = up_as_processes(&c);
+        let seen = walk_checked(&c, &mut o);
+        let switches: Vec<&Step> = seen
+            .iter()
+            .filter(|s| matches!(s, Step::SwitchSeed(_)))
+            .collect();
+        assert_eq!(
+            switches,
+            [
+                &Step::SwitchSeed("m3".into()),
+                &Step::SwitchSeed("m1".into()),
+                &Step::SwitchSeed("m2".into())
+            ]
+        );
+        // no member hosts as processes when m3's control plane leaves m2:
+        // it waits in pods on m1 (not on m3, its own shoot)
+        assert!(seen.contains(&Step::Evacuate {
+            shoot: "m3".into(),
+            from: "m2".into(),
+            to: "m1".into()
+        }));
+        assert_eq!(seen.last(), Some(&Step::Done));
+        assert!(closed(&o), "{:?}", o.placements);
+    }
+
+    #[test]
+    fn a_stopped_closed_ring_cold_starts_one_control_plane_as_processes_and_pivots_it_back() {
+        let c = self_hosting(&["m1", "m2", "m3"]);
+        let mut o = up_as_processes(&c);
+        walk_checked(&c, &mut o);
+        // after `down` and a restart of ringd and nodes: nothing serves
+        o.ready.clear();
+        o.nodes_ready.clear();
+        assert_eq!(
+            next_step(&c, &o),
+            Step::ColdStart {
+                member: "m1".into(),
+                shoot: "m2".into()
+            }
+        );
+        // not while the nodes are still starting: they come first
+        let mut starting = o.clone();
+        starting.nodes_running.remove("m2");
+        assert_eq!(next_step(&c, &starting), Step::StartNode("m2".into()));
+        // not while any control plane serves (a ring that is only slow)
+        let mut slow = o.clone();
+        slow.ready.insert("m3".into());
+        assert_eq!(
+            next_step(&c, &slow),
+            Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
+        );
+        let seen = walk_checked(&c, &mut o);
+        assert_eq!(
+            seen[1..],
+            [
+                Step::Evacuate {
+                    shoot: "m2".into(),
+                    from: "m1".into(),
+                    to: "m3".into()
+                },
+                Step::SwitchSeed("m1".into()),
+                Step::Pivot {
+                    shoot: "m2".into(),
+                    to: "m1".into()
+                },
+                Step::Done
+            ]
+        );
+        assert!(closed(&o), "{:?}", o.placements);
     }
 }

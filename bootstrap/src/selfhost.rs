@@ -3,13 +3,15 @@
 //! as processes next to its ringd. The plan ([`crate::plan`]) decides the
 //! order; this file does the steps that are not migrations:
 //!
-//! * **etcd volumes** in the member's shoot (hostPath PersistentVolumes under
-//!   the member's node directory: a ring's shoots have no provisioner);
 //! * **switching the member's seed**: once it hosts nothing, its ringd config
 //!   gets a Kubernetes seed on its own shoot (the published admin kubeconfig,
-//!   NodePort Services on its node's address) and ringd restarts. The local
-//!   seed's leftovers (the data of control planes that moved away) are kept
-//!   aside under `seed-local-retired`, so the new seed starts empty.
+//!   NodePort Services on its node's address, etcd's data and the lease file
+//!   in the seed's dir on the node: `leaseFromNode`) and ringd restarts. The
+//!   local seed's leftovers (the data of control planes that moved away) are
+//!   kept aside under `seed-local-retired-*`, so the new seed starts empty;
+//! * **the cold start of a closed ring** ([`cold_start`]): with every control
+//!   plane in pods and nothing serving, one member hosts its successor as
+//!   processes again, from the data its pods left on the node.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,50 +20,6 @@ use ringd::config::RingdConfig;
 
 use crate::config::{RingConfig, SeedSpec};
 use crate::{io, ring_status, start_member, stop_processes, BootstrapError, RingLayout};
-
-/// etcd volumes per self-hosting member's shoot: every arrival of a control
-/// plane binds a fresh one (a released hostPath volume is not bound again).
-pub const VOLUMES: usize = 4;
-
-/// The PersistentVolumes of `member`'s shoot, with their directories.
-fn volumes(layout: &RingLayout, member: &str) -> Vec<(String, PathBuf)> {
-    (1..=VOLUMES)
-        .map(|i| {
-            let name = format!("ring-etcd-{i}");
-            let dir = crate::nodes::node_dir(layout, member)
-                .join("volumes")
-                .join(&name);
-            (name, dir)
-        })
-        .collect()
-}
-
-async fn shoot_client(layout: &RingLayout, member: &str) -> Result<kube::Client, BootstrapError> {
-    Ok(seed::kubeconfig::client(member, &layout.kubeconfig(member)).await?)
-}
-
-/// Whether `member`'s shoot holds every etcd volume (false when its API does
-/// not answer).
-pub async fn volumes_exist(layout: &RingLayout, member: &str) -> bool {
-    let Ok(client) = shoot_client(layout, member).await else {
-        return false;
-    };
-    let names: Vec<String> = volumes(layout, member).into_iter().map(|v| v.0).collect();
-    seed::kubernetes::volumes::host_path_volumes_exist(client, member, &names)
-        .await
-        .unwrap_or(false)
-}
-
-/// Creates the etcd volumes that `member`'s shoot lacks.
-pub async fn create_volumes(layout: &RingLayout, member: &str) -> Result<(), BootstrapError> {
-    let client = shoot_client(layout, member).await?;
-    Ok(seed::kubernetes::volumes::ensure_host_path_volumes(
-        client,
-        member,
-        &volumes(layout, member),
-    )
-    .await?)
-}
 
 /// The seed a self-hosting `member` runs: its own shoot, Services on its
 /// first node's address.
@@ -147,15 +105,24 @@ pub async fn switch_seed(
     }
     stop_ringd(layout, member).await;
     if switching {
-        retire_local_seed(layout, member)?;
+        retire_seed(layout, member, "local")?;
     }
+    write_ringd_config(&path, member, &rc)?;
+    start_member(layout, ringd, member)
+}
+
+pub(crate) fn write_ringd_config(
+    path: &std::path::Path,
+    member: &str,
+    rc: &RingdConfig,
+) -> Result<(), BootstrapError> {
     rc.validate()?;
-    let yaml = serde_yaml::to_string(&rc).map_err(|e| BootstrapError::Config {
+    let yaml = serde_yaml::to_string(rc).map_err(|e| BootstrapError::Config {
         field: format!("{member}'s ringd config"),
         reason: e.to_string(),
     })?;
-    seed::pki::write_private(&path, yaml.as_bytes()).map_err(ringd::RingError::from)?;
-    start_member(layout, ringd, member)
+    seed::pki::write_private(path, yaml.as_bytes()).map_err(ringd::RingError::from)?;
+    Ok(())
 }
 
 async fn stop_ringd(layout: &RingLayout, member: &str) {
@@ -170,19 +137,89 @@ async fn stop_ringd(layout: &RingLayout, member: &str) {
     }
 }
 
-/// Moves the local seed's directory aside (kept for an operator, never read
-/// again) so the Kubernetes seed starts without another kind's leftovers.
-fn retire_local_seed(layout: &RingLayout, member: &str) -> Result<(), BootstrapError> {
+/// Moves the seed's directory aside as `seed-<kind>-retired-<ms>` (kept for
+/// an operator, never read again) so the seed of the other kind starts
+/// without leftovers; returns where it went (None: there was none).
+pub(crate) fn retire_seed(
+    layout: &RingLayout,
+    member: &str,
+    kind: &str,
+) -> Result<Option<PathBuf>, BootstrapError> {
     let dir = layout.seed_dir(member);
     if !dir.exists() {
-        return Ok(());
+        return Ok(None);
     }
     let retired = layout
         .member_dir(member)
-        .join(format!("seed-local-retired-{}", ringd::now_ms()));
+        .join(format!("seed-{kind}-retired-{}", ringd::now_ms()));
     std::fs::rename(&dir, &retired).map_err(io(format!(
         "moving {} aside to {}",
         dir.display(),
         retired.display()
-    )))
+    )))?;
+    Ok(Some(retired))
+}
+
+/// Where a shoot's control plane runs (`ringctl status`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hosting {
+    pub shoot: String,
+    /// The member whose ringd hosts it.
+    pub host: String,
+    /// `pods` (in the host's shoot, on its node) or `processes` (next to ringd).
+    pub r#as: String,
+    /// With pods: the host's node they run on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// With pods: their namespace in the host's shoot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// Where each placed control plane of the local ring runs, from the
+/// placements and the hosts' ringd configs.
+pub fn hosting(
+    layout: &RingLayout,
+    config: &RingConfig,
+    placements: &[(String, String)],
+) -> Vec<Hosting> {
+    placements
+        .iter()
+        .map(|(shoot, host)| {
+            let pods = hosts_as_pods(layout, host);
+            Hosting {
+                shoot: shoot.clone(),
+                host: host.clone(),
+                r#as: if pods { "pods" } else { "processes" }.into(),
+                node: pods
+                    .then(|| crate::nodes::nodes_of(config, host).into_iter().next())
+                    .flatten(),
+                namespace: pods.then(|| seed::kubernetes::render::namespace(&config.name, shoot)),
+            }
+        })
+        .collect()
+}
+
+/// The control planes' table of `ringctl status` (empty without any).
+pub fn render_hosting(rows: &[Hosting]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\ncontrol planes:\n");
+    out.push_str(&format!(
+        "  {:<8} {:<8} {:<10} WHERE\n",
+        "SHOOT", "HOST", "AS"
+    ));
+    for h in rows {
+        let place = match (&h.node, &h.namespace) {
+            (Some(node), Some(ns)) => format!("shoot {}, node {node}, namespace {ns}", h.host),
+            _ => format!("next to ringd {}", h.host),
+        };
+        out.push_str(&format!(
+            "  {:<8} {:<8} {:<10} {place}\n",
+            h.shoot, h.host, h.r#as
+        ));
+    }
+    out
 }

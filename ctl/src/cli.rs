@@ -176,6 +176,29 @@ impl RingArgs {
         Ok(bootstrap::ring_status(&layout, &config).await?)
     }
 
+    /// Where the control planes of the local ring in `--ring-dir` run (none
+    /// with `--address`).
+    pub(crate) fn local_hosting(
+        &self,
+        status: &ringd::status::RingStatus,
+    ) -> anyhow::Result<Vec<bootstrap::selfhost::Hosting>> {
+        if self.address.is_some() {
+            return Ok(Vec::new());
+        }
+        let layout = bootstrap::RingLayout {
+            dir: self.dir.dir(),
+        };
+        let placements: Vec<(String, String)> = status
+            .placements
+            .iter()
+            .map(|p| (p.shoot.clone(), p.host.clone()))
+            .collect();
+        Ok(match layout.read_config()? {
+            Some(config) => bootstrap::selfhost::hosting(&layout, &config, &placements),
+            None => Vec::new(),
+        })
+    }
+
     /// The nodes of the local ring in `--ring-dir` (none with `--address`).
     pub(crate) fn local_nodes(&self) -> anyhow::Result<Vec<bootstrap::nodes::NodeReport>> {
         if self.address.is_some() {
@@ -198,6 +221,9 @@ pub(crate) struct StatusView {
     pub(crate) status: ringd::status::RingStatus,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) nodes: Vec<bootstrap::nodes::NodeReport>,
+    /// Where each control plane runs (pods or processes), for a local ring.
+    #[serde(rename = "controlPlanes", skip_serializing_if = "Vec::is_empty")]
+    pub(crate) control_planes: Vec<bootstrap::selfhost::Hosting>,
 }
 
 #[derive(Subcommand)]

@@ -409,11 +409,18 @@ impl KubernetesSeed {
             spec,
             config: &self.config,
             wiring: &self.wiring,
-            lease_dir: self
-                .config
-                .lease_from_node
-                .then(|| self.shoot_layout(&spec.shoot).dir),
+            node_dir: self.node_dir(&spec.shoot),
         }
+    }
+
+    /// With `leaseFromNode`, the directory of `shoot`'s pods on the node: the
+    /// lease file their guards and backup sidecar read, etcd's data below
+    /// (see [`Renderer::node_dir`]). Kept apart from the shoot's own dir, so a
+    /// local seed later in the same place never feeds this seed's old pods.
+    pub fn node_dir(&self, shoot: &str) -> Option<PathBuf> {
+        self.config
+            .lease_from_node
+            .then(|| self.shoot_layout(shoot).dir.join("pods"))
     }
 
     /// Server-side apply of one rendered object; returns the object as stored.
@@ -905,6 +912,9 @@ impl Seed for KubernetesSeed {
         let svc = self.api_service(&spec.shoot).await?;
         let lb = svc.as_ref().map(lb_addresses).unwrap_or_default();
         let pki = self.prepare_pki(spec, &lb).await?;
+        if let Some(dir) = self.node_dir(&spec.shoot) {
+            crate::pki::create_private_dir(&dir.join(render::NODE_ETCD))?;
+        }
         for object in self.renderer(spec).objects(&owner, &pki) {
             self.apply(&spec.shoot, &object).await?;
         }

@@ -72,9 +72,16 @@ pub async fn status(args: RingArgs, format: Format) -> anyhow::Result<()> {
     init_tracing("warn");
     let status = args.status().await?;
     let nodes = args.local_nodes()?;
-    let view = StatusView { status, nodes };
+    let control_planes = args.local_hosting(&status)?;
+    let view = StatusView {
+        status,
+        nodes,
+        control_planes,
+    };
     print(&view, format, || {
-        ringd::status::render(&view.status) + &bootstrap::nodes::render(&view.nodes)
+        ringd::status::render(&view.status)
+            + &bootstrap::selfhost::render_hosting(&view.control_planes)
+            + &bootstrap::nodes::render(&view.nodes)
     })
 }
 

@@ -20,9 +20,11 @@ use crate::{now_ms, RingError};
 const RETRY: Duration = Duration::from_secs(5);
 
 /// Runs backups with `config` and deltas spooled in `spool_dir`, while the
-/// lease holds, until `stop`.
+/// lease read from `lease` holds, until `stop`. Progress goes to `cluster`
+/// when its API answers; uploads do not wait for it.
 pub async fn run(
     cluster: Cluster,
+    lease: super::LeaseSource,
     mut config: ::backup::BackupConfig,
     spool_dir: PathBuf,
     stop: CancellationToken,
@@ -35,11 +37,7 @@ pub async fn run(
         handover.clone(),
     ));
     let _stop_handover = handover.drop_guard();
-    let (mut lease, _stop_reader) = super::follow_lease(
-        super::LeaseSource::Cluster(cluster.clone()),
-        Duration::from_millis(500),
-        &stop,
-    );
+    let (mut lease, _stop_reader) = super::follow_lease(lease, Duration::from_millis(500), &stop);
     loop {
         if !wait_for_lease(&mut lease, &stop).await {
             return Ok(());

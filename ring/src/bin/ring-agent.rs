@@ -57,6 +57,11 @@ enum Command {
         /// Where deltas wait for the bucket.
         #[arg(long)]
         spool_dir: PathBuf,
+        /// The lease file ringd writes on the node (`leaseFromNode`) instead
+        /// of the Lease through the seed cluster's API, so backups go on
+        /// while that API is away.
+        #[arg(long)]
+        lease_file: Option<PathBuf>,
     },
     /// Restores etcd's data from the bucket when the ConfigMap etcd-restore asks.
     Restore {
@@ -135,10 +140,15 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
             backup_config,
             shoot,
             spool_dir,
+            lease_file,
         } => {
             let config = ringd::agent::load_config(&backup_config, &shoot)?;
             let cluster = Cluster::from_pod().await?;
-            ringd::agent::backup::run(cluster, config, spool_dir, shutdown).await
+            let lease = match lease_file {
+                Some(file) => LeaseSource::File(file),
+                None => LeaseSource::Cluster(cluster.clone()),
+            };
+            ringd::agent::backup::run(cluster, lease, config, spool_dir, shutdown).await
         }
         Command::Restore {
             backup_config,

@@ -117,9 +117,15 @@ impl KubernetesExecutor {
         Ok(seed::lease_file::record(&self.layout(shoot), fence_at_ms)?)
     }
 
-    /// Records `record` and writes it to the Lease (if the control plane exists).
+    /// Records `record` and writes it to the Lease (if the control plane
+    /// exists). With `leaseFromNode` the pods' guards and backup sidecar
+    /// follow the lease file in the node's dir instead: written first, so a
+    /// seed API that hangs holds up neither renewals nor fences.
     async fn record_lease(&self, shoot: &str, record: LeaseRecord) -> Result<(), RingError> {
         lock(&self.leases).insert(shoot.to_string(), record.clone());
+        if let Some(dir) = self.seed.node_dir(shoot) {
+            seed::lease_file::record(&ShootLayout { dir }, record.fence_at_ms)?;
+        }
         self.seed.write_lease(shoot, &record).await?;
         Ok(())
     }

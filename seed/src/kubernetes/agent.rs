@@ -96,14 +96,14 @@ pub fn guarded(mut container: Value, from_node: bool) -> Value {
     if from_node {
         command.extend([
             json!("--lease-file"),
-            json!(format!("{LEASE_MOUNT}/{}", crate::lease_file::FILE_NAME)),
+            json!(lease_file_in_pod()),
             json!("--restart"),
         ]);
         let mut mounts = container["volumeMounts"]
             .as_array()
             .cloned()
             .unwrap_or_default();
-        mounts.push(json!({"name": "ring-lease", "mountPath": LEASE_MOUNT, "readOnly": true}));
+        mounts.push(lease_mount());
         container["volumeMounts"] = json!(mounts);
     }
     command.push(json!("--"));
@@ -119,6 +119,15 @@ pub fn guarded(mut container: Value, from_node: bool) -> Value {
     }
     container["env"] = json!(env);
     container
+}
+
+/// The lease file's path inside a pod with [`lease_volume`].
+fn lease_file_in_pod() -> String {
+    format!("{LEASE_MOUNT}/{}", crate::lease_file::FILE_NAME)
+}
+
+fn lease_mount() -> Value {
+    json!({"name": "ring-lease", "mountPath": LEASE_MOUNT, "readOnly": true})
 }
 
 /// The node's lease directory `dir` of a shoot, for a guard reading it (see [`guarded`]).
@@ -162,6 +171,9 @@ pub struct EtcdAgent<'a> {
     pub pull: &'a str,
     /// Where etcd's volume is mounted.
     pub data: &'a str,
+    /// The sidecar reads the lease file on the node (`leaseFromNode`; the pod
+    /// has [`lease_volume`]) instead of the Lease through the seed's API.
+    pub lease_from_node: bool,
 }
 
 impl EtcdAgent<'_> {
@@ -207,7 +219,16 @@ impl EtcdAgent<'_> {
     /// etcd's backup sidecar.
     pub fn backup(&self) -> Value {
         let spool = format!("{}/backup-spool", self.data);
-        let mut c = self.container("backup", vec!["--spool-dir".into(), spool]);
+        let mut args = vec!["--spool-dir".into(), spool];
+        if self.lease_from_node {
+            args.extend(["--lease-file".into(), lease_file_in_pod()]);
+        }
+        let mut c = self.container("backup", args);
+        if self.lease_from_node {
+            if let Some(m) = c["volumeMounts"].as_array_mut() {
+                m.push(lease_mount());
+            }
+        }
         c["resources"] = json!({"requests": {"cpu": "50m", "memory": "64Mi"}});
         c
     }

@@ -38,6 +38,8 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
 const PKI_MOUNT: &str = "/etc/ring/pki";
 const ETCD_DATA: &str = "/var/lib/etcd";
+/// etcd's data directory under [`Renderer::node_dir`].
+pub const NODE_ETCD: &str = "etcd";
 
 /// The namespace holding a shoot's control plane on a seed cluster.
 pub fn namespace(ring: &str, shoot: &str) -> String {
@@ -95,9 +97,12 @@ pub struct Renderer<'a> {
     pub config: &'a KubernetesSeedConfig,
     /// The lease guard and backup containers a ring adds.
     pub wiring: &'a Wiring,
-    /// The node's directory with the shoot's lease file, when the guards read
-    /// it there (`leaseFromNode`) instead of the Lease.
-    pub lease_dir: Option<std::path::PathBuf>,
+    /// With `leaseFromNode`, the node's directory of the shoot's pods: the
+    /// guards and the backup sidecar read the lease file there instead of the
+    /// Lease, and etcd keeps its data in its [`NODE_ETCD`] subdirectory
+    /// instead of a volume claim (both hostPath of type Directory, which ringd
+    /// creates: pods of an earlier stay never start on another seed's files).
+    pub node_dir: Option<std::path::PathBuf>,
 }
 
 impl Renderer<'_> {
@@ -266,8 +271,8 @@ impl Renderer<'_> {
         let guarded =
             self.wiring.guard && matches!(component, Component::Etcd | Component::KubeApiserver);
         if guarded {
-            container = agent::guarded(container, self.lease_dir.is_some());
-            if let Some(dir) = &self.lease_dir {
+            container = agent::guarded(container, self.node_dir.is_some());
+            if let Some(dir) = &self.node_dir {
                 volumes.push(agent::lease_volume(dir));
             }
         }
@@ -306,6 +311,7 @@ impl Renderer<'_> {
             image,
             pull,
             data: ETCD_DATA,
+            lease_from_node: self.node_dir.is_some(),
         };
         pod["spec"]["initContainers"] = json!([agent.restore(&peer, &token)]);
         if let Some(c) = pod["spec"]["containers"].as_array_mut() {
@@ -313,6 +319,11 @@ impl Renderer<'_> {
         }
         if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
             v.extend(agent::backup_volumes(backup));
+            if let Some(dir) = &self.node_dir {
+                if !v.iter().any(|v| v["name"] == "ring-lease") {
+                    v.push(agent::lease_volume(dir));
+                }
+            }
         }
         pod
     }
@@ -391,7 +402,8 @@ impl Renderer<'_> {
         if let Some(class) = &self.config.storage_class {
             claim["spec"]["storageClassName"] = json!(class);
         }
-        json!({
+        let mut template = self.with_backup(self.pod(Component::Etcd, container, &items));
+        let mut set = json!({
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "metadata": self.meta(ETCD, Some(ETCD), owner),
@@ -400,10 +412,19 @@ impl Renderer<'_> {
                 "serviceName": ETCD,
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": selector(&self.spec.shoot, ETCD)},
-                "template": self.with_backup(self.pod(Component::Etcd, container, &items)),
-                "volumeClaimTemplates": [claim],
             },
-        })
+        });
+        match &self.node_dir {
+            Some(dir) => {
+                let data = json!({"name": "data", "hostPath": {"path": dir.join(NODE_ETCD), "type": "Directory"}});
+                if let Some(v) = template["spec"]["volumes"].as_array_mut() {
+                    v.push(data);
+                }
+            }
+            None => set["spec"]["volumeClaimTemplates"] = json!([claim]),
+        }
+        set["spec"]["template"] = template;
+        set
     }
 
     fn apiserver(&self, owner: &Owner) -> Value {

@@ -35,9 +35,9 @@ fn render_wired(config: &KubernetesSeedConfig, wiring: &Wiring) -> String {
         spec: &spec,
         config,
         wiring,
-        lease_dir: config
+        node_dir: config
             .lease_from_node
-            .then(|| "/ring/members/m3/seed/shoots/alpha".into()),
+            .then(|| "/ring/members/m3/seed/shoots/alpha/pods".into()),
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -61,7 +61,7 @@ fn owned_objects(wiring: &Wiring) -> Vec<Value> {
         spec: &spec,
         config: &config,
         wiring,
-        lease_dir: None,
+        node_dir: None,
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -115,7 +115,7 @@ fn guards_of_a_ring_s_own_shoot_read_the_lease_file_on_the_node() {
         spec: &spec,
         config: &config,
         wiring: &wiring,
-        lease_dir: Some("/ring/members/m3/seed/shoots/alpha".into()),
+        node_dir: Some("/ring/members/m3/seed/shoots/alpha/pods".into()),
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -162,7 +162,7 @@ fn guards_of_a_ring_s_own_shoot_read_the_lease_file_on_the_node() {
                     .unwrap()
                     .iter()
                     .any(|v| v["name"] == "ring-lease"
-                        && v["hostPath"]["path"] == "/ring/members/m3/seed/shoots/alpha"),
+                        && v["hostPath"]["path"] == "/ring/members/m3/seed/shoots/alpha/pods"),
                 "{spec}"
             );
         }
@@ -177,6 +177,67 @@ fn every_owned_object_points_at_the_anchor_and_uses_1_20_apis() {
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u1", "{o}");
         let v = o["apiVersion"].as_str().unwrap();
         assert!(["v1", "apps/v1", "policy/v1beta1"].contains(&v), "{v}");
+    }
+}
+
+/// `leaseFromNode` with a bucket: etcd's backup sidecar reads the same lease
+/// file, so it goes on uploading while the seed cluster's API is away, and
+/// etcd's data is in the node's directory (a cold start finds it there).
+#[test]
+fn backup_sidecar_and_etcd_data_of_a_ring_s_own_shoot_are_on_the_node() {
+    let wiring = Wiring {
+        guard: true,
+        backup: Some(agent::PodBackup {
+            files: BTreeMap::from([(agent::BACKUP_CONFIG.to_string(), b"kind: Backup".to_vec())]),
+            host_dir: None,
+        }),
+    };
+    let mut config = KubernetesSeedConfig::new("demo");
+    for from_node in [false, true] {
+        config.lease_from_node = from_node;
+        let objects: Vec<Value> =
+            serde_yaml::Deserializer::from_str(&render_wired(&config, &wiring))
+                .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+                .collect();
+        let etcd = objects
+            .iter()
+            .find(|o| o["kind"] == "StatefulSet")
+            .expect("etcd's StatefulSet");
+        let spec = &etcd["spec"]["template"]["spec"];
+        let sidecar = spec["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "backup")
+            .expect("the backup sidecar");
+        let command: Vec<&str> = sidecar["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let reads_file = command
+            .windows(2)
+            .any(|w| w == ["--lease-file", "/var/run/ring-lease/fence-at-ms"]);
+        assert_eq!(reads_file, from_node, "{sidecar}");
+        let mounted = sidecar["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "ring-lease");
+        assert_eq!(mounted, from_node, "{sidecar}");
+        let volumes = spec["volumes"].as_array().unwrap();
+        let lease_volumes = volumes.iter().filter(|v| v["name"] == "ring-lease").count();
+        assert_eq!(lease_volumes, usize::from(from_node), "{spec}");
+        // etcd's data: a claim, or with leaseFromNode the node's directory
+        let claims = etcd["spec"]["volumeClaimTemplates"].as_array();
+        let on_node = volumes.iter().any(|v| {
+            v["name"] == "data"
+                && v["hostPath"]["path"] == "/ring/members/m3/seed/shoots/alpha/pods/etcd"
+                && v["hostPath"]["type"] == "Directory"
+        });
+        assert_eq!(on_node, from_node, "{spec}");
+        assert_eq!(claims.is_none(), from_node, "{etcd}");
     }
 }
 

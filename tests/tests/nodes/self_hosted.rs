@@ -2,7 +2,7 @@
 //! ring with nodes makes `ringctl bootstrap` move m1's control plane (which m3
 //! hosted as processes) into pods on m3's own node, in shoot m3, by planned
 //! migrations: off m3, m3's seed switched to its shoot, back onto m3; the pods
-//! keep serving while shoot m3's own API is stopped; after `ringctl down`,
+//! keep serving and backing up while shoot m3's own API is stopped; after `ringctl down`,
 //! bootstrap brings them back.
 
 use std::path::Path;
@@ -35,6 +35,19 @@ fn status(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&ringctl_in(dir, &["status", "-o", "json"])).expect("status json")
 }
 
+/// `ringctl status`'s control planes: (shoot, as, node), sorted by shoot.
+fn hosting(dir: &Path) -> Vec<(String, String, String)> {
+    let s = status(dir);
+    let rows = s["controlPlanes"].as_array().cloned().unwrap_or_default();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let mut out: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| (text(&r["shoot"]), text(&r["as"]), text(&r["node"])))
+        .collect();
+    out.sort();
+    out
+}
+
 /// Pods of namespace `ns` in the shoot `kubeconfig` reaches: (name, node, ready).
 fn pods(kubeconfig: &Path, ns: &str) -> Vec<(String, String, bool)> {
     let out = kubectl(kubeconfig, &["get", "pods", "-n", ns, "-o", "json"]);
@@ -63,6 +76,20 @@ fn pods(kubeconfig: &Path, ns: &str) -> Vec<(String, String, bool)> {
             )
         })
         .collect()
+}
+
+/// The last revision the newest delta in `dir` (a shoot's prefix in a file
+/// bucket: `delta-<first>-<last>-<time>.zst`) holds; 0 without deltas.
+fn newest_delta(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_prefix("delta-")?.split('-').nth(1)?.parse().ok()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +126,6 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     let progress = String::from_utf8_lossy(&out.stderr);
     for step in [
         "move m1 off m3 to m2",
-        "create etcd volumes in m3",
         "make m3 host as pods",
         "move m1 into pods on m3",
     ] {
@@ -146,6 +172,15 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
         );
     }
     assert!(!pod_control_plane("test", "m1").is_empty());
+    let row = |s: &str, a: &str, n: &str| (s.to_string(), a.to_string(), n.to_string());
+    assert_eq!(
+        hosting(&dir),
+        [
+            row("m1", "pods", "m3"),
+            row("m2", "processes", ""),
+            row("m3", "processes", "")
+        ]
+    );
     assert!(
         local_m1().is_empty(),
         "m1's local etcd is left: {:?}",
@@ -193,6 +228,26 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
         kubectl(&kc("m1"), &["get", "--raw", "/readyz"]);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // past any lease read from shoot m3 before the stop, m1's backup sidecar
+    // (its lease from the node too) still uploads what m1 acknowledges
+    let written = kubectl(
+        &kc("m1"),
+        &[
+            "create",
+            "configmap",
+            "while-m3-stopped",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    );
+    let revision: u64 = written.trim().parse().expect("resourceVersion");
+    let bucket = dir.join("bucket/m1");
+    wait_for(
+        "a delta of m1 with the write made while shoot m3's API is stopped",
+        Duration::from_secs(30),
+        || async { (newest_delta(&bucket) >= revision).then_some(()) },
+    )
+    .await;
     drop(stopped);
     wait_for(
         "every shoot ready again after shoot m3's API came back",
@@ -221,4 +276,157 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     assert!(local_m1().is_empty(), "m1 came back as processes");
     let names = kubectl(&kc("m1"), &["get", "configmaps", "-o", "name"]);
     assert!(names.contains("configmap/before-19"), "{names}");
+}
+
+/// `ringctl bootstrap ARGS`, which must succeed within 10 minutes (six
+/// migrations for a closed ring on 2 cores).
+fn bootstrap_bounded(args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(ringctl());
+    cmd.arg("bootstrap").args(args);
+    let out = run_bounded(&mut cmd, Duration::from_secs(600));
+    expect_success(&out);
+    out
+}
+
+/// Whether a Ready pod of each control plane component of `shoot` runs on
+/// node `node` in the shoot `kubeconfig` reaches.
+fn whole_control_plane_in_pods(kubeconfig: &Path, shoot: &str, node: &str) -> Result<(), String> {
+    let in_pods = pods(kubeconfig, &format!("shoot--test--{shoot}"));
+    for component in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        let found = in_pods
+            .iter()
+            .any(|(name, n, ready)| name.starts_with(component) && n == node && *ready);
+        if !found {
+            return Err(format!(
+                "no Ready {component} pod of {shoot} on node {node}: {in_pods:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The closed ring: every member hosts its successor as pods on its own node
+/// (m1's control plane in shoot m3, m2's in m1, m3's in m2), bootstrapped
+/// from nothing; after `ringctl down` nothing can serve until bootstrap
+/// cold-starts one control plane as processes from its pods' data on the
+/// node, and pivots it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_ring_hosts_every_control_plane_in_pods_and_cold_starts_after_down() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let _nodes = NodesGuard(layout.clone());
+    let config = ring_config_with(
+        sandbox.path(),
+        3,
+        "nodes: {perMember: 1}\nselfHosting: {members: [m1, m2, m3]}",
+    );
+    let out = bootstrap_bounded(&[
+        "--config",
+        &config.display().to_string(),
+        "--ring-dir",
+        &dir.display().to_string(),
+    ]);
+    let progress = String::from_utf8_lossy(&out.stderr);
+    // the last switch: m3's control plane waits in pods on m1, not as processes
+    assert!(
+        progress.contains("move m3 off m2 to m1"),
+        "bootstrap did not move m3 into pods on m1 while m2 switched:\n{progress}"
+    );
+    let kc = |s: &str| dir.join("kubeconfigs").join(format!("{s}.kubeconfig"));
+    let hosts = [("m1", "m3"), ("m2", "m1"), ("m3", "m2")];
+    let s = status(&dir);
+    for (shoot, host) in hosts {
+        let p = s["placements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["shoot"] == shoot)
+            .cloned()
+            .unwrap();
+        assert_eq!(p["host"], host, "{p}");
+        whole_control_plane_in_pods(&kc(host), shoot, host).unwrap();
+    }
+    let row = |s: &str, n: &str| (s.to_string(), "pods".to_string(), n.to_string());
+    assert_eq!(
+        hosting(&dir),
+        [row("m1", "m3"), row("m2", "m1"), row("m3", "m2")],
+        "ringctl status names the node of each control plane"
+    );
+    let members = dir.join("members").display().to_string();
+    let local_etcd = || processes("etcd", &["--initial-cluster-token=ring-", &members]);
+    assert!(
+        local_etcd().is_empty(),
+        "control planes left as processes: {:?}",
+        local_etcd()
+    );
+    let kubeconfigs: Vec<Vec<u8>> = ["m1", "m2", "m3"]
+        .map(|s| std::fs::read(kc(s)).unwrap())
+        .into();
+    for shoot in ["m1", "m2", "m3"] {
+        for i in 0..5 {
+            kubectl(&kc(shoot), &["create", "configmap", &format!("kept-{i}")]);
+        }
+    }
+
+    // stopped: no API anywhere; bootstrap starts m2 as processes on m1 from
+    // its pods' data, the rest follows, m2 goes back into pods
+    ringctl_in(&dir, &["down"]);
+    for (shoot, _) in hosts {
+        assert!(
+            pod_control_plane("test", shoot).is_empty(),
+            "{shoot}'s pods left after down"
+        );
+    }
+    let out = bootstrap_bounded(&["--ring-dir", &dir.display().to_string()]);
+    let progress = String::from_utf8_lossy(&out.stderr);
+    for step in [
+        "cold start: m1 hosts m2 as processes",
+        "move m2 off m1 to m3",
+        "make m1 host as pods",
+        "move m2 into pods on m1",
+    ] {
+        assert!(
+            progress.contains(step),
+            "bootstrap did not {step}:\n{progress}"
+        );
+    }
+    for (shoot, host) in hosts {
+        whole_control_plane_in_pods(&kc(host), shoot, host).unwrap();
+        let names = kubectl(&kc(shoot), &["get", "configmaps", "-o", "name"]);
+        for i in 0..5 {
+            assert!(
+                names.lines().any(|l| l == format!("configmap/kept-{i}")),
+                "{shoot}'s kept-{i} lost:\n{names}"
+            );
+        }
+    }
+    assert!(
+        local_etcd().is_empty(),
+        "control planes left as processes: {:?}",
+        local_etcd()
+    );
+    // the cold start kept the data where it was: nothing failed over from the
+    // bucket (older than the pods' data) while its ringd switched seeds
+    let s = status(&dir);
+    let failovers: Vec<&serde_json::Value> = s["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["kind"] != "migration")
+        .collect();
+    assert!(failovers.is_empty(), "{failovers:?}");
+    for (i, shoot) in ["m1", "m2", "m3"].iter().enumerate() {
+        assert_eq!(
+            std::fs::read(kc(shoot)).unwrap(),
+            kubeconfigs[i],
+            "{shoot}'s kubeconfig changed"
+        );
+    }
 }
