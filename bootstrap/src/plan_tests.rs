@@ -1,0 +1,318 @@
+//! The plan's order, table by table.
+use super::*;
+
+fn all(c: &RingConfig) -> BTreeSet<String> {
+    c.members.iter().map(|m| m.name.clone()).collect()
+}
+
+/// Every step from `o` to `Done`, pretending each one succeeds.
+fn walk(c: &RingConfig, o: &mut Observed) -> Vec<Step> {
+    let mut seen = Vec::new();
+    loop {
+        let step = next_step(c, o);
+        seen.push(step.clone());
+        if !o.pretend(step) {
+            return seen;
+        }
+    }
+}
+
+#[test]
+fn fresh_dir_walks_every_step_in_order() {
+    let c = RingConfig::default();
+    let mut o = Observed::default();
+    let seen = walk(&c, &mut o);
+    // config, pki, member configs, 3 ringd, quorum, control planes,
+    // kubeconfigs, images, node network, 3 node configs, 3 nodes, nodes ready, done
+    assert_eq!(seen.len(), 3 + 3 + 3 + 2 + 3 + 3 + 2);
+    assert_eq!(seen[3], Step::StartMember("m1".into()));
+    assert_eq!(seen[6], Step::AwaitQuorum);
+    assert_eq!(seen[9], Step::BuildImages);
+    assert_eq!(seen[10], Step::CreateNodeNetwork);
+    assert_eq!(seen[11], Step::ConfigureNode("m1".into()));
+    assert_eq!(seen[14], Step::StartNode("m1".into()));
+    assert_eq!(
+        seen[17],
+        Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
+    );
+    assert_eq!(seen[18], Step::Done);
+    let mut without = c.clone();
+    without.nodes.per_member = 0;
+    let mut o = Observed::default();
+    let mut n = 0;
+    while o.pretend(next_step(&without, &o)) {
+        n += 1;
+    }
+    assert_eq!(
+        n,
+        3 + 3 + 3,
+        "a ring without nodes ends after its kubeconfigs"
+    );
+}
+
+#[test]
+fn rerun_on_a_complete_ring_is_done_and_a_stopped_member_is_restarted() {
+    let c = RingConfig::default();
+    let mut o = Observed {
+        config_written: true,
+        pki_complete: true,
+        member_configs_written: true,
+        running: all(&c),
+        quorum: true,
+        ready: all(&c),
+        kubeconfigs: all(&c),
+        images_built: true,
+        node_network: true,
+        nodes_configured: all(&c),
+        nodes_running: all(&c),
+        nodes_ready: all(&c),
+        ..Default::default()
+    };
+    assert_eq!(next_step(&c, &o), Step::Done);
+    o.nodes_running.remove("m3");
+    assert_eq!(next_step(&c, &o), Step::StartNode("m3".into()));
+    o.node_network = false;
+    assert_eq!(
+        next_step(&c, &o),
+        Step::CreateNodeNetwork,
+        "after `down` the network comes first"
+    );
+    o.running.remove("m2");
+    assert_eq!(next_step(&c, &o), Step::StartMember("m2".into()));
+}
+
+#[test]
+fn waits_for_the_control_planes_that_are_not_ready() {
+    let c = RingConfig::default();
+    let o = Observed {
+        config_written: true,
+        pki_complete: true,
+        member_configs_written: true,
+        running: all(&c),
+        quorum: true,
+        ready: ["m1".to_string()].into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        next_step(&c, &o),
+        Step::AwaitControlPlanes(vec!["m2".into(), "m3".into()])
+    );
+}
+
+fn self_hosting(members: &[&str]) -> RingConfig {
+    let mut c = RingConfig::default();
+    c.self_hosting.members = members.iter().map(|m| m.to_string()).collect();
+    c
+}
+
+/// A ring up as processes: every node Ready, each member hosting its successor.
+fn up_as_processes(c: &RingConfig) -> Observed {
+    Observed {
+        config_written: true,
+        pki_complete: true,
+        member_configs_written: true,
+        running: all(c),
+        quorum: true,
+        ready: all(c),
+        kubeconfigs: all(c),
+        images_built: true,
+        node_network: true,
+        nodes_configured: all(c),
+        nodes_running: all(c),
+        nodes_ready: all(c),
+        placements: [("m1", "m3"), ("m2", "m1"), ("m3", "m2")]
+            .iter()
+            .map(|(s, h)| (s.to_string(), h.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_self_hosting_member_moves_its_successor_away_switches_its_seed_and_takes_it_back() {
+    let c = self_hosting(&["m3"]);
+    let mut o = up_as_processes(&c);
+    let seen = walk(&c, &mut o);
+    assert_eq!(
+        seen,
+        vec![
+            // m1 waits on m2 (the next member after m3 that is not m1 itself)
+            Step::Evacuate {
+                shoot: "m1".into(),
+                from: "m3".into(),
+                to: "m2".into()
+            },
+            Step::SwitchSeed("m3".into()),
+            Step::Pivot {
+                shoot: "m1".into(),
+                to: "m3".into()
+            },
+            Step::Done,
+        ]
+    );
+    assert_eq!(o.placements["m1"], "m3");
+    // a ring without selfHosting is done at the same point
+    assert_eq!(
+        next_step(&RingConfig::default(), &up_as_processes(&c)),
+        Step::Done
+    );
+}
+
+#[test]
+fn self_hosting_resumes_where_it_stopped_and_waits_for_moves_in_flight() {
+    let c = self_hosting(&["m3"]);
+    let mut o = up_as_processes(&c);
+    // evacuated earlier, the seed was not switched yet
+    o.placements.insert("m1".into(), "m2".into());
+    assert_eq!(next_step(&c, &o), Step::SwitchSeed("m3".into()));
+    // a move in flight (e.g. the evacuation a crashed bootstrap started)
+    o.moving.insert("m1".into());
+    assert_eq!(next_step(&c, &o), Step::AwaitMoves(vec!["m1".into()]));
+    o.moving.clear();
+    // switched and pivoted: done; a lost ringd is started again first
+    o.pod_seeds.insert("m3".into());
+    o.placements.insert("m1".into(), "m3".into());
+    assert_eq!(next_step(&c, &o), Step::Done);
+    o.running.remove("m3");
+    assert_eq!(next_step(&c, &o), Step::StartMember("m3".into()));
+}
+
+#[test]
+fn after_down_pods_wait_for_their_node_while_processes_are_awaited_first() {
+    let c = self_hosting(&["m3"]);
+    let mut o = up_as_processes(&c);
+    o.pod_seeds.insert("m3".into());
+    o.placements.insert("m1".into(), "m3".into());
+    // everything restarted: ringd up, nodes not yet, m1's pods cannot run
+    o.ready = ["m2".to_string(), "m3".to_string()].into();
+    o.node_network = false;
+    o.nodes_running.clear();
+    o.nodes_ready.clear();
+    assert_eq!(
+        next_step(&c, &o),
+        Step::CreateNodeNetwork,
+        "the nodes come before waiting for the control plane in pods"
+    );
+    o.node_network = true;
+    o.nodes_running = all(&c);
+    o.nodes_ready = all(&c);
+    assert_eq!(
+        next_step(&c, &o),
+        Step::AwaitControlPlanes(vec!["m1".into()])
+    );
+    // a control plane in processes is still awaited before the nodes
+    o.ready.remove("m2");
+    o.node_network = false;
+    assert_eq!(
+        next_step(&c, &o),
+        Step::AwaitControlPlanes(vec!["m2".into()])
+    );
+}
+
+/// Walks `c` from `o` to `Done`, checking at every switch that the member
+/// hosts nothing and that no shoot ever runs in pods on its own node.
+fn walk_checked(c: &RingConfig, o: &mut Observed) -> Vec<Step> {
+    let mut seen = Vec::new();
+    loop {
+        let step = next_step(c, o);
+        match &step {
+            Step::SwitchSeed(m) => assert!(
+                !o.placements.values().any(|h| h == m),
+                "{m} switches while hosting: {:?}",
+                o.placements
+            ),
+            Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => assert!(
+                shoot != to || !o.pod_seeds.contains(to),
+                "{shoot} in pods on its own node"
+            ),
+            _ => {}
+        }
+        seen.push(step.clone());
+        if !o.pretend(step) {
+            return seen;
+        }
+    }
+}
+
+/// Each shoot in pods on its predecessor: the closed ring.
+fn closed(o: &Observed) -> bool {
+    let want = [("m1", "m3"), ("m2", "m1"), ("m3", "m2")];
+    want.iter()
+        .all(|(s, h)| o.placements[*s] == *h && o.pod_seeds.contains(*h))
+}
+
+#[test]
+fn a_closed_ring_switches_the_last_member_first_and_the_last_move_is_pods_to_pods() {
+    let c = self_hosting(&["m1", "m2", "m3"]);
+    assert_eq!(pivot_order(&c), ["m3", "m1", "m2"]);
+    assert_eq!(pivot_order(&self_hosting(&["m2", "m1"])), ["m2", "m1"]);
+    let mut o = up_as_processes(&c);
+    let seen = walk_checked(&c, &mut o);
+    let switches: Vec<&Step> = seen
+        .iter()
+        .filter(|s| matches!(s, Step::SwitchSeed(_)))
+        .collect();
+    assert_eq!(
+        switches,
+        [
+            &Step::SwitchSeed("m3".into()),
+            &Step::SwitchSeed("m1".into()),
+            &Step::SwitchSeed("m2".into())
+        ]
+    );
+    // no member hosts as processes when m3's control plane leaves m2:
+    // it waits in pods on m1 (not on m3, its own shoot)
+    assert!(seen.contains(&Step::Evacuate {
+        shoot: "m3".into(),
+        from: "m2".into(),
+        to: "m1".into()
+    }));
+    assert_eq!(seen.last(), Some(&Step::Done));
+    assert!(closed(&o), "{:?}", o.placements);
+}
+
+#[test]
+fn a_stopped_closed_ring_cold_starts_one_control_plane_as_processes_and_pivots_it_back() {
+    let c = self_hosting(&["m1", "m2", "m3"]);
+    let mut o = up_as_processes(&c);
+    walk_checked(&c, &mut o);
+    // after `down` and a restart of ringd and nodes: nothing serves
+    o.ready.clear();
+    o.nodes_ready.clear();
+    assert_eq!(
+        next_step(&c, &o),
+        Step::ColdStart {
+            member: "m1".into(),
+            shoot: "m2".into()
+        }
+    );
+    // not while the nodes are still starting: they come first
+    let mut starting = o.clone();
+    starting.nodes_running.remove("m2");
+    assert_eq!(next_step(&c, &starting), Step::StartNode("m2".into()));
+    // not while any control plane serves (a ring that is only slow)
+    let mut slow = o.clone();
+    slow.ready.insert("m3".into());
+    assert_eq!(
+        next_step(&c, &slow),
+        Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
+    );
+    let seen = walk_checked(&c, &mut o);
+    assert_eq!(
+        seen[1..],
+        [
+            Step::Evacuate {
+                shoot: "m2".into(),
+                from: "m1".into(),
+                to: "m3".into()
+            },
+            Step::SwitchSeed("m1".into()),
+            Step::Pivot {
+                shoot: "m2".into(),
+                to: "m1".into()
+            },
+            Step::Done
+        ]
+    );
+    assert!(closed(&o), "{:?}", o.placements);
+}
