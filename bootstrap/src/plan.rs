@@ -148,9 +148,9 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     }
     let step = next_node_step(config, o);
     if matches!(step, Step::AwaitNodes(_)) && cold(config, o) {
-        let member = config.members[0].name.clone();
-        let shoot = config.successor(&member).unwrap_or_default();
-        return Step::ColdStart { member, shoot };
+        if let Some(step) = cold_start(config, o) {
+            return step;
+        }
     }
     if step != Step::Done {
         return step;
@@ -192,6 +192,20 @@ fn cold(config: &RingConfig, o: &Observed) -> bool {
         && crate::nodes::node_names(config)
             .iter()
             .all(|n| o.nodes_running.contains(n))
+}
+
+/// Which control plane starts as processes in a cold start: the first member
+/// in ring order that hosts its own successor (the closed ring's shape),
+/// else (a failover moved one and the ring stopped before it moved back) the
+/// first placed shoot, where it is.
+fn cold_start(config: &RingConfig, o: &Observed) -> Option<Step> {
+    let names = || config.members.iter().map(|m| m.name.clone());
+    let hosted_by = |shoot: &str| o.placements.get(shoot).cloned();
+    let (member, shoot) = names()
+        .filter_map(|m| config.successor(&m).map(|s| (m, s)))
+        .find(|(m, s)| hosted_by(s).as_ref() == Some(m))
+        .or_else(|| names().find_map(|s| hosted_by(&s).map(|h| (h, s))))?;
+    Some(Step::ColdStart { member, shoot })
 }
 
 /// The order members switch to hosting as pods: `selfHosting.members`; for a

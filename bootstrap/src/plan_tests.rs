@@ -297,6 +297,19 @@ fn a_stopped_closed_ring_cold_starts_one_control_plane_as_processes_and_pivots_i
         next_step(&c, &slow),
         Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
     );
+    // stopped after a failover put m2 on m3 too: m2 hosts m3, where it is
+    let mut after_failover = o.clone();
+    after_failover.placements.insert("m2".into(), "m3".into());
+    assert_eq!(
+        next_step(&c, &after_failover),
+        Step::ColdStart {
+            member: "m2".into(),
+            shoot: "m3".into()
+        }
+    );
+    let back = walk_checked(&c, &mut after_failover);
+    assert_eq!(back.last(), Some(&Step::Done));
+    assert!(closed(&after_failover), "{:?}", after_failover.placements);
     let seen = walk_checked(&c, &mut o);
     assert_eq!(
         seen[1..],
