@@ -28,9 +28,9 @@ use crate::{io, nodes, ring_status, start_member, stop_processes, BootstrapError
 /// How long the pods' files may stay in use.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Makes `member` host its successor `shoot` as processes again from the
-/// data its pods left in `member`'s Kubernetes seed dir on the node; see the
-/// module doc.
+/// Makes `member` host `shoot` (placed on it; its successor unless a
+/// failover moved it) as processes again from the data its pods left in
+/// `member`'s Kubernetes seed dir on the node; see the module doc.
 pub async fn cold_start(
     layout: &RingLayout,
     config: &RingConfig,
