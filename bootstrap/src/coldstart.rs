@@ -42,10 +42,10 @@ pub async fn cold_start(
         .control_plane()
         .map_err(RingError::from)?;
     let local = seed::LocalSeed::new(layout.seed_dir(member), bins.clone());
-    if !holds_data(&local.layout(shoot).etcd_data()) {
+    if !seed::local::holds_data(&local.layout(shoot).etcd_data()) {
         let stage_dir = layout.member_dir(member).join("seed-cold-start");
         let stage = seed::LocalSeed::new(stage_dir.clone(), bins);
-        if !holds_data(&stage.layout(shoot).etcd_data()) {
+        if !seed::local::holds_data(&stage.layout(shoot).etcd_data()) {
             check_placement(layout, config, member, shoot).await?;
             stage_pods_data(layout, config, member, shoot, &stage).await?;
         }
@@ -135,13 +135,12 @@ async fn stage_pods_data(
     shoot: &str,
     stage: &seed::LocalSeed,
 ) -> Result<(), BootstrapError> {
-    let pods = layout
-        .seed_dir(member)
-        .join("shoots")
-        .join(shoot)
-        .join("pods");
+    let shoot_dir = seed::ShootLayout {
+        dir: layout.seed_dir(member).join("shoots").join(shoot),
+    };
+    let pods = seed::kubernetes::pods_dir(&shoot_dir);
     let data = pods.join(seed::kubernetes::render::NODE_ETCD).join("data");
-    if !holds_data(&data) {
+    if !seed::local::holds_data(&data) {
         return Err(BootstrapError::Unsupported(format!(
             "cold start: {shoot}'s etcd data is not at {} on {member}'s node; \
              restore the ring from the bucket (`ringctl restore --from-bucket`)",
@@ -184,11 +183,6 @@ async fn wait_released(pods: &Path) -> Result<(), BootstrapError> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// Whether `dir` exists and has an entry.
-fn holds_data(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 
 /// Processes with a file under `dir` open (by device and inode).

@@ -148,7 +148,7 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     }
     let step = next_node_step(config, o);
     if matches!(step, Step::AwaitNodes(_)) && cold(config, o) {
-        if let Some(step) = cold_start(config, o) {
+        if let Some(step) = cold_start_step(config, o) {
             return step;
         }
     }
@@ -198,7 +198,7 @@ fn cold(config: &RingConfig, o: &Observed) -> bool {
 /// in ring order that hosts its own successor (the closed ring's shape),
 /// else (a failover moved one and the ring stopped before it moved back) the
 /// first placed shoot, where it is.
-fn cold_start(config: &RingConfig, o: &Observed) -> Option<Step> {
+fn cold_start_step(config: &RingConfig, o: &Observed) -> Option<Step> {
     let names = || config.members.iter().map(|m| m.name.clone());
     let hosted_by = |shoot: &str| o.placements.get(shoot).cloned();
     let (member, shoot) = names()

@@ -9,11 +9,11 @@
 //!   in the seed's dir on the node: `leaseFromNode`) and ringd restarts. The
 //!   local seed's leftovers (the data of control planes that moved away) are
 //!   kept aside under `seed-local-retired-*`, so the new seed starts empty;
-//! * **the cold start of a closed ring** ([`cold_start`]): with every control
-//!   plane in pods and nothing serving, one member hosts its successor as
-//!   processes again, from the data its pods left on the node.
+//! * **where each control plane runs**, for `ringctl status`.
+//!
+//! The cold start of a closed ring, which switches a member back to a local
+//! seed, is in `coldstart.rs`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ringd::config::RingdConfig;
@@ -139,15 +139,15 @@ async fn stop_ringd(layout: &RingLayout, member: &str) {
 
 /// Moves the seed's directory aside as `seed-<kind>-retired-<ms>` (kept for
 /// an operator, never read again) so the seed of the other kind starts
-/// without leftovers; returns where it went (None: there was none).
+/// without leftovers.
 pub(crate) fn retire_seed(
     layout: &RingLayout,
     member: &str,
     kind: &str,
-) -> Result<Option<PathBuf>, BootstrapError> {
+) -> Result<(), BootstrapError> {
     let dir = layout.seed_dir(member);
     if !dir.exists() {
-        return Ok(None);
+        return Ok(());
     }
     let retired = layout
         .member_dir(member)
@@ -156,8 +156,7 @@ pub(crate) fn retire_seed(
         "moving {} aside to {}",
         dir.display(),
         retired.display()
-    )))?;
-    Ok(Some(retired))
+    )))
 }
 
 /// Where a shoot's control plane runs (`ringctl status`).
@@ -178,15 +177,17 @@ pub struct Hosting {
 }
 
 /// Where each placed control plane of the local ring runs, from the
-/// placements and the hosts' ringd configs.
+/// placements in `status` and the hosts' ringd configs.
 pub fn hosting(
     layout: &RingLayout,
     config: &RingConfig,
-    placements: &[(String, String)],
+    status: &ringd::status::RingStatus,
 ) -> Vec<Hosting> {
-    placements
+    status
+        .placements
         .iter()
-        .map(|(shoot, host)| {
+        .map(|p| {
+            let (shoot, host) = (&p.shoot, &p.host);
             let pods = hosts_as_pods(layout, host);
             Hosting {
                 shoot: shoot.clone(),

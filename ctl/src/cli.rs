@@ -176,41 +176,38 @@ impl RingArgs {
         Ok(bootstrap::ring_status(&layout, &config).await?)
     }
 
-    /// Where the control planes of the local ring in `--ring-dir` run (none
-    /// with `--address`).
+    /// The local ring in `--ring-dir` (none with `--address`, or without a ring there).
+    fn local_ring(
+        &self,
+    ) -> anyhow::Result<Option<(bootstrap::RingLayout, bootstrap::config::RingConfig)>> {
+        if self.address.is_some() {
+            return Ok(None);
+        }
+        let layout = bootstrap::RingLayout {
+            dir: self.dir.dir(),
+        };
+        Ok(layout.read_config()?.map(|config| (layout, config)))
+    }
+
+    /// Where the control planes of the local ring run (none with `--address`).
     pub(crate) fn local_hosting(
         &self,
         status: &ringd::status::RingStatus,
     ) -> anyhow::Result<Vec<bootstrap::selfhost::Hosting>> {
-        if self.address.is_some() {
-            return Ok(Vec::new());
-        }
-        let layout = bootstrap::RingLayout {
-            dir: self.dir.dir(),
-        };
-        let placements: Vec<(String, String)> = status
-            .placements
-            .iter()
-            .map(|p| (p.shoot.clone(), p.host.clone()))
-            .collect();
-        Ok(match layout.read_config()? {
-            Some(config) => bootstrap::selfhost::hosting(&layout, &config, &placements),
-            None => Vec::new(),
-        })
+        Ok(self
+            .local_ring()?
+            .map_or_else(Vec::new, |(layout, config)| {
+                bootstrap::selfhost::hosting(&layout, &config, status)
+            }))
     }
 
     /// The nodes of the local ring in `--ring-dir` (none with `--address`).
     pub(crate) fn local_nodes(&self) -> anyhow::Result<Vec<bootstrap::nodes::NodeReport>> {
-        if self.address.is_some() {
-            return Ok(Vec::new());
-        }
-        let layout = bootstrap::RingLayout {
-            dir: self.dir.dir(),
-        };
-        Ok(match layout.read_config()? {
-            Some(config) => bootstrap::nodes::report(&layout, &config),
-            None => Vec::new(),
-        })
+        Ok(self
+            .local_ring()?
+            .map_or_else(Vec::new, |(layout, config)| {
+                bootstrap::nodes::report(&layout, &config)
+            }))
     }
 }
 

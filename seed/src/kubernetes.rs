@@ -420,7 +420,7 @@ impl KubernetesSeed {
     pub fn node_dir(&self, shoot: &str) -> Option<PathBuf> {
         self.config
             .lease_from_node
-            .then(|| self.shoot_layout(shoot).dir.join("pods"))
+            .then(|| pods_dir(&self.shoot_layout(shoot)))
     }
 
     /// Server-side apply of one rendered object; returns the object as stored.
@@ -884,6 +884,12 @@ fn sans(pem: &[u8]) -> Option<(Vec<String>, Vec<IpAddr>)> {
         }
     }
     Some((dns, ips))
+}
+
+/// The directory of a shoot's pods under its dir in a Kubernetes seed's
+/// state dir, with `leaseFromNode` ([`KubernetesSeed::node_dir`]).
+pub fn pods_dir(shoot: &ShootLayout) -> PathBuf {
+    shoot.dir.join("pods")
 }
 
 #[async_trait::async_trait]

@@ -41,6 +41,11 @@ const API_START_WAIT: Duration = Duration::from_secs(60);
 /// How long `stop` waits for another process's supervisor to exit after SIGTERM.
 const FOREIGN_STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Whether `dir` exists and has an entry (etcd's data dir that holds data).
+pub fn holds_data(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+}
+
 /// Paths of one shoot's files on a local seed.
 #[derive(Debug, Clone)]
 pub struct ShootLayout {

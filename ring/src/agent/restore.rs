@@ -78,8 +78,7 @@ pub async fn run(
 
 /// Moves data of an earlier stay aside (kept on the volume for operators).
 fn move_aside(data: &Path) -> Result<(), RingError> {
-    let holds_data = std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_some());
-    if holds_data {
+    if seed::local::holds_data(data) {
         let aside = data.with_file_name(format!("data.replaced-{}", now_ms()));
         std::fs::rename(data, &aside).map_err(io(format!("moving {} aside", data.display())))?;
     }

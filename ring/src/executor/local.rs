@@ -261,8 +261,7 @@ pub async fn restore_from_bucket(
     download_identity(rb, &layout, shoot).await?;
     let spec = seed.spec_for(shoot, None)?;
     let data = layout.etcd_data();
-    let holds_data = std::fs::read_dir(&data).is_ok_and(|mut d| d.next().is_some());
-    if holds_data {
+    if seed::local::holds_data(&data) {
         let aside = layout.dir.join(format!("etcd.replaced-{}", now_ms()));
         std::fs::rename(&data, &aside).map_err(|source| RingError::Io {
             what: format!("moving {} aside", data.display()),

@@ -260,6 +260,11 @@ impl Renderer<'_> {
         })];
         if component == Component::Etcd {
             mounts.push(json!({"name": "data", "mountPath": ETCD_DATA}));
+            if let Some(dir) = &self.node_dir {
+                let path = dir.join(NODE_ETCD);
+                volumes
+                    .push(json!({"name": "data", "hostPath": {"path": path, "type": "Directory"}}));
+            }
         } else {
             mounts.push(json!({"name": "run", "mountPath": "/var/run/ring"}));
             volumes.push(json!({"name": "run", "emptyDir": {}}));
@@ -272,9 +277,11 @@ impl Renderer<'_> {
             self.wiring.guard && matches!(component, Component::Etcd | Component::KubeApiserver);
         if guarded {
             container = agent::guarded(container, self.node_dir.is_some());
-            if let Some(dir) = &self.node_dir {
-                volumes.push(agent::lease_volume(dir));
-            }
+        }
+        // ring-agent (guard, or etcd's backup sidecar) reads its lease
+        let agent = guarded || (component == Component::Etcd && self.wiring.backup.is_some());
+        if let Some(dir) = self.node_dir.as_ref().filter(|_| agent) {
+            volumes.push(agent::lease_volume(dir));
         }
         let mut pod = json!({
             "metadata": {"labels": labels(self.ring, &self.spec.shoot, Some(component.name()))},
@@ -285,7 +292,6 @@ impl Renderer<'_> {
                 "volumes": volumes,
             },
         });
-        let agent = guarded || (component == Component::Etcd && self.wiring.backup.is_some());
         if agent {
             // ring-agent reads its lease and writes its ConfigMaps
             pod["spec"]["automountServiceAccountToken"] = json!(true);
@@ -319,11 +325,6 @@ impl Renderer<'_> {
         }
         if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
             v.extend(agent::backup_volumes(backup));
-            if let Some(dir) = &self.node_dir {
-                if !v.iter().any(|v| v["name"] == "ring-lease") {
-                    v.push(agent::lease_volume(dir));
-                }
-            }
         }
         pod
     }
@@ -392,6 +393,27 @@ impl Renderer<'_> {
             // the backup sidecar is etcd's client
             items.extend(["etcd-client.crt", "etcd-client.key"]);
         }
+        let mut set = json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": self.meta(ETCD, Some(ETCD), owner),
+            "spec": {
+                "replicas": 1,
+                "serviceName": ETCD,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": selector(&self.spec.shoot, ETCD)},
+                "template": self.with_backup(self.pod(Component::Etcd, container, &items)),
+            },
+        });
+        // with `leaseFromNode` etcd's data is on the node (see `pod`)
+        if self.node_dir.is_none() {
+            set["spec"]["volumeClaimTemplates"] = json!([self.etcd_claim()]);
+        }
+        set
+    }
+
+    /// The claim of etcd's data volume.
+    fn etcd_claim(&self) -> Value {
         let mut claim = json!({
             "metadata": {"name": "data", "labels": labels(self.ring, &self.spec.shoot, Some(ETCD))},
             "spec": {
@@ -402,29 +424,7 @@ impl Renderer<'_> {
         if let Some(class) = &self.config.storage_class {
             claim["spec"]["storageClassName"] = json!(class);
         }
-        let mut template = self.with_backup(self.pod(Component::Etcd, container, &items));
-        let mut set = json!({
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": self.meta(ETCD, Some(ETCD), owner),
-            "spec": {
-                "replicas": 1,
-                "serviceName": ETCD,
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": selector(&self.spec.shoot, ETCD)},
-            },
-        });
-        match &self.node_dir {
-            Some(dir) => {
-                let data = json!({"name": "data", "hostPath": {"path": dir.join(NODE_ETCD), "type": "Directory"}});
-                if let Some(v) = template["spec"]["volumes"].as_array_mut() {
-                    v.push(data);
-                }
-            }
-            None => set["spec"]["volumeClaimTemplates"] = json!([claim]),
-        }
-        set["spec"]["template"] = template;
-        set
+        claim
     }
 
     fn apiserver(&self, owner: &Owner) -> Value {

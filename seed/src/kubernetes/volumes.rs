@@ -46,22 +46,3 @@ pub async fn ensure_host_path_volumes(
     }
     Ok(())
 }
-
-/// Whether every named PersistentVolume exists.
-pub async fn host_path_volumes_exist(
-    client: kube::Client,
-    cluster: &str,
-    names: &[String],
-) -> Result<bool> {
-    let api: Api<PersistentVolume> = Api::all(client);
-    for name in names {
-        let found = api.get_opt(name).await.map_err(|e| SeedError::Kube {
-            shoot: cluster.to_string(),
-            message: format!("reading PersistentVolume {name}: {e}"),
-        })?;
-        if found.is_none() {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}

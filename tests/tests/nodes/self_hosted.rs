@@ -92,6 +92,23 @@ fn newest_delta(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Creates ConfigMap `name` in `shoot` and waits (`what`, up to `timeout`)
+/// until a delta in the ring's file bucket holds it.
+async fn write_until_backed_up(dir: &Path, shoot: &str, name: &str, what: &str, timeout: Duration) {
+    let kubeconfig = dir.join("kubeconfigs").join(format!("{shoot}.kubeconfig"));
+    let resource_version = "jsonpath={.metadata.resourceVersion}";
+    let written = kubectl(
+        &kubeconfig,
+        &["create", "configmap", name, "-o", resource_version],
+    );
+    let revision: u64 = written.trim().parse().expect("resourceVersion");
+    let bucket = dir.join("bucket").join(shoot);
+    wait_for(what, timeout, || async {
+        (newest_delta(&bucket) >= revision).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_a_write() {
     let _slot = ring_slot();
@@ -110,7 +127,7 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
         kubectl(&kc("m1"), &["create", "configmap", &format!("before-{i}")]);
     }
     // m1's control plane runs as processes on m3's local seed
-    // (its pods' etcd has the same token, with its data on the node's volume)
+    // (its pods' etcd has the same token, with its data in the seed's dir on the node)
     let members = dir.join("members").display().to_string();
     let local_m1 = || processes("etcd", &["--initial-cluster-token=ring-m1", &members]);
     assert!(!local_m1().is_empty(), "m1's etcd runs as a process first");
@@ -157,20 +174,7 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     }
 
     // in shoot m3, on node m3: m1's etcd, kube-apiserver, controller-manager, scheduler
-    let in_pods = pods(&kc("m3"), "shoot--test--m1");
-    for component in [
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-    ] {
-        assert!(
-            in_pods
-                .iter()
-                .any(|(name, node, ready)| name.starts_with(component) && node == "m3" && *ready),
-            "no Ready {component} pod of m1 on node m3: {in_pods:?}"
-        );
-    }
+    whole_control_plane_in_pods(&kc("m3"), "m1", "m3").unwrap();
     assert!(!pod_control_plane("test", "m1").is_empty());
     let row = |s: &str, a: &str, n: &str| (s.to_string(), a.to_string(), n.to_string());
     assert_eq!(
@@ -230,22 +234,13 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     }
     // past any lease read from shoot m3 before the stop, m1's backup sidecar
     // (its lease from the node too) still uploads what m1 acknowledges
-    let written = kubectl(
-        &kc("m1"),
-        &[
-            "create",
-            "configmap",
-            "while-m3-stopped",
-            "-o",
-            "jsonpath={.metadata.resourceVersion}",
-        ],
-    );
-    let revision: u64 = written.trim().parse().expect("resourceVersion");
-    let bucket = dir.join("bucket/m1");
-    wait_for(
-        "a delta of m1 with the write made while shoot m3's API is stopped",
+    let what = "a delta of m1 with the write made while shoot m3's API is stopped";
+    write_until_backed_up(
+        &dir,
+        "m1",
+        "while-m3-stopped",
+        what,
         Duration::from_secs(30),
-        || async { (newest_delta(&bucket) >= revision).then_some(()) },
     )
     .await;
     drop(stopped);
@@ -284,24 +279,8 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
 /// rerun starts ringd m1 again and moves m2 back into pods on node m1.
 async fn failover_and_return(dir: &Path) {
     let kc = dir.join("kubeconfigs/m2.kubeconfig");
-    let written = kubectl(
-        &kc,
-        &[
-            "create",
-            "configmap",
-            "before-kill",
-            "-o",
-            "jsonpath={.metadata.resourceVersion}",
-        ],
-    );
-    let revision: u64 = written.trim().parse().expect("resourceVersion");
-    let bucket = dir.join("bucket/m2");
-    wait_for(
-        "m2's writes in the bucket",
-        Duration::from_secs(60),
-        || async { (newest_delta(&bucket) >= revision).then_some(()) },
-    )
-    .await;
+    let what = "m2's writes in the bucket";
+    write_until_backed_up(dir, "m2", "before-kill", what, Duration::from_secs(60)).await;
     let pid = std::fs::read_to_string(dir.join("members/m1/ringd.pid")).expect("ringd m1's pid");
     let pid = nix::unistd::Pid::from_raw(pid.trim().parse().expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL ringd m1");
