@@ -324,8 +324,17 @@ impl RingState {
         Ok(())
     }
 
-    /// Keeps the newest durable backup revision of a shoot.
+    /// Keeps the newest durable backup revision of a shoot. While a failover
+    /// of the shoot is open, the pointer keeps what the ring knew when it
+    /// began: the failover's RPO is measured against it, and reports in that
+    /// window come from the new host's restored data.
     fn report_backup(&mut self, shoot: &str, revision: u64, at_ms: u64) -> Result<(), Rejection> {
+        if self
+            .open_operation(shoot)
+            .is_some_and(|o| matches!(o.kind, OperationKind::Failover { .. }))
+        {
+            return Ok(());
+        }
         let entry = self
             .backups
             .entry(shoot.to_string())

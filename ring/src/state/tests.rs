@@ -231,3 +231,55 @@ fn membership_and_backup_pointers() {
     .unwrap();
     assert_eq!(s.backups["a"].revision, 10);
 }
+
+/// A failover's RPO compares the bucket's restore with what the ring knew
+/// durable when the failover began: the new host's backups, reported while
+/// the failover is still open, must not raise that figure (seen in the
+/// kill-machine drill: "the ring last knew revision 751 durable ... 12
+/// revisions lost" after restoring 739, where 751 came from the new host).
+#[test]
+fn a_failover_keeps_the_durable_revision_known_when_it_began() {
+    let mut s = ring3();
+    let report = |revision, at_ms| RingCommand::ReportBackup {
+        shoot: "b".into(),
+        revision,
+        at_ms,
+    };
+    s.apply(&report(739, 4_000)).unwrap();
+    s.apply(&RingCommand::MarkDown {
+        member: "a".into(),
+        at_ms: 5_000,
+    })
+    .unwrap();
+    s.apply(&RingCommand::StartFailover {
+        shoot: "b".into(),
+        to: "c".into(),
+        at_ms: 5_000,
+        not_before_ms: 6_000,
+    })
+    .unwrap();
+    let id = s.open_operation("b").unwrap().id;
+    // the new host restored 739 and backs up again before the failover is done
+    s.apply(&report(751, 9_000)).unwrap();
+    assert_eq!(
+        (s.backups["b"].revision, s.backups["b"].at_ms),
+        (739, 4_000)
+    );
+    for step in [
+        OperationStep::Pending,
+        OperationStep::Restoring,
+        OperationStep::Done,
+    ] {
+        s.apply(&RingCommand::AdvanceOperation {
+            id,
+            step,
+            detail: String::new(),
+            at_ms: 10_000,
+            outcome: None,
+        })
+        .unwrap();
+    }
+    // once done, the new host's progress counts
+    s.apply(&report(760, 11_000)).unwrap();
+    assert_eq!(s.backups["b"].revision, 760);
+}
