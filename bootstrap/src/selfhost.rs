@@ -52,6 +52,8 @@ fn pod_seed(
     // the pods run on this machine: their guards read ringd's lease file, so
     // they keep serving while the seed cluster's own API is away
     seed.lease_from_node = true;
+    // and on the node whose disk holds their files, without the scheduler
+    seed.node_name = Some(node);
     Ok(seed)
 }
 

@@ -163,6 +163,23 @@ pub struct KubernetesSeedConfig {
     /// machine this ringd runs on (a ring's own shoots: `selfHosting`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lease_from_node: bool,
+    /// The node every control-plane pod runs on (`spec.nodeName`: the kubelet
+    /// takes them without the seed cluster's scheduler). With
+    /// `leaseFromNode`, the node on this machine whose disk holds etcd's data
+    /// and the lease file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+}
+
+/// A DNS subdomain, as Kubernetes names nodes.
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 fn default_etcd_storage() -> String {
@@ -185,6 +202,7 @@ impl KubernetesSeedConfig {
             images: Images::default(),
             node_address: None,
             lease_from_node: false,
+            node_name: None,
         }
     }
 
@@ -212,6 +230,12 @@ impl KubernetesSeedConfig {
             return Err(bad(
                 "context",
                 "is empty; leave it out to use the kubeconfig's current context".into(),
+            ));
+        }
+        if let Some(node) = self.node_name.as_deref().filter(|n| !valid_node_name(n)) {
+            return Err(bad(
+                "nodeName",
+                format!("{node:?} is not a node name (lowercase letters, digits, '-' and '.', at most 253 characters): name the node as `kubectl get nodes` shows it"),
             ));
         }
         if self.context.is_some() && self.kubeconfig.is_none() {

@@ -292,6 +292,10 @@ impl Renderer<'_> {
                 "volumes": volumes,
             },
         });
+        if let Some(node) = &self.config.node_name {
+            // bound to the node holding its files: no scheduler involved
+            pod["spec"]["nodeName"] = json!(node);
+        }
         if agent {
             // ring-agent reads its lease and writes its ConfigMaps
             pod["spec"]["automountServiceAccountToken"] = json!(true);
@@ -379,7 +383,8 @@ impl Renderer<'_> {
                 {"name": "peer", "containerPort": 2380},
                 {"name": "metrics", "containerPort": 2381},
             ],
-            "readinessProbe": {"httpGet": {"path": "/health", "port": 2381}, "periodSeconds": 5},
+            // every second: the Service (and so the shoot's endpoint) follows readiness
+            "readinessProbe": {"httpGet": {"path": "/health", "port": 2381}, "periodSeconds": 1},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         });
         let mut items = vec![
@@ -468,7 +473,9 @@ impl Renderer<'_> {
             "--cert-dir=/var/run/ring".into(),
             "--v=1".into(),
         ];
-        let probe = |path: &str| json!({"httpGet": {"path": path, "port": 6443, "scheme": "HTTPS"}, "periodSeconds": 5});
+        // every second: the NodePort forwards to the API only once it is Ready,
+        // so the probe's period is part of every start's (and failover's) time
+        let probe = |path: &str| json!({"httpGet": {"path": path, "port": 6443, "scheme": "HTTPS"}, "periodSeconds": 1});
         let container = json!({
             "image": self.config.images.kube_apiserver,
             "command": ["kube-apiserver"],

@@ -271,3 +271,50 @@ fn wired_control_plane_matches_golden_file() {
         assert!(served.contains(&v), "{v}");
     }
 }
+
+/// With `nodeName` (a ring's own shoot: etcd's data and the lease file are
+/// on that node's disk) every pod template names the node, so the kubelet
+/// runs the pods without the seed cluster's scheduler: a host shoot whose
+/// scheduler has just moved (and waits out its leader lease) or is down
+/// still gets its hosted control planes. Without it, nothing is pinned.
+#[test]
+fn pods_of_a_ring_s_own_shoot_are_bound_to_its_node() {
+    let wiring = Wiring {
+        guard: true,
+        backup: None,
+    };
+    let templates = |config: &KubernetesSeedConfig| -> Vec<Value> {
+        let spec = ControlPlaneSpec::new("alpha");
+        let r = Renderer {
+            ring: "demo",
+            spec: &spec,
+            config,
+            wiring: &wiring,
+            node_dir: Some("/ring/members/m3/seed/shoots/alpha/pods".into()),
+        };
+        let owner = Owner {
+            name: ANCHOR.into(),
+            uid: "u1".into(),
+        };
+        r.objects(&owner, &BTreeMap::new())
+            .into_iter()
+            .filter(|o| o["spec"]["template"].is_object())
+            .map(|o| o["spec"]["template"]["spec"].clone())
+            .collect()
+    };
+    let mut config = KubernetesSeedConfig::new("demo");
+    config.lease_from_node = true;
+    let unpinned = templates(&config);
+    assert_eq!(unpinned.len(), 4, "etcd and three Deployments");
+    assert!(unpinned.iter().all(|s| s.get("nodeName").is_none()));
+    config.node_name = Some("m3".into());
+    let pinned = templates(&config);
+    assert_eq!(pinned.len(), 4);
+    for s in &pinned {
+        assert_eq!(s["nodeName"], "m3", "{s}");
+    }
+    // a node name Kubernetes would refuse is named as bad config
+    config.node_name = Some("M3_bad".into());
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("nodeName") && err.contains("M3_bad"), "{err}");
+}
