@@ -513,6 +513,26 @@ fn write_member_config(
     Ok(())
 }
 
+/// Starts the nodes of `member`'s shoot that are not running (`ring-node`
+/// next to `ringd`), as a machine coming back does; the nodes started.
+pub fn start_member_nodes(
+    layout: &RingLayout,
+    ringd: &Path,
+    member: &str,
+) -> Result<Vec<String>, BootstrapError> {
+    let Some(config) = layout.read_config()? else {
+        return Ok(Vec::new());
+    };
+    let mut started = Vec::new();
+    for node in nodes::nodes_of(&config, member) {
+        if nodes::configured(layout, &node) && nodes::running_pid(layout, &node).is_none() {
+            nodes::start(layout, &ring_node_binary(ringd), &node)?;
+            started.push(node);
+        }
+    }
+    Ok(started)
+}
+
 /// Starts member `name`'s ringd detached from this process (own session), with
 /// its pid in the member's pid file and its output in the member's log.
 pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(), BootstrapError> {

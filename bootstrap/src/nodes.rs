@@ -389,6 +389,38 @@ pub fn render(reports: &[NodeReport]) -> String {
     out
 }
 
+/// kill -9 of `member`'s nodes as of a machine that died: each node's
+/// supervisor (containerd, kubelet and kube-proxy die with it), then every
+/// pod and shim; the node network stays. The nodes that were running.
+pub fn kill_member(layout: &RingLayout, config: &RingConfig, member: &str) -> Vec<String> {
+    let mut killed = Vec::new();
+    for node in nodes_of(config, member) {
+        if let Some(pid) = running_pid(layout, &node) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            killed.push(node.clone());
+        }
+        if let Ok(n) = NodeConfig::load(&config_file(layout, &node)) {
+            seed::node::teardown::kill_node_now(&n);
+        }
+    }
+    killed
+}
+
+/// (shoot, the node's pod cgroup root) of every configured node of the ring:
+/// where its pods' processes are found.
+pub fn pod_cgroup_roots(layout: &RingLayout, config: &RingConfig) -> Vec<(String, String)> {
+    members(config)
+        .into_iter()
+        .filter_map(|node| {
+            let cfg = NodeConfig::load(&config_file(layout, &node)).ok()?;
+            Some((shoot_of(config, &node)?, cfg.cgroup_root))
+        })
+        .collect()
+}
+
 /// Kills every node of the ring in `layout` at once (SIGKILL), then removes
 /// their pods, shims, cgroups and the node network: for throwaway rings
 /// (benchmarks, tests) that are dropped rather than stopped.

@@ -69,6 +69,19 @@ pub(crate) enum Command {
 pub(crate) enum DrillCommand {
     /// Run drills; each run prints a summary and writes a JSON result and an HTML report.
     Run(DrillRunArgs),
+    /// A member machine of a local ring dies as a whole, by hand: kill -9 of its
+    /// ringd, every control-plane process it runs and its shoot's nodes
+    /// (ring-node, containerd, kubelet, kube-proxy, every shim and pod).
+    /// `ringctl bootstrap` brings the machine back.
+    KillMachine(KillMachineArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct KillMachineArgs {
+    /// The member whose machine dies.
+    pub(crate) member: String,
+    #[command(flatten)]
+    pub(crate) dir: RingDirArgs,
 }
 
 #[derive(Args)]

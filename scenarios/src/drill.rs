@@ -51,6 +51,9 @@ pub struct Drill {
 pub struct RingSpec {
     /// Members (3..=7); each hosts its successor's control plane.
     pub members: usize,
+    /// Where the control planes run [default: self, the self-hosted ring].
+    #[serde(default)]
+    pub hosting: Hosting,
     /// Members are named `<prefix>1..<prefix>n`. Shoot endpoints follow from the
     /// names, so drills that may run side by side use different prefixes.
     pub member_prefix: String,
@@ -69,6 +72,21 @@ pub struct RingSpec {
     /// cut the member off from the ring, not from its cluster).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kubernetes_members: Vec<usize>,
+}
+
+/// Where a drill ring's control planes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Hosting {
+    /// The self-hosted ring: every member's shoot has a real node, and each
+    /// member hosts its successor's control plane as pods on that node
+    /// (`ringctl bootstrap` pivots the temporary processes into the pods).
+    #[default]
+    #[serde(rename = "self")]
+    SelfHosted,
+    /// Control planes as processes next to each ringd, no nodes: quick. The
+    /// members in `kubernetesMembers` host as pods on their seed cluster's node.
+    #[serde(rename = "processes")]
+    Processes,
 }
 
 /// How the drill's members are separated.
@@ -155,7 +173,7 @@ pub struct Fault {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum When {
-    /// A failover started after the newest kill (killSeed, loseRing) reached this
+    /// A failover started after the newest kill (killSeed, killMachine, loseRing) reached this
     /// step (or a later one).
     FailoverStep(Step),
     /// Every member hosts its successor again and every control plane is ready.
@@ -193,8 +211,16 @@ pub enum Target {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Action {
-    /// kill -9 of a seed: its ringd and the process group of every process it hosts.
+    /// kill -9 of a seed: its ringd and the process group of every process it
+    /// hosts. On the self-hosted ring: its ringd and the relay of the hosted
+    /// shoot's endpoint; the pods on its node keep running until their
+    /// guards fence them by the lease.
     KillSeed { target: Target },
+    /// A member machine dies as a whole: kill -9 of its ringd, every process
+    /// it runs, and its shoot's nodes (ring-node, containerd, kubelet,
+    /// kube-proxy, every shim and pod process); for a Kubernetes member, its
+    /// seed cluster's node too.
+    KillMachine { target: Target },
     /// Starts a killed member's ringd again (its old control planes must stay fenced).
     RestartSeed { target: Target },
     /// Cuts a member off from every other member and from the runner (its link
@@ -228,6 +254,7 @@ impl Action {
     pub fn name(&self) -> &'static str {
         match self {
             Action::KillSeed { .. } => "killSeed",
+            Action::KillMachine { .. } => "killMachine",
             Action::RestartSeed { .. } => "restartSeed",
             Action::Partition { .. } => "partition",
             Action::FullSnapshot { .. } => "fullSnapshot",
@@ -432,6 +459,7 @@ impl Drill {
             }
             match &f.action {
                 Action::KillSeed { target }
+                | Action::KillMachine { target }
                 | Action::RestartSeed { target }
                 | Action::Partition { target } => match target {
                     Target::Member(p) => position(*p, "target.member")?,
@@ -490,7 +518,7 @@ impl Drill {
         if self.expect.deadline_secs < 30 {
             return Err(bad("expect.deadlineSecs", "must be at least 30"));
         }
-        Ok(())
+        self.validate_hosting()
     }
 
     /// The member names, in ring order.
@@ -531,6 +559,46 @@ impl Drill {
                 "is not supported with ring.kubernetesMembers yet (it drives local seeds' files); drop one of them",
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// What the self-hosted ring does not take (yet): each names the field.
+    fn validate_hosting(&self) -> Result<(), ScenarioError> {
+        if self.ring.hosting != Hosting::SelfHosted {
+            return Ok(());
+        }
+        let processes = "or set ring.hosting: processes";
+        if !self.ring.kubernetes_members.is_empty() {
+            return Err(bad(
+                "ring.kubernetesMembers",
+                format!("gives members a seed cluster of their own; on the self-hosted ring (ring.hosting: self, the default) every member hosts as pods on its own shoot's node: drop it {processes}"),
+            ));
+        }
+        if self.ring.network == NetworkKind::Namespaces {
+            return Err(bad(
+                "ring.network",
+                format!("namespaces is not supported on the self-hosted ring yet (its nodes live on the ring's node network, which a member's namespace does not reach): use loopback {processes}"),
+            ));
+        }
+        let max = seed::kubernetes::MAX_RING_NAME;
+        if self.name.len() > max {
+            return Err(bad(
+                "name",
+                format!("is the ring's name, and a self-hosted ring's name has at most {max} characters (namespaces are shoot--<ring>--<shoot>): shorten it {processes}"),
+            ));
+        }
+        let unsupported = self.faults.iter().position(|f| {
+            matches!(
+                f.action,
+                Action::LoseRing {} | Action::RestoreFromBucket {} | Action::FullSnapshot { .. }
+            )
+        });
+        match unsupported {
+            Some(i) => Err(bad(
+                format!("faults[{i}].action.{}", self.faults[i].action.name()),
+                "is not supported on the self-hosted ring yet (restoring a lost ring and reading a seed's etcd files work on process-hosted rings): set ring.hosting: processes",
+            )),
+            None => Ok(()),
         }
     }
 
@@ -608,188 +676,5 @@ mod opt_dur {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GOOD: &str = "apiVersion: ring.gardener.cloud/v1alpha1
-kind: Drill
-name: kill-seed
-seed: 7
-ring: {members: 3, memberPrefix: ks}
-workload: {writersPerShoot: 1, ratePerSecond: 4}
-faults:
-  - at: 10s
-    action: {killSeed: {target: {hostOf: 2}}}
-  - when: {failoverStep: Done}
-    after: 3s
-    action: {heal: {}}
-expect: {maxRtoSecs: 90, lostWrites: beyondDurable}
-";
-
-    #[test]
-    fn a_good_drill_parses_with_defaults() {
-        let d = Drill::parse(GOOD, "kill-seed.yaml").unwrap();
-        assert_eq!(d.members(), ["ks1", "ks2", "ks3"]);
-        assert_eq!(d.faults[0].at, Some(Duration::from_secs(10)));
-        assert_eq!(
-            d.faults[0].action,
-            Action::KillSeed {
-                target: Target::HostOf(2)
-            }
-        );
-        assert_eq!(d.faults[1].when, Some(When::FailoverStep(Step::Done)));
-        assert_eq!(
-            d.workload.kinds,
-            [ObjectKind::ConfigMap, ObjectKind::Secret]
-        );
-        assert!(d.expect.no_double_serving && d.expect.converge);
-        assert!(d.ring.kubernetes_members.is_empty() && !d.is_kubernetes_member(1));
-        // round trip
-        let text = serde_yaml::to_string(&d).unwrap();
-        assert_eq!(Drill::parse(&text, "x").unwrap(), d);
-    }
-
-    #[test]
-    fn every_shipped_drill_file_is_valid() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("drills");
-        let mut n = 0;
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            let d = Drill::load(&path).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(
-                path.file_stem().unwrap().to_str().unwrap(),
-                d.name,
-                "file named after the drill"
-            );
-            n += 1;
-        }
-        assert!(n >= 2, "drill files in {}", dir.display());
-    }
-
-    #[test]
-    fn bad_drills_give_errors_naming_the_field() {
-        let cases = [
-            (
-                GOOD.replace("seed: 7\n", "seed: 7\ncolour: red\n"),
-                "unknown field `colour`",
-            ),
-            (
-                GOOD.replace("{killSeed: {target: {hostOf: 2}}}", "{nuke: {}}"),
-                "unknown variant `nuke`",
-            ),
-            (GOOD.replace("at: 10s", "at: -3s"), "faults[0]"),
-            (GOOD.replace("at: 10s", "at: soon"), "is not a duration"),
-            (GOOD.replace("at: 10s", "at: 10"), "has no unit"),
-            (GOOD.replace("at: 10s", "at: 10h"), "unknown unit \"h\""),
-            (
-                GOOD.replace("at: 10s", "at: 700s"),
-                "faults[0].at: 700s is not before the drill's deadline",
-            ),
-            (
-                GOOD.replace("hostOf: 2", "hostOf: 4"),
-                "faults[0].action.killSeed.target.hostOf: ring positions are 1..3, not 4",
-            ),
-            (
-                GOOD.replace("{hostOf: 2}", "{hostof: 2}"),
-                "unknown variant `hostof`",
-            ),
-            (
-                GOOD.replace("members: 3", "members: 2"),
-                "ring.members: must be between 3 and 7",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks", "memberPrefix: KS"),
-                "ring.memberPrefix",
-            ),
-            (
-                GOOD.replace("kind: Drill", "kind: Ring"),
-                "kind: must be Drill",
-            ),
-            (
-                GOOD.replace("ratePerSecond: 4", "ratePerSecond: 0"),
-                "workload.ratePerSecond",
-            ),
-            (
-                GOOD.replace("failoverStep: Done", "failoverStep: Finished"),
-                "unknown variant `Finished`",
-            ),
-            (
-                GOOD.replace("  - when: {failoverStep: Done}\n", "  - at: 5s\n"),
-                "faults[1].at: 5s is before an earlier fault's time 10s",
-            ),
-            (
-                GOOD.replace(
-                    "  - when: {failoverStep: Done}\n",
-                    "  - at: 20s\n    when: converged\n",
-                ),
-                "either `at`",
-            ),
-            (
-                GOOD.replace("{heal: {}}", "{restoreFromBucket: {}}"),
-                "faults[1].action.restoreFromBucket: restores a lost ring",
-            ),
-            (
-                GOOD.replace("{heal: {}}", "{stopBucket: {for: 5s}}"),
-                "only an S3 bucket can be stopped",
-            ),
-            (
-                GOOD.replace("lostWrites: beyondDurable", "lostWrites: some"),
-                "unknown variant `some`",
-            ),
-            (
-                GOOD.replace("{killSeed: {target", "{partition: {target"),
-                "faults[0].action.partition: cuts a member's network link: set ring.network: namespaces",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: namespaces, bucket: s3}"),
-                "ring.bucket: the S3 server listens on the host's loopback",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: bridged}"),
-                "unknown variant `bridged`",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: namespaces}")
-                    .replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
-                "faults[1].action.fullSnapshot: reads etcd on the shoot's loopback address",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [4]}"),
-                "ring.kubernetesMembers: ring positions are 1..3, not 4",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1]}")
-                    .replace("name: kill-seed", "name: leader-dies-mid-kubernetes-failover"),
-                "name: is the ring's name, and a Kubernetes seed's ring name has at most 24",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1, 1]}"),
-                "ring.kubernetesMembers: names position 1 twice",
-            ),
-            (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, kubernetesMembers: [1]}")
-                    .replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
-                "faults[1].action.fullSnapshot: is not supported with ring.kubernetesMembers",
-            ),
-        ];
-        for (text, want) in cases {
-            let got = Drill::parse(&text, "d.yaml")
-                .map(|_| ())
-                .unwrap_err()
-                .to_string();
-            assert!(got.contains(want), "want {want:?} in {got:?}");
-            assert!(got.contains("d.yaml"), "names the file: {got}");
-        }
-    }
-
-    #[test]
-    fn durations_parse_and_print() {
-        assert_eq!(parse_dur("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_dur("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_dur("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_dur("").is_err());
-        assert!(parse_dur("s").is_err());
-        assert_eq!(fmt_dur(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(fmt_dur(Duration::from_secs(3)), "3s");
-    }
-}
+#[path = "drill_tests.rs"]
+mod tests;

@@ -2,13 +2,15 @@
 //!
 //! A drill file ([`drill::Drill`], `scenarios/drills/*.yaml`) names a ring size,
 //! a workload of writers creating and updating ConfigMaps and Secrets through
-//! every shoot's kube-apiserver, a timeline of faults (kill -9 of a seed or of
-//! the leader, a returning zombie seed, a corrupted snapshot, a stopped bucket,
+//! every shoot's kube-apiserver, a timeline of faults (kill -9 of a seed, of a
+//! whole member machine or of the leader, a returning zombie seed, a corrupted snapshot, a stopped bucket,
 //! losing the whole ring and restoring it from the bucket) and expectations
 //! (RTO bound, no acknowledged write lost beyond the last durable delta, never
 //! two control planes of one shoot, the ring converges). [`runner::run`]
-//! bootstraps a throwaway ring (members whose seeds are local processes, or
-//! Kubernetes seed clusters with real nodes: [`kube_seeds`]), runs the drill with a seeded RNG and
+//! bootstraps a throwaway ring (by default self-hosted: a node per member,
+//! each hosting its successor's control plane as pods; or control planes as
+//! local processes, with Kubernetes seed clusters for some members:
+//! [`kube_seeds`]), runs the drill with a seeded RNG and
 //! returns a [`result::RunResult`]; [`report`] renders it as a terminal summary
 //! and a self-contained HTML report with an SVG timeline.
 

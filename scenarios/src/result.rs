@@ -296,7 +296,7 @@ pub fn zombies(r: &RunResult) -> Vec<String> {
     for e in &r.events {
         match &e.kind {
             EventKind::Fault { action, member, .. } => match action.as_str() {
-                "killSeed" => dead.extend(member.clone()),
+                "killSeed" | "killMachine" => dead.extend(member.clone()),
                 "loseRing" => dead.extend(r.members.iter().cloned()),
                 "heal" | "restoreFromBucket" => dead.clear(),
                 _ => {}

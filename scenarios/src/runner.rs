@@ -14,7 +14,7 @@ use ringd::state::{OperationKind, OperationStep};
 use ringd::status::RingStatus;
 use tokio_util::sync::CancellationToken;
 
-use crate::drill::{Action, BucketKind, Drill, NetworkKind, Step, Target, When};
+use crate::drill::{Action, BucketKind, Drill, Hosting, NetworkKind, Step, Target, When};
 use crate::kube_seeds::KubeSeeds;
 use crate::netns::Network;
 use crate::procs;
@@ -275,6 +275,26 @@ impl Observer {
         lock(&self.state).status.clone()
     }
 
+    /// `shoot from->to` of every migration the ring finished since `t`.
+    fn moves_since(&self, t: f64) -> Vec<String> {
+        lock(&self.state)
+            .events
+            .iter()
+            .filter(|e| e.t >= t)
+            .filter_map(|e| match &e.kind {
+                EventKind::Operation {
+                    kind,
+                    shoot,
+                    from,
+                    to,
+                    step,
+                    ..
+                } if kind == "migration" && step == "Done" => Some(format!("{shoot} {from}->{to}")),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn push(&self, t: f64, kind: EventKind) {
         lock(&self.state).events.push(Event { t, kind });
     }
@@ -291,11 +311,14 @@ impl Observer {
 /// Kills whatever the run started and removes its temp dir when dropped.
 struct Teardown {
     dir: PathBuf,
+    layout: RingLayout,
     keep: bool,
 }
 
 impl Drop for Teardown {
     fn drop(&mut self) {
+        // the ring's nodes first: their pods name no path of the run
+        bootstrap::nodes::kill_now(&self.layout);
         procs::kill_all_mentioning(&self.dir, Duration::from_secs(15));
         if !self.keep {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -383,6 +406,8 @@ struct Run<'a> {
     say: &'a (dyn Fn(&str) + Sync),
 }
 
+mod faults;
+
 impl Run<'_> {
     fn t(&self) -> f64 {
         self.t0.elapsed().as_secs_f64()
@@ -397,345 +422,17 @@ impl Run<'_> {
             config,
             dir: self.layout.dir.clone(),
             ringd: self.opts.ringd.clone(),
-            timeout: self.remaining().min(Duration::from_secs(300)),
+            timeout: self.remaining().min(bootstrap_bound(self.drill)),
         }
     }
+}
 
-    fn resolve(&mut self, target: Target, obs: &Observer) -> Result<String, ScenarioError> {
-        let status = obs.status();
-        let need = |what: &str| ScenarioError::Setup(format!("no {what} known to the ring"));
-        Ok(match target {
-            Target::Member(p) => self.members[p - 1].clone(),
-            Target::Leader => status
-                .and_then(|s| s.leader)
-                .ok_or_else(|| need("leader"))?,
-            Target::HostOf(p) => {
-                let shoot = &self.members[p - 1];
-                host_of(obs, shoot).ok_or_else(|| need(&format!("host of {shoot}")))?
-            }
-            Target::FailoverTarget => status
-                .and_then(|s| {
-                    s.operations
-                        .iter()
-                        .rev()
-                        .find(|o| !o.is_migration())
-                        .map(|o| o.target().to_string())
-                })
-                .ok_or_else(|| need("failover"))?,
-            Target::LastKilled => self
-                .last_killed
-                .clone()
-                .ok_or_else(|| need("killed member"))?,
-            Target::Random => {
-                let live: Vec<String> = self
-                    .members
-                    .iter()
-                    .filter(|m| self.layout.running_pid(m).is_some())
-                    .cloned()
-                    .collect();
-                if live.is_empty() {
-                    return Err(need("live member"));
-                }
-                live[self.rng.below(live.len())].clone()
-            }
-        })
-    }
-
-    /// Records the loss of `shoots`' control planes, with what the bucket had durable.
-    async fn record_losses(&mut self, shoots: &[String], obs: &Observer) {
-        let at_ms = self.t0.elapsed().as_millis() as u64;
-        let t = self.t();
-        for shoot in shoots {
-            let (rev, age) = durable(&self.bucket, shoot, self.deadline).await;
-            self.losses
-                .entry(shoot.clone())
-                .or_default()
-                .push(LossPoint {
-                    at_ms,
-                    durable_revision: rev.unwrap_or(0),
-                });
-            obs.push(
-                t,
-                EventKind::Loss {
-                    shoot: shoot.clone(),
-                    durable_revision: rev,
-                    durable_age_secs: age,
-                },
-            );
-        }
-    }
-
-    async fn wait_when(&self, when: When, obs: &Observer) -> Result<(), ScenarioError> {
-        loop {
-            let s = obs.status();
-            let ok = s.as_ref().is_some_and(|s| match when {
-                When::FailoverStep(step) => failover_reached(s, self.last_kill_ms, step),
-                When::Converged => converged(s, &self.members),
-            });
-            if ok {
-                return Ok(());
-            }
-            if self.remaining().is_zero() {
-                return Err(ScenarioError::Setup(format!(
-                    "timed out waiting for {when:?} (expect.deadlineSecs {})",
-                    self.drill.expect.deadline_secs
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn act(&mut self, action: &Action, obs: &Observer) -> Result<String, ScenarioError> {
-        match action {
-            Action::KillSeed { target } => {
-                let m = self.resolve(*target, obs)?;
-                let hosted = hosted_by(obs, &m);
-                self.last_kill_ms = now_ms();
-                let k = procs::kill_member(&self.layout.dir, &m).await;
-                // a Kubernetes seed's machine: its node and pods die too
-                let node = match self.kube_seeds.kill_node(&m) {
-                    true => ", its node and every pod on it",
-                    false => "",
-                };
-                self.last_killed = Some(m.clone());
-                self.record_losses(&hosted, obs).await;
-                Ok(format!(
-                    "kill -9 {m} (hosting {}): ringd {}, {} process groups, {} processes{node}",
-                    hosted.join(", "),
-                    k.ringd.map_or("-".into(), |p| p.to_string()),
-                    k.process_groups,
-                    k.processes
-                ))
-            }
-            Action::RestartSeed { target } => {
-                let m = self.resolve(*target, obs)?;
-                // a Kubernetes seed's machine comes back with its node first
-                let node = match self.kube_seeds.revive_member(&m).await? {
-                    true => " and its node (its pods recreated by kubelet)",
-                    false => "",
-                };
-                bootstrap::start_member(&self.layout, &self.opts.ringd, &m)?;
-                Ok(format!("started ringd {m}{node} again"))
-            }
-            Action::Partition { target } => {
-                let network = self.network.clone().ok_or_else(|| {
-                    ScenarioError::Setup("partition needs ring.network: namespaces".into())
-                })?;
-                let m = self.resolve(*target, obs)?;
-                let hosted = hosted_by(obs, &m);
-                self.last_kill_ms = now_ms();
-                network.cut(&m)?;
-                self.last_partitioned = Some(m.clone());
-                // what it hosts may move away: writes it acknowledges from now on
-                // count as lost only beyond what reached the bucket
-                self.record_losses(&hosted, obs).await;
-                Ok(format!(
-                    "cut {m} (hosting {}) off from the other members and the runner",
-                    hosted.join(", ")
-                ))
-            }
-            Action::FullSnapshot { shoot } => {
-                let shoot = self.members[shoot - 1].clone();
-                let host = host_of(obs, &shoot)
-                    .ok_or_else(|| ScenarioError::Setup(format!("no host of {shoot} known")))?;
-                let shoot_layout = seed::ShootLayout {
-                    dir: self.layout.seed_dir(&host).join("shoots").join(&shoot),
-                };
-                let spec = shoot_layout.read_spec().ok().flatten().ok_or_else(|| {
-                    ScenarioError::Setup(format!("{host} holds no spec of {shoot}"))
-                })?;
-                let config = backup::BackupConfig::new(
-                    shoot.clone(),
-                    backup::EtcdConfig::for_local_shoot(&shoot_layout, &spec),
-                    self.bucket.clone(),
-                );
-                let snap = backup::snapshot_once(&config)
-                    .await
-                    .map_err(|e| ScenarioError::Setup(format!("full snapshot of {shoot}: {e}")))?;
-                Ok(format!(
-                    "full snapshot of {shoot} on {host} at revision {}",
-                    snap.base_revision
-                ))
-            }
-            Action::CorruptNewestSnapshot { shoot } => {
-                let shoot = &self.members[shoot - 1];
-                let dir = self.bucket_dir.join(shoot);
-                let newest = std::fs::read_dir(&dir)
-                    .map_err(io(format!("listing {}", dir.display())))?
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with("full-"))
-                    .max()
-                    .ok_or_else(|| {
-                        ScenarioError::Setup(format!("{} holds no full snapshot", dir.display()))
-                    })?;
-                let path = dir.join(&newest);
-                let mut data =
-                    std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
-                if data.is_empty() {
-                    return Err(ScenarioError::Setup(format!("{} is empty", path.display())));
-                }
-                let at = self.rng.below(data.len());
-                data[at] ^= 0xff;
-                std::fs::write(&path, &data).map_err(io(format!("writing {}", path.display())))?;
-                Ok(format!("flipped byte {at} of {shoot}/{newest}"))
-            }
-            Action::StopBucket { r#for } => {
-                let server = self.s3.clone().ok_or_else(|| {
-                    ScenarioError::Setup("stopBucket needs ring.bucket: s3".into())
-                })?;
-                let port = {
-                    let mut s = lock(&server);
-                    s.stop();
-                    s.port
-                };
-                let (outage, state, t0) = (*r#for, obs.state.clone(), self.t0);
-                tokio::spawn(async move {
-                    tokio::time::sleep(outage).await;
-                    let back = tokio::task::spawn_blocking(move || lock(&server).restart()).await;
-                    let detail = match back {
-                        Ok(Ok(())) => format!(
-                            "the S3 server is back after {}",
-                            crate::drill::fmt_dur(outage)
-                        ),
-                        Ok(Err(e)) => format!("failed: {e}"),
-                        Err(e) => format!("failed: {e}"),
-                    };
-                    lock(&state).events.push(Event {
-                        t: t0.elapsed().as_secs_f64(),
-                        kind: EventKind::Fault {
-                            action: "bucketBack".into(),
-                            detail,
-                            member: None,
-                        },
-                    });
-                });
-                Ok(format!(
-                    "stopped the S3 server on port {port} for {}",
-                    crate::drill::fmt_dur(outage)
-                ))
-            }
-            Action::LoseRing {} => {
-                self.last_kill_ms = now_ms();
-                let mut killed = 0;
-                for m in self.members.clone() {
-                    killed += procs::kill_member(&self.layout.dir, &m).await.processes;
-                }
-                std::fs::remove_dir_all(&self.layout.dir)
-                    .map_err(io(format!("removing {}", self.layout.dir.display())))?;
-                let shoots = self.members.clone();
-                self.record_losses(&shoots, obs).await;
-                Ok(format!(
-                    "killed every member ({killed} processes) and deleted {}; the bucket {} survives",
-                    self.layout.dir.display(),
-                    self.bucket.url
-                ))
-            }
-            Action::RestoreFromBucket {} => {
-                let started = Instant::now();
-                let log = self.config_file.with_file_name("restore.log");
-                let mut cmd = tokio::process::Command::new(&self.opts.ringctl);
-                cmd.args(["restore", "--from-bucket", &self.bucket.url, "--config"])
-                    .arg(&self.config_file)
-                    .arg("--ring-dir")
-                    .arg(&self.layout.dir)
-                    .stdin(std::process::Stdio::null())
-                    .kill_on_drop(true);
-                let out = tokio::time::timeout(self.remaining(), cmd.output())
-                    .await
-                    .map_err(|_| {
-                        ScenarioError::Setup(
-                            "ringctl restore did not finish before the drill's deadline".into(),
-                        )
-                    })?
-                    .map_err(io(format!("running {}", self.opts.ringctl.display())))?;
-                let mut text = out.stdout.clone();
-                text.extend_from_slice(&out.stderr);
-                let _ = std::fs::write(&log, &text);
-                if !out.status.success() {
-                    return Err(ScenarioError::Setup(format!(
-                        "ringctl restore --from-bucket failed: {}",
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    )));
-                }
-                Ok(format!(
-                    "ringctl restore --from-bucket {} rebuilt the ring in {:.1}s",
-                    self.bucket.url,
-                    started.elapsed().as_secs_f64()
-                ))
-            }
-            Action::Heal {} => {
-                let started = Instant::now();
-                let reconnected = match &self.network {
-                    Some(n) => n.heal()?,
-                    None => Vec::new(),
-                };
-                // every dead node and member back (bootstrap resumes the ring)
-                let nodes = self.kube_seeds.revive().await?;
-                bootstrap::bootstrap(&self.bootstrap_options(None), &Quiet).await?;
-                // re-link: each member hosts its successor (planned migrations)
-                let n = self.members.len();
-                let mut moved = Vec::new();
-                loop {
-                    let status = leader_view(&self.layout, &self.config)
-                        .await
-                        .ok_or("no leader view");
-                    let misplaced = status.as_ref().ok().and_then(|s| {
-                        (0..n).find_map(|i| {
-                            let shoot = &self.members[(i + 1) % n];
-                            let want = &self.members[i];
-                            s.placements
-                                .iter()
-                                .any(|p| p.shoot == *shoot && p.host != *want)
-                                .then(|| (shoot.clone(), want.clone()))
-                        })
-                    });
-                    let Some((shoot, to)) = misplaced else {
-                        if status.is_ok() {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    };
-                    if self.remaining().is_zero() {
-                        return Err(ScenarioError::Setup(format!(
-                            "heal: {shoot} still not on {to} at the deadline"
-                        )));
-                    }
-                    let limit = self.remaining().min(Duration::from_secs(180));
-                    match bootstrap::migrate_and_wait(
-                        &self.layout,
-                        &self.config,
-                        &shoot,
-                        &to,
-                        limit,
-                    )
-                    .await
-                    {
-                        Ok(()) => moved.push(format!("{shoot}->{to}")),
-                        Err(e) => {
-                            (self.say)(&format!("  heal: moving {shoot} to {to}: {e}; retrying"));
-                            tokio::time::sleep(Duration::from_secs(2)).await;
-                        }
-                    }
-                }
-                let said = |what: &str, who: &[String]| match who.is_empty() {
-                    true => String::new(),
-                    false => format!("{what} {}; ", who.join(", ")),
-                };
-                Ok(format!(
-                    "{}{}restarted dead members and re-linked the ring in {:.1}s (moved: {})",
-                    said("reconnected", &reconnected),
-                    said("started the nodes of", &nodes),
-                    started.elapsed().as_secs_f64(),
-                    if moved.is_empty() {
-                        "nothing".into()
-                    } else {
-                        moved.join(", ")
-                    }
-                ))
-            }
-        }
+/// How long `ringctl bootstrap` may take: the self-hosted ring starts nodes
+/// and moves every control plane into pods.
+fn bootstrap_bound(drill: &Drill) -> Duration {
+    match drill.ring.hosting {
+        Hosting::SelfHosted => Duration::from_secs(600),
+        Hosting::Processes => Duration::from_secs(300),
     }
 }
 
@@ -767,8 +464,12 @@ pub async fn run(
     let dir = dir
         .canonicalize()
         .map_err(io(format!("resolving {}", dir.display())))?;
+    let layout = RingLayout {
+        dir: dir.join("ring"),
+    };
     let _teardown = Teardown {
         dir: dir.clone(),
+        layout: layout.clone(),
         keep: opts.keep,
     };
     let members = drill.members();
@@ -839,8 +540,17 @@ pub async fn run(
             })
             .collect(),
         bucket: Some(bucket_url.clone()),
-        // drills run process-hosted rings; nodes come with Kubernetes seeds
-        nodes: bootstrap::config::Nodes { per_member: 0 },
+        // the self-hosted ring: a node per member, each hosting its successor
+        // as pods there; process-hosted rings have nodes only with Kubernetes seeds
+        nodes: bootstrap::config::Nodes {
+            per_member: u8::from(drill.ring.hosting == Hosting::SelfHosted),
+        },
+        self_hosting: bootstrap::config::SelfHosting {
+            members: match drill.ring.hosting {
+                Hosting::SelfHosted => members.clone(),
+                Hosting::Processes => Vec::new(),
+            },
+        },
         ports: Ports {
             address: "127.0.0.1".into(),
             base: free_port_base(seed ^ run as u64)?,
@@ -850,9 +560,6 @@ pub async fn run(
     let config_file = dir.join("ring.yaml");
     let yaml = serde_yaml::to_string(&config).map_err(|e| ScenarioError::Setup(e.to_string()))?;
     std::fs::write(&config_file, yaml).map_err(io("writing ring.yaml"))?;
-    let layout = RingLayout {
-        dir: dir.join("ring"),
-    };
 
     say(&format!(
         "drill {} run {run} (seed {seed}): bootstrapping ring {} in {}",
@@ -865,7 +572,7 @@ pub async fn run(
         config: Some(config.clone()),
         dir: layout.dir.clone(),
         ringd: opts.ringd.clone(),
-        timeout: Duration::from_secs(300),
+        timeout: bootstrap_bound(drill),
     };
     bootstrap::bootstrap(&boot, &Quiet).await?;
     // every shoot backed up before the chaos begins
@@ -901,9 +608,12 @@ pub async fn run(
     let rng = Rng::new(seed);
     let t0 = Instant::now();
     let started_at_ms = now_ms();
+    // where pods run: the Kubernetes members' seed nodes and the ring's own nodes
+    let mut pod_nodes = kube_seeds.pod_nodes();
+    pod_nodes.extend(bootstrap::nodes::pod_cgroup_roots(&layout, &config));
     let obs = Observer::start(
         layout.dir.clone(),
-        kube_seeds.pod_nodes(),
+        pod_nodes,
         layout.clone(),
         config.clone(),
         t0,
@@ -957,7 +667,7 @@ pub async fn run(
         first_fault.get_or_insert(t);
         last_fault_t = r.t();
         let member = match f.action {
-            Action::KillSeed { .. } => r.last_killed.clone(),
+            Action::KillSeed { .. } | Action::KillMachine { .. } => r.last_killed.clone(),
             Action::Partition { .. } => r.last_partitioned.clone(),
             _ => None,
         };
@@ -996,7 +706,9 @@ pub async fn run(
     if failures.is_empty() {
         while !r.remaining().is_zero() {
             let shape = obs.status().is_some_and(|s| converged(&s, &members));
-            if shape && members.iter().all(|m| probes.up(m)) {
+            // on the self-hosted ring, every node back and Ready too
+            let nodes = bootstrap::nodes::report(&layout, &config);
+            if shape && members.iter().all(|m| probes.up(m)) && nodes.iter().all(|n| n.ready) {
                 converged_secs = Some(r.t() - last_fault_t);
                 break;
             }
@@ -1125,103 +837,4 @@ pub async fn run(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ringd::state::{MemberState, Operation};
-    use ringd::status::{MemberStatus, PlacementStatus};
-
-    #[test]
-    fn a_drill_dir_keeps_a_kubernetes_member_s_node_within_kubelet_s_socket_limit() {
-        assert_eq!(short_name("kill-seed"), "kill-seed");
-        assert_eq!(
-            short_name("leader-dies-mid-kubernetes-failover"),
-            "leader-dies-mid"
-        );
-        assert_eq!(short_name("abcdefghijklmno-x"), "abcdefghijklmno");
-        // the longest drill name and pid there can be, a member prefix of 7, under /tmp
-        let dir = format!(
-            "/tmp/ring-drill-{}-{}-{}/seed-{}/node",
-            short_name(&"a".repeat(63)),
-            4_194_304,
-            999_999,
-            "memberp9"
-        );
-        assert!(dir.len() <= seed::node::config::MAX_STATE_DIR_LEN, "{dir}");
-    }
-
-    fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
-        RingStatus {
-            member: "a1".into(),
-            id: 1,
-            role: "Leader".into(),
-            leader: Some("a1".into()),
-            term: 1,
-            commit_index: 1,
-            applied_index: 1,
-            quorum_contact: true,
-            members: ["a1", "a2", "a3"]
-                .iter()
-                .map(|m| MemberStatus {
-                    name: m.to_string(),
-                    id: 1,
-                    address: String::new(),
-                    state: MemberState::Up,
-                    voter: true,
-                    leader: *m == "a1",
-                    last_report_ms_ago: None,
-                })
-                .collect(),
-            placements: hosts
-                .iter()
-                .map(|(shoot, host)| PlacementStatus {
-                    shoot: shoot.to_string(),
-                    host: host.to_string(),
-                    epoch: 1,
-                    lease_expires_in_ms: None,
-                    last_backup_age_ms: None,
-                    last_backup_revision: None,
-                    ready: Some(ready),
-                })
-                .collect(),
-            hosted: vec![],
-            operations: vec![],
-        }
-    }
-
-    #[test]
-    fn converged_means_every_member_hosts_its_successor() {
-        let members: Vec<String> = ["a1", "a2", "a3"].iter().map(|s| s.to_string()).collect();
-        let good = [("a2", "a1"), ("a3", "a2"), ("a1", "a3")];
-        assert!(converged(&status(&good, true), &members));
-        assert!(!converged(&status(&good, false), &members), "not ready");
-        let moved = [("a2", "a3"), ("a3", "a2"), ("a1", "a3")];
-        assert!(!converged(&status(&moved, true), &members));
-        let mut s = status(&good, true);
-        s.members[1].state = MemberState::Down;
-        assert!(!converged(&s, &members), "a member is down");
-    }
-
-    #[test]
-    fn failover_steps_count_once_reached_and_only_after_the_fault() {
-        let mut s = status(&[], true);
-        // built from JSON, as `ringctl status -o json` shows it
-        let op = |step: &str, created_at_ms: u64| -> Operation {
-            serde_json::from_value(serde_json::json!({
-                "id": 1, "kind": "failover", "shoot": "a2", "from": "a1", "to": "a3",
-                "epoch": 2, "not_before_ms": 0, "step": step, "detail": "",
-                "createdAtMs": created_at_ms, "updatedAtMs": created_at_ms,
-            }))
-            .unwrap()
-        };
-        s.operations.push(op("Restoring", 10_000));
-        assert!(failover_reached(&s, 9_000, Step::Pending));
-        assert!(failover_reached(&s, 9_000, Step::Restoring));
-        assert!(!failover_reached(&s, 9_000, Step::Done));
-        assert!(
-            !failover_reached(&s, 20_000, Step::Pending),
-            "an older failover"
-        );
-        s.operations[0] = op("Failed", 10_000);
-        assert!(!failover_reached(&s, 9_000, Step::WaitingForLeaseExpiry));
-    }
-}
+mod tests;

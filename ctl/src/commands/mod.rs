@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::DrillRunArgs;
+use crate::cli::{DrillRunArgs, KillMachineArgs};
 use crate::output::{encode, Format};
 
 pub fn init_tracing(default: &str) {
@@ -101,6 +101,50 @@ pub async fn backup(cmd: crate::backup::BackupCommand, format: Format) -> anyhow
         CancellationToken::new()
     };
     Ok(crate::backup::run(cmd, format, shutdown).await?)
+}
+
+/// `ringctl drill kill-machine MEMBER`: everything of one member of a local
+/// ring dies at once (its ringd, the control-plane processes it runs, its
+/// shoot's nodes with every pod), as when its machine dies.
+pub async fn kill_machine(args: KillMachineArgs) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let dir = args.dir.dir();
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let config = layout.read_config()?.with_context(|| {
+        format!(
+            "{} holds no ring (no ring.yaml): give the --ring-dir of a ring `ringctl bootstrap` made",
+            dir.display()
+        )
+    })?;
+    let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
+    if !names.contains(&args.member.as_str()) {
+        anyhow::bail!(
+            "{} is not a member of ring {} (its members: {})",
+            args.member,
+            config.name,
+            names.join(", ")
+        );
+    }
+    let (l, c, m) = (layout.clone(), config.clone(), args.member.clone());
+    let nodes = tokio::task::spawn_blocking(move || bootstrap::nodes::kill_member(&l, &c, &m));
+    let killed = scenarios::procs::kill_member(&dir, &args.member).await;
+    let nodes = nodes.await.context("killing the member's nodes")?;
+    println!(
+        "killed machine {}: ringd {}, {} processes, nodes: {}",
+        args.member,
+        killed.ringd.map_or("not running".into(), |p| p.to_string()),
+        killed.processes,
+        if nodes.is_empty() {
+            "none running".into()
+        } else {
+            format!("{} with every pod on them", nodes.join(", "))
+        }
+    );
+    println!(
+        "the ring restores what it hosted elsewhere; `ringctl bootstrap --ring-dir {}` brings the machine back",
+        dir.display()
+    );
+    Ok(())
 }
 
 /// `ringctl drill run`: fails unless every run of every drill passed.

@@ -281,9 +281,21 @@ async fn failover_and_return(dir: &Path) {
     let kc = dir.join("kubeconfigs/m2.kubeconfig");
     let what = "m2's writes in the bucket";
     write_until_backed_up(dir, "m2", "before-kill", what, Duration::from_secs(60)).await;
-    let pid = std::fs::read_to_string(dir.join("members/m1/ringd.pid")).expect("ringd m1's pid");
-    let pid = nix::unistd::Pid::from_raw(pid.trim().parse().expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL ringd m1");
+    // m3's control plane in pods on node m2: they must outlive m2's API
+    let kc2 = dir.join("kubeconfigs/m2.kubeconfig");
+    let m3_pods = pods(&kc2, "shoot--test--m3");
+    // machine m1 dies as a whole: its ringd, node m1 and every pod on it
+    // (m2's control plane among them)
+    let said = ringctl_in(dir, &["drill", "kill-machine", "m1"]);
+    assert!(
+        said.contains("killed machine m1: ringd ")
+            && said.contains("nodes: m1 with every pod on them"),
+        "{said}"
+    );
+    let layout = bootstrap::RingLayout {
+        dir: dir.to_path_buf(),
+    };
+    assert_eq!(bootstrap::nodes::running_pid(&layout, "m1"), None);
     wait_for(
         "m2 failed over into pods on another node and ready",
         Duration::from_secs(240),
@@ -301,6 +313,24 @@ async fn failover_and_return(dir: &Path) {
     let row = hosting(dir).into_iter().find(|r| r.0 == "m2").unwrap();
     assert_eq!(row.1, "pods", "{row:?}");
     assert_ne!(row.2, "m1", "{row:?}");
+    // node m2 kept its pods while its API was away, and re-attached
+    let config = layout.read_config().unwrap().unwrap();
+    wait_for("node m2 Ready again", Duration::from_secs(120), || async {
+        let nodes = bootstrap::nodes::report(&layout, &config);
+        nodes
+            .iter()
+            .any(|n| n.node == "m2" && n.ready)
+            .then_some(())
+    })
+    .await;
+    // the same pods (kubelet kept them; none recreated), Ready once the
+    // node controller has seen node m2 again
+    wait_for(
+        "m3's pods on node m2 the same pods, Ready",
+        Duration::from_secs(120),
+        || async { (pods(&kc2, "shoot--test--m3") == m3_pods).then_some(()) },
+    )
+    .await;
     let names = kubectl(&kc, &["get", "configmaps", "-o", "name"]);
     for name in ["kept-0", "kept-4", "before-kill"] {
         assert!(

@@ -1,0 +1,429 @@
+//! What each fault of a drill does to the running ring ([`Run::act`]), and
+//! the conditions faults wait for.
+
+use super::*;
+
+impl Run<'_> {
+    fn resolve(&mut self, target: Target, obs: &Observer) -> Result<String, ScenarioError> {
+        let status = obs.status();
+        let need = |what: &str| ScenarioError::Setup(format!("no {what} known to the ring"));
+        Ok(match target {
+            Target::Member(p) => self.members[p - 1].clone(),
+            Target::Leader => status
+                .and_then(|s| s.leader)
+                .ok_or_else(|| need("leader"))?,
+            Target::HostOf(p) => {
+                let shoot = &self.members[p - 1];
+                host_of(obs, shoot).ok_or_else(|| need(&format!("host of {shoot}")))?
+            }
+            Target::FailoverTarget => status
+                .and_then(|s| {
+                    s.operations
+                        .iter()
+                        .rev()
+                        .find(|o| !o.is_migration())
+                        .map(|o| o.target().to_string())
+                })
+                .ok_or_else(|| need("failover"))?,
+            Target::LastKilled => self
+                .last_killed
+                .clone()
+                .ok_or_else(|| need("killed member"))?,
+            Target::Random => {
+                let live: Vec<String> = self
+                    .members
+                    .iter()
+                    .filter(|m| self.layout.running_pid(m).is_some())
+                    .cloned()
+                    .collect();
+                if live.is_empty() {
+                    return Err(need("live member"));
+                }
+                live[self.rng.below(live.len())].clone()
+            }
+        })
+    }
+
+    /// Records the loss of `shoots`' control planes, with what the bucket had durable.
+    async fn record_losses(&mut self, shoots: &[String], obs: &Observer) {
+        let at_ms = self.t0.elapsed().as_millis() as u64;
+        let t = self.t();
+        for shoot in shoots {
+            let (rev, age) = durable(&self.bucket, shoot, self.deadline).await;
+            self.losses
+                .entry(shoot.clone())
+                .or_default()
+                .push(LossPoint {
+                    at_ms,
+                    durable_revision: rev.unwrap_or(0),
+                });
+            obs.push(
+                t,
+                EventKind::Loss {
+                    shoot: shoot.clone(),
+                    durable_revision: rev,
+                    durable_age_secs: age,
+                },
+            );
+        }
+    }
+
+    pub(super) async fn wait_when(&self, when: When, obs: &Observer) -> Result<(), ScenarioError> {
+        loop {
+            let s = obs.status();
+            let ok = s.as_ref().is_some_and(|s| match when {
+                When::FailoverStep(step) => failover_reached(s, self.last_kill_ms, step),
+                When::Converged => converged(s, &self.members),
+            });
+            if ok {
+                return Ok(());
+            }
+            if self.remaining().is_zero() {
+                return Err(ScenarioError::Setup(format!(
+                    "timed out waiting for {when:?} (expect.deadlineSecs {})",
+                    self.drill.expect.deadline_secs
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `killMachine`: the member's ringd, every process it runs and its
+    /// shoot's nodes with every pod on them, at once.
+    async fn kill_machine(
+        &mut self,
+        target: Target,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let m = self.resolve(target, obs)?;
+        let hosted = hosted_by(obs, &m);
+        self.last_kill_ms = now_ms();
+        let (layout, config, member) = (self.layout.clone(), self.config.clone(), m.clone());
+        let nodes = tokio::task::spawn_blocking(move || {
+            bootstrap::nodes::kill_member(&layout, &config, &member)
+        });
+        let k = procs::kill_member(&self.layout.dir, &m).await;
+        let mut nodes = nodes
+            .await
+            .map_err(|e| ScenarioError::Setup(format!("killing {m}'s nodes: {e}")))?;
+        if self.kube_seeds.kill_node(&m) {
+            nodes.push(format!("{m}'s seed cluster node"));
+        }
+        self.last_killed = Some(m.clone());
+        self.record_losses(&hosted, obs).await;
+        let nodes = match nodes.is_empty() {
+            true => "no node".to_string(),
+            false => format!("nodes {} with every pod on them", nodes.join(", ")),
+        };
+        Ok(format!(
+            "kill -9 of machine {m} (hosting {}): ringd {}, {} processes, {nodes}",
+            hosted.join(", "),
+            k.ringd.map_or("-".into(), |p| p.to_string()),
+            k.processes
+        ))
+    }
+
+    /// kill -9 of a seed: its ringd, the process groups it runs, a Kubernetes seed's node.
+    async fn kill_seed(
+        &mut self,
+        target: &Target,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let m = self.resolve(*target, obs)?;
+        let hosted = hosted_by(obs, &m);
+        self.last_kill_ms = now_ms();
+        let k = procs::kill_member(&self.layout.dir, &m).await;
+        // a Kubernetes seed's machine: its node and pods die too
+        let node = match self.kube_seeds.kill_node(&m) {
+            true => ", its node and every pod on it",
+            false => "",
+        };
+        self.last_killed = Some(m.clone());
+        self.record_losses(&hosted, obs).await;
+        Ok(format!(
+            "kill -9 {m} (hosting {}): ringd {}, {} process groups, {} processes{node}",
+            hosted.join(", "),
+            k.ringd.map_or("-".into(), |p| p.to_string()),
+            k.process_groups,
+            k.processes
+        ))
+    }
+
+    /// A killed member comes back: its nodes, then its ringd.
+    async fn restart_seed(
+        &mut self,
+        target: &Target,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let m = self.resolve(*target, obs)?;
+        // a machine of the self-hosted ring comes back with its nodes
+        let started = bootstrap::start_member_nodes(&self.layout, &self.opts.ringd, &m)?;
+        // a Kubernetes seed's machine comes back with its node first
+        let node = match self.kube_seeds.revive_member(&m).await? {
+            true => " and its node (its pods recreated by kubelet)",
+            false => "",
+        };
+        bootstrap::start_member(&self.layout, &self.opts.ringd, &m)?;
+        let nodes = match started.is_empty() {
+            true => String::new(),
+            false => format!(" and its nodes {}", started.join(", ")),
+        };
+        Ok(format!("started ringd {m}{node}{nodes} again"))
+    }
+
+    /// Cuts a member's link on the drill network.
+    async fn partition(
+        &mut self,
+        target: &Target,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let network = self.network.clone().ok_or_else(|| {
+            ScenarioError::Setup("partition needs ring.network: namespaces".into())
+        })?;
+        let m = self.resolve(*target, obs)?;
+        let hosted = hosted_by(obs, &m);
+        self.last_kill_ms = now_ms();
+        network.cut(&m)?;
+        self.last_partitioned = Some(m.clone());
+        // what it hosts may move away: writes it acknowledges from now on
+        // count as lost only beyond what reached the bucket
+        self.record_losses(&hosted, obs).await;
+        Ok(format!(
+            "cut {m} (hosting {}) off from the other members and the runner",
+            hosted.join(", ")
+        ))
+    }
+
+    /// A full snapshot of a shoot now, next to the continuous backup.
+    async fn full_snapshot(
+        &mut self,
+        shoot: &usize,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let shoot = self.members[shoot - 1].clone();
+        let host = host_of(obs, &shoot)
+            .ok_or_else(|| ScenarioError::Setup(format!("no host of {shoot} known")))?;
+        let shoot_layout = seed::ShootLayout {
+            dir: self.layout.seed_dir(&host).join("shoots").join(&shoot),
+        };
+        let spec = shoot_layout
+            .read_spec()
+            .ok()
+            .flatten()
+            .ok_or_else(|| ScenarioError::Setup(format!("{host} holds no spec of {shoot}")))?;
+        let config = backup::BackupConfig::new(
+            shoot.clone(),
+            backup::EtcdConfig::for_local_shoot(&shoot_layout, &spec),
+            self.bucket.clone(),
+        );
+        let snap = backup::snapshot_once(&config)
+            .await
+            .map_err(|e| ScenarioError::Setup(format!("full snapshot of {shoot}: {e}")))?;
+        Ok(format!(
+            "full snapshot of {shoot} on {host} at revision {}",
+            snap.base_revision
+        ))
+    }
+
+    /// Flips a byte of a shoot's newest full snapshot in the bucket.
+    fn corrupt_newest_snapshot(&mut self, shoot: &usize) -> Result<String, ScenarioError> {
+        let shoot = &self.members[shoot - 1];
+        let dir = self.bucket_dir.join(shoot);
+        let newest = std::fs::read_dir(&dir)
+            .map_err(io(format!("listing {}", dir.display())))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("full-"))
+            .max()
+            .ok_or_else(|| {
+                ScenarioError::Setup(format!("{} holds no full snapshot", dir.display()))
+            })?;
+        let path = dir.join(&newest);
+        let mut data = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+        if data.is_empty() {
+            return Err(ScenarioError::Setup(format!("{} is empty", path.display())));
+        }
+        let at = self.rng.below(data.len());
+        data[at] ^= 0xff;
+        std::fs::write(&path, &data).map_err(io(format!("writing {}", path.display())))?;
+        Ok(format!("flipped byte {at} of {shoot}/{newest}"))
+    }
+
+    /// Stops the S3 server; a task starts it again after the outage.
+    fn stop_bucket(&mut self, r#for: &Duration, obs: &Observer) -> Result<String, ScenarioError> {
+        let server = self
+            .s3
+            .clone()
+            .ok_or_else(|| ScenarioError::Setup("stopBucket needs ring.bucket: s3".into()))?;
+        let port = {
+            let mut s = lock(&server);
+            s.stop();
+            s.port
+        };
+        let (outage, state, t0) = (*r#for, obs.state.clone(), self.t0);
+        tokio::spawn(async move {
+            tokio::time::sleep(outage).await;
+            let back = tokio::task::spawn_blocking(move || lock(&server).restart()).await;
+            let detail = match back {
+                Ok(Ok(())) => format!(
+                    "the S3 server is back after {}",
+                    crate::drill::fmt_dur(outage)
+                ),
+                Ok(Err(e)) => format!("failed: {e}"),
+                Err(e) => format!("failed: {e}"),
+            };
+            lock(&state).events.push(Event {
+                t: t0.elapsed().as_secs_f64(),
+                kind: EventKind::Fault {
+                    action: "bucketBack".into(),
+                    detail,
+                    member: None,
+                },
+            });
+        });
+        Ok(format!(
+            "stopped the S3 server on port {port} for {}",
+            crate::drill::fmt_dur(outage)
+        ))
+    }
+
+    /// Every member killed and the ring's dir deleted; the bucket survives.
+    async fn lose_ring(&mut self, obs: &Observer) -> Result<String, ScenarioError> {
+        self.last_kill_ms = now_ms();
+        let mut killed = 0;
+        for m in self.members.clone() {
+            killed += procs::kill_member(&self.layout.dir, &m).await.processes;
+        }
+        std::fs::remove_dir_all(&self.layout.dir)
+            .map_err(io(format!("removing {}", self.layout.dir.display())))?;
+        let shoots = self.members.clone();
+        self.record_losses(&shoots, obs).await;
+        Ok(format!(
+            "killed every member ({killed} processes) and deleted {}; the bucket {} survives",
+            self.layout.dir.display(),
+            self.bucket.url
+        ))
+    }
+
+    /// `ringctl restore --from-bucket` of the lost ring.
+    async fn restore_from_bucket(&mut self) -> Result<String, ScenarioError> {
+        let started = Instant::now();
+        let log = self.config_file.with_file_name("restore.log");
+        let mut cmd = tokio::process::Command::new(&self.opts.ringctl);
+        cmd.args(["restore", "--from-bucket", &self.bucket.url, "--config"])
+            .arg(&self.config_file)
+            .arg("--ring-dir")
+            .arg(&self.layout.dir)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(self.remaining(), cmd.output())
+            .await
+            .map_err(|_| {
+                ScenarioError::Setup(
+                    "ringctl restore did not finish before the drill's deadline".into(),
+                )
+            })?
+            .map_err(io(format!("running {}", self.opts.ringctl.display())))?;
+        let mut text = out.stdout.clone();
+        text.extend_from_slice(&out.stderr);
+        let _ = std::fs::write(&log, &text);
+        if !out.status.success() {
+            return Err(ScenarioError::Setup(format!(
+                "ringctl restore --from-bucket failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(format!(
+            "ringctl restore --from-bucket {} rebuilt the ring in {:.1}s",
+            self.bucket.url,
+            started.elapsed().as_secs_f64()
+        ))
+    }
+
+    /// Reconnects, restarts every dead member and node, and re-links the ring.
+    async fn heal(&mut self, obs: &Observer) -> Result<String, ScenarioError> {
+        let started = Instant::now();
+        let since = self.t();
+        let reconnected = match &self.network {
+            Some(n) => n.heal()?,
+            None => Vec::new(),
+        };
+        // every dead node and member back (bootstrap resumes the ring)
+        let nodes = self.kube_seeds.revive().await?;
+        bootstrap::bootstrap(&self.bootstrap_options(None), &Quiet).await?;
+        // re-link: each member hosts its successor (planned migrations)
+        let n = self.members.len();
+        loop {
+            let status = leader_view(&self.layout, &self.config)
+                .await
+                .ok_or("no leader view");
+            let misplaced = status.as_ref().ok().and_then(|s| {
+                (0..n).find_map(|i| {
+                    let shoot = &self.members[(i + 1) % n];
+                    let want = &self.members[i];
+                    s.placements
+                        .iter()
+                        .any(|p| p.shoot == *shoot && p.host != *want)
+                        .then(|| (shoot.clone(), want.clone()))
+                })
+            });
+            let Some((shoot, to)) = misplaced else {
+                if status.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            };
+            if self.remaining().is_zero() {
+                return Err(ScenarioError::Setup(format!(
+                    "heal: {shoot} still not on {to} at the deadline"
+                )));
+            }
+            let limit = self.remaining().min(Duration::from_secs(180));
+            match bootstrap::migrate_and_wait(&self.layout, &self.config, &shoot, &to, limit).await
+            {
+                Ok(()) => {}
+                Err(e) => {
+                    (self.say)(&format!("  heal: moving {shoot} to {to}: {e}; retrying"));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
+        // what the ring moved: by bootstrap's plan (self-hosted) or here
+        let moved = obs.moves_since(since);
+        let said = |what: &str, who: &[String]| match who.is_empty() {
+            true => String::new(),
+            false => format!("{what} {}; ", who.join(", ")),
+        };
+        Ok(format!(
+            "{}{}restarted dead members and re-linked the ring in {:.1}s (moved: {})",
+            said("reconnected", &reconnected),
+            said("started the nodes of", &nodes),
+            started.elapsed().as_secs_f64(),
+            if moved.is_empty() {
+                "nothing".into()
+            } else {
+                moved.join(", ")
+            }
+        ))
+    }
+
+    pub(super) async fn act(
+        &mut self,
+        action: &Action,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        match action {
+            Action::KillSeed { target } => self.kill_seed(target, obs).await,
+            Action::KillMachine { target } => self.kill_machine(*target, obs).await,
+            Action::RestartSeed { target } => self.restart_seed(target, obs).await,
+            Action::Partition { target } => self.partition(target, obs).await,
+            Action::FullSnapshot { shoot } => self.full_snapshot(shoot, obs).await,
+            Action::CorruptNewestSnapshot { shoot } => self.corrupt_newest_snapshot(shoot),
+            Action::StopBucket { r#for } => self.stop_bucket(r#for, obs),
+            Action::LoseRing {} => self.lose_ring(obs).await,
+            Action::RestoreFromBucket {} => self.restore_from_bucket().await,
+            Action::Heal {} => self.heal(obs).await,
+        }
+    }
+}

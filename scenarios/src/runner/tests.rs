@@ -1,0 +1,100 @@
+//! Tests of the runner's pure parts: convergence, failover steps, names.
+
+use super::*;
+use ringd::state::{MemberState, Operation};
+use ringd::status::{MemberStatus, PlacementStatus};
+
+#[test]
+fn a_drill_dir_keeps_a_kubernetes_member_s_node_within_kubelet_s_socket_limit() {
+    assert_eq!(short_name("kill-seed"), "kill-seed");
+    assert_eq!(
+        short_name("leader-dies-mid-kubernetes-failover"),
+        "leader-dies-mid"
+    );
+    assert_eq!(short_name("abcdefghijklmno-x"), "abcdefghijklmno");
+    // the longest drill name and pid there can be, a member prefix of 7, under /tmp
+    let dir = format!(
+        "/tmp/ring-drill-{}-{}-{}/seed-{}/node",
+        short_name(&"a".repeat(63)),
+        4_194_304,
+        999_999,
+        "memberp9"
+    );
+    assert!(dir.len() <= seed::node::config::MAX_STATE_DIR_LEN, "{dir}");
+}
+
+fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
+    RingStatus {
+        member: "a1".into(),
+        id: 1,
+        role: "Leader".into(),
+        leader: Some("a1".into()),
+        term: 1,
+        commit_index: 1,
+        applied_index: 1,
+        quorum_contact: true,
+        members: ["a1", "a2", "a3"]
+            .iter()
+            .map(|m| MemberStatus {
+                name: m.to_string(),
+                id: 1,
+                address: String::new(),
+                state: MemberState::Up,
+                voter: true,
+                leader: *m == "a1",
+                last_report_ms_ago: None,
+            })
+            .collect(),
+        placements: hosts
+            .iter()
+            .map(|(shoot, host)| PlacementStatus {
+                shoot: shoot.to_string(),
+                host: host.to_string(),
+                epoch: 1,
+                lease_expires_in_ms: None,
+                last_backup_age_ms: None,
+                last_backup_revision: None,
+                ready: Some(ready),
+            })
+            .collect(),
+        hosted: vec![],
+        operations: vec![],
+    }
+}
+
+#[test]
+fn converged_means_every_member_hosts_its_successor() {
+    let members: Vec<String> = ["a1", "a2", "a3"].iter().map(|s| s.to_string()).collect();
+    let good = [("a2", "a1"), ("a3", "a2"), ("a1", "a3")];
+    assert!(converged(&status(&good, true), &members));
+    assert!(!converged(&status(&good, false), &members), "not ready");
+    let moved = [("a2", "a3"), ("a3", "a2"), ("a1", "a3")];
+    assert!(!converged(&status(&moved, true), &members));
+    let mut s = status(&good, true);
+    s.members[1].state = MemberState::Down;
+    assert!(!converged(&s, &members), "a member is down");
+}
+
+#[test]
+fn failover_steps_count_once_reached_and_only_after_the_fault() {
+    let mut s = status(&[], true);
+    // built from JSON, as `ringctl status -o json` shows it
+    let op = |step: &str, created_at_ms: u64| -> Operation {
+        serde_json::from_value(serde_json::json!({
+            "id": 1, "kind": "failover", "shoot": "a2", "from": "a1", "to": "a3",
+            "epoch": 2, "not_before_ms": 0, "step": step, "detail": "",
+            "createdAtMs": created_at_ms, "updatedAtMs": created_at_ms,
+        }))
+        .unwrap()
+    };
+    s.operations.push(op("Restoring", 10_000));
+    assert!(failover_reached(&s, 9_000, Step::Pending));
+    assert!(failover_reached(&s, 9_000, Step::Restoring));
+    assert!(!failover_reached(&s, 9_000, Step::Done));
+    assert!(
+        !failover_reached(&s, 20_000, Step::Pending),
+        "an older failover"
+    );
+    s.operations[0] = op("Failed", 10_000);
+    assert!(!failover_reached(&s, 9_000, Step::WaitingForLeaseExpiry));
+}
