@@ -10,7 +10,7 @@
 //!   - name: m3
 //! bucket: file:///var/lib/ring/bucket   # optional
 //! ports: { address: 127.0.0.1, base: 17100 }
-//! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000 }
+//! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000, relinkAfterMs: 60000 }
 //! ```
 
 use serde::{Deserialize, Serialize};

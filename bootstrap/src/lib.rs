@@ -866,7 +866,29 @@ pub async fn migrate_and_wait(
         .leader_address()
         .map_or_else(|| config.member_address(0), str::to_string);
     let mut admin = AdminClient::connect(&address, &layout.pki())?;
-    let id = admin.migrate(shoot, to).await?;
+    // the ring may already move it there by itself (a returned member's
+    // successor comes home): follow that move instead of asking for another
+    let moving = |s: &RingStatus| {
+        s.operations
+            .iter()
+            .find(|o| o.shoot() == shoot && o.target() == to && !o.step.is_finished())
+            .map(|o| o.id)
+    };
+    let id = match moving(&status) {
+        Some(id) => id,
+        None => match admin.migrate(shoot, to).await {
+            Ok(id) => id,
+            Err(e) => match ring_status(layout, config)
+                .await
+                .ok()
+                .as_ref()
+                .and_then(moving)
+            {
+                Some(id) => id,
+                None => return Err(e.into()),
+            },
+        },
+    };
     let op = admin.wait_operation(id, timeout, |_, _| {}).await?;
     if op.step != ringd::state::OperationStep::Done {
         return Err(BootstrapError::Timeout {

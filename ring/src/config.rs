@@ -63,6 +63,10 @@ pub struct Timing {
     pub lease_ms: u64,
     /// Safety margin for clock skew around lease ends.
     pub lease_margin_ms: u64,
+    /// How long a member back from the dead must be up (its node too, on a
+    /// self-hosted ring) before the ring moves the shoot a failover took from
+    /// it back by a planned migration; 0 leaves that to an operator.
+    pub relink_after_ms: u64,
 }
 
 impl Default for Timing {
@@ -74,6 +78,7 @@ impl Default for Timing {
             failure_window_ms: 3000,
             lease_ms: 6000,
             lease_margin_ms: 500,
+            relink_after_ms: 60_000,
         }
     }
 }

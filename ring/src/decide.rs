@@ -13,6 +13,9 @@ pub struct DecisionTiming {
     pub failure_window_ms: u64,
     /// Added to the old lease's end before a replacement may start (clock skew).
     pub lease_margin_ms: u64,
+    /// How long a member back from the dead must be up before the shoot a
+    /// failover took from it moves back (0: never by itself).
+    pub relink_after_ms: u64,
 }
 
 /// What the leader knows beyond the replicated state.
@@ -150,7 +153,51 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             not_before_ms: lease_end.max(view.now_ms) + t.lease_margin_ms,
         });
     }
+    if out.is_empty() {
+        out.extend(relink(state, view, t));
+    }
     out
+}
+
+/// A member back from the dead hosts its successor again: once it has been
+/// up for `relink_after_ms`, the shoot a failover took from it moves back by
+/// a planned migration (nothing acknowledged is lost). Only a shoot whose
+/// newest operation is that finished failover: a move an operator made, or a
+/// move back that failed, is left alone (no retrying for ever). One move at
+/// a time, none while any operation runs, and only between live members.
+fn relink(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> Option<RingCommand> {
+    if t.relink_after_ms == 0 || state.operations.iter().any(|o| !o.step.is_finished()) {
+        return None;
+    }
+    let live = |name: &str| {
+        state
+            .member(name)
+            .is_some_and(|m| m.state == MemberState::Up && view.alive(name, t))
+    };
+    state.placements.values().find_map(|p| {
+        let home = state.predecessor(&p.shoot)?;
+        if p.host == home.name || !live(&home.name) || !live(&p.host) {
+            return None;
+        }
+        let up_for = view.now_ms.saturating_sub(home.up_since_ms.unwrap_or(0));
+        if up_for < t.relink_after_ms {
+            return None;
+        }
+        let newest = state
+            .operations
+            .iter()
+            .filter(|o| o.shoot() == p.shoot)
+            .max_by_key(|o| o.id)?;
+        let displaced = !newest.is_migration()
+            && newest.step == OperationStep::Done
+            && newest.source() == home.name
+            && newest.target() == p.host;
+        displaced.then(|| RingCommand::StartMigration {
+            shoot: p.shoot.clone(),
+            to: home.name.clone(),
+            at_ms: view.now_ms,
+        })
+    })
 }
 
 /// The member to take over `shoot` from the dead `host`: the host's nearest
@@ -198,260 +245,5 @@ pub fn choose_target<'s>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::state::{OperationKind, RingState};
-
-    const T: DecisionTiming = DecisionTiming {
-        failure_window_ms: 3_000,
-        lease_margin_ms: 500,
-    };
-
-    fn ring(names: &[&str]) -> RingState {
-        let mut s = RingState::default();
-        s.apply(&RingCommand::Bootstrap {
-            members: names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    (
-                        n.to_string(),
-                        i as u64 + 1,
-                        format!("127.0.0.1:{}", 7000 + i),
-                    )
-                })
-                .collect(),
-        })
-        .unwrap();
-        s
-    }
-
-    fn reports(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
-        pairs.iter().map(|(n, t)| (n.to_string(), *t)).collect()
-    }
-
-    /// Applies decisions until nothing changes (like the leader's loop would).
-    fn settle(s: &mut RingState, view: &LeaderView<'_>) -> Vec<RingCommand> {
-        let mut all = Vec::new();
-        for _ in 0..5 {
-            let cmds = decide(s, view, &T);
-            let mut changed = false;
-            for c in cmds {
-                if s.apply(&c).is_ok() {
-                    changed = true;
-                    all.push(c);
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-        all
-    }
-
-    #[test]
-    fn nothing_happens_while_everyone_reports() {
-        let s = ring(&["a", "b", "c"]);
-        let r = reports(&[("b", 9_000), ("c", 9_500)]);
-        let view = LeaderView {
-            now_ms: 10_000,
-            leader_since_ms: 0,
-            leader: "a",
-            last_report_ms: &r,
-        };
-        assert!(decide(&s, &view, &T).is_empty());
-    }
-
-    #[test]
-    fn silence_is_counted_from_leadership_not_from_zero() {
-        let s = ring(&["a", "b", "c"]);
-        let r = reports(&[]);
-        let view = LeaderView {
-            now_ms: 10_000,
-            leader_since_ms: 9_000,
-            leader: "a",
-            last_report_ms: &r,
-        };
-        assert!(decide(&s, &view, &T).is_empty());
-    }
-
-    #[test]
-    fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
-        let mut s = ring(&["a", "b", "c"]);
-        s.apply(&RingCommand::RenewLease {
-            shoot: "c".into(),
-            holder: "b".into(),
-            epoch: 1,
-            expires_at_ms: 12_000,
-        })
-        .unwrap();
-        // b hosts c's control plane; b goes silent.
-        let r = reports(&[("b", 5_000), ("c", 9_900)]);
-        let view = LeaderView {
-            now_ms: 10_000,
-            leader_since_ms: 0,
-            leader: "a",
-            last_report_ms: &r,
-        };
-        let cmds = settle(&mut s, &view);
-        assert!(matches!(&cmds[0], RingCommand::MarkDown { member, .. } if member == "b"));
-        // b's predecessor is a
-        assert_eq!(s.placements["c"].host, "a");
-        assert_eq!(s.placements["c"].epoch, 2);
-        let op = s.open_operation("c").unwrap();
-        assert!(
-            matches!(&op.kind, OperationKind::Failover { from, to, not_before_ms: 12_500, .. } if from == "b" && to == "a")
-        );
-        assert_eq!(op.step, OperationStep::WaitingForLeaseExpiry);
-
-        // after the lease (plus margin) the operation becomes pending
-        let r = reports(&[("b", 5_000), ("c", 12_400)]);
-        let later = LeaderView {
-            now_ms: 12_500,
-            leader_since_ms: 0,
-            leader: "a",
-            last_report_ms: &r,
-        };
-        settle(&mut s, &later);
-        assert_eq!(s.open_operation("c").unwrap().step, OperationStep::Pending);
-    }
-
-    #[test]
-    fn returning_member_is_marked_up_but_keeps_no_placement() {
-        let mut s = ring(&["a", "b", "c"]);
-        let r = reports(&[("b", 1_000), ("c", 9_900)]);
-        settle(
-            &mut s,
-            &LeaderView {
-                now_ms: 10_000,
-                leader_since_ms: 0,
-                leader: "a",
-                last_report_ms: &r,
-            },
-        );
-        assert_eq!(s.member("b").unwrap().state, MemberState::Down);
-        let r = reports(&[("b", 11_000), ("c", 11_000)]);
-        settle(
-            &mut s,
-            &LeaderView {
-                now_ms: 11_100,
-                leader_since_ms: 0,
-                leader: "a",
-                last_report_ms: &r,
-            },
-        );
-        assert_eq!(s.member("b").unwrap().state, MemberState::Up);
-        assert_eq!(
-            s.placements["c"].host, "a",
-            "the zombie does not get its shoot back"
-        );
-    }
-
-    #[test]
-    fn failover_whose_target_dies_is_failed_and_redone_elsewhere() {
-        let mut s = ring(&["a", "b", "c", "d", "e"]);
-        // c dies: d's control plane goes to b (c's predecessor)
-        let r = reports(&[("b", 9_900), ("c", 1_000), ("d", 9_900), ("e", 9_900)]);
-        settle(
-            &mut s,
-            &LeaderView {
-                now_ms: 10_000,
-                leader_since_ms: 0,
-                leader: "a",
-                last_report_ms: &r,
-            },
-        );
-        assert_eq!(s.placements["d"].host, "b");
-        // now b dies too (it hosted c, and is the target for d)
-        let r = reports(&[("b", 10_000), ("c", 1_000), ("d", 19_900), ("e", 19_900)]);
-        settle(
-            &mut s,
-            &LeaderView {
-                now_ms: 20_000,
-                leader_since_ms: 0,
-                leader: "a",
-                last_report_ms: &r,
-            },
-        );
-        let failed: Vec<_> = s
-            .operations
-            .iter()
-            .filter(|o| o.step == OperationStep::Failed)
-            .collect();
-        assert_eq!(failed.len(), 1, "{:?}", s.operations);
-        for shoot in ["c", "d"] {
-            let host = &s.placements[shoot].host;
-            assert!(host == "a" || host == "e", "{shoot} on {host}");
-            assert!(s.open_operation(shoot).is_some());
-        }
-    }
-
-    #[test]
-    fn a_target_that_refused_a_failover_is_passed_over_for_a_while() {
-        let mut s = ring(&["a", "b", "c", "d"]);
-        // c dies: d's control plane goes to b (c's predecessor)
-        let r = reports(&[("a", 9_900), ("b", 9_900), ("c", 1_000), ("d", 9_900)]);
-        let view = |now_ms, r| LeaderView {
-            now_ms,
-            leader_since_ms: 0,
-            leader: "a",
-            last_report_ms: r,
-        };
-        settle(&mut s, &view(10_000, &r));
-        let op = s.open_operation("d").cloned().expect("failover of d");
-        assert_eq!(op.target(), "b");
-        // b is alive but cannot restore: it fails the operation itself
-        s.apply(&RingCommand::AdvanceOperation {
-            id: op.id,
-            step: OperationStep::Failed,
-            detail: "cannot restore here".into(),
-            at_ms: 10_500,
-            outcome: None,
-        })
-        .unwrap();
-        let r = reports(&[("a", 10_900), ("b", 10_900), ("c", 1_000), ("d", 10_900)]);
-        settle(&mut s, &view(11_000, &r));
-        let again = s.open_operation("d").cloned().expect("a new failover of d");
-        assert_ne!(again.target(), "b", "{again:?}");
-        assert_ne!(again.id, op.id);
-    }
-
-    #[test]
-    fn no_target_without_healthy_members_other_than_the_dead() {
-        let mut s = ring(&["a", "b", "c"]);
-        let r = reports(&[("b", 1_000), ("c", 1_000)]);
-        let cmds = settle(
-            &mut s,
-            &LeaderView {
-                now_ms: 10_000,
-                leader_since_ms: 0,
-                leader: "a",
-                last_report_ms: &r,
-            },
-        );
-        // b and c down; a is the only healthy member: c's shoot (hosted by b) moves to a,
-        // a's shoot (hosted by c) has only a itself as candidate and goes there too.
-        assert!(
-            cmds.iter()
-                .filter(|c| matches!(c, RingCommand::StartFailover { .. }))
-                .count()
-                == 2
-        );
-        assert!(s
-            .placements
-            .values()
-            .filter(|p| p.shoot != "b")
-            .all(|p| p.host == "a"));
-    }
-
-    #[test]
-    fn choose_target_prefers_predecessor_then_least_loaded() {
-        let s = ring(&["a", "b", "c", "d"]);
-        let mut load = s.load();
-        assert_eq!(choose_target(&s, "c", "d", &load, |_| true), Some("b"));
-        load.insert("b", 5);
-        assert_eq!(choose_target(&s, "c", "d", &load, |_| true), Some("a"));
-        assert_eq!(choose_target(&s, "c", "d", &load, |m| m == "d"), Some("d"));
-        assert_eq!(choose_target(&s, "c", "d", &load, |_| false), None);
-    }
-}
+#[path = "decide_tests.rs"]
+mod tests;

@@ -153,6 +153,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
     let timing = DecisionTiming {
         failure_window_ms: t.failure_window_ms,
         lease_margin_ms: t.lease_margin_ms,
+        relink_after_ms: t.relink_after_ms,
     };
     let mut leader_since: Option<(u64, u64)> = None; // (term, since)
     let mut last_round = Instant::now();

@@ -288,9 +288,13 @@ pub fn verdict(expect: &Expectations, r: &RunResult) -> Vec<String> {
 }
 
 /// Killed members that started a control plane again before the ring healed
-/// them (a `heal` or `restoreFromBucket` fault): a zombie must never serve.
+/// them (a `heal` or `restoreFromBucket` fault) or moved that control plane
+/// there by a planned migration (a returned member's successor coming home):
+/// a zombie must never serve.
 pub fn zombies(r: &RunResult) -> Vec<String> {
     let mut dead: BTreeSet<String> = BTreeSet::new();
+    // (member, shoot) the ring itself moved back after the kill
+    let mut moved_back: BTreeSet<(&str, &str)> = BTreeSet::new();
     let mut last: BTreeMap<&str, &[String]> = BTreeMap::new();
     let mut out = Vec::new();
     for e in &r.events {
@@ -301,10 +305,15 @@ pub fn zombies(r: &RunResult) -> Vec<String> {
                 "heal" | "restoreFromBucket" => dead.clear(),
                 _ => {}
             },
+            EventKind::Operation {
+                kind, shoot, to, ..
+            } if kind == "migration" => {
+                moved_back.insert((to.as_str(), shoot.as_str()));
+            }
             EventKind::Serving { shoot, members } => {
                 let before = last.get(shoot.as_str()).copied().unwrap_or(&[]);
                 for m in members.iter().filter(|m| !before.contains(m)) {
-                    if dead.contains(m) {
+                    if dead.contains(m) && !moved_back.contains(&(m.as_str(), shoot.as_str())) {
                         out.push(format!(
                             "killed member {m} started shoot {shoot}'s control plane again at {:.1}s, before the ring healed it",
                             e.t
@@ -434,6 +443,24 @@ mod tests {
             ev(25.0, serving(&["a1"])), // moved back by the heal: fine
         ];
         assert!(zombies(&r).is_empty(), "{:?}", zombies(&r));
+        // without a heal: back on a1 only once the ring moves it there
+        let op = |t: f64, shoot: &str| Event {
+            t,
+            kind: EventKind::Operation {
+                id: 7,
+                kind: "migration".into(),
+                shoot: shoot.into(),
+                from: "a3".into(),
+                to: "a1".into(),
+                step: "Pending".into(),
+                detail: String::new(),
+            },
+        };
+        let mut returned = r.clone();
+        returned.events[5] = op(20.0, "a2");
+        assert!(zombies(&returned).is_empty(), "{:?}", zombies(&returned));
+        returned.events[5] = op(20.0, "a3"); // another shoot's move is no licence
+        assert_eq!(zombies(&returned).len(), 1);
         r.events.insert(4, ev(7.0, serving(&["a1"])));
         let z = zombies(&r);
         assert_eq!(z.len(), 1, "{z:?}");

@@ -275,26 +275,6 @@ impl Observer {
         lock(&self.state).status.clone()
     }
 
-    /// `shoot from->to` of every migration the ring finished since `t`.
-    fn moves_since(&self, t: f64) -> Vec<String> {
-        lock(&self.state)
-            .events
-            .iter()
-            .filter(|e| e.t >= t)
-            .filter_map(|e| match &e.kind {
-                EventKind::Operation {
-                    kind,
-                    shoot,
-                    from,
-                    to,
-                    step,
-                    ..
-                } if kind == "migration" && step == "Done" => Some(format!("{shoot} {from}->{to}")),
-                _ => None,
-            })
-            .collect()
-    }
-
     fn push(&self, t: f64, kind: EventKind) {
         lock(&self.state).events.push(Event { t, kind });
     }

@@ -8,7 +8,7 @@ impl RingState {
         match cmd {
             RingCommand::Bootstrap { members } => self.bootstrap(members),
             RingCommand::MarkDown { member, at_ms } => self.mark_down(member, *at_ms),
-            RingCommand::MarkUp { member, .. } => self.mark_up(member),
+            RingCommand::MarkUp { member, at_ms } => self.mark_up(member, *at_ms),
             RingCommand::RenewLease {
                 shoot,
                 holder,
@@ -60,6 +60,7 @@ impl RingState {
                 address: address.clone(),
                 state: MemberState::Up,
                 down_since_ms: None,
+                up_since_ms: None,
             });
             self.next_member_id = self.next_member_id.max(id + 1);
             let host = &members[(i + n - 1) % n].0;
@@ -88,13 +89,14 @@ impl RingState {
     }
 
     /// `member` reports again.
-    fn mark_up(&mut self, member: &str) -> Result<(), Rejection> {
+    fn mark_up(&mut self, member: &str, at_ms: u64) -> Result<(), Rejection> {
         let m = self.member_mut(member)?;
         if m.state == MemberState::Up {
             return Err(format!("member {member} is already up"));
         }
         m.state = MemberState::Up;
         m.down_since_ms = None;
+        m.up_since_ms = Some(at_ms);
         Ok(())
     }
 
@@ -363,6 +365,7 @@ impl RingState {
             address: address.to_string(),
             state: MemberState::Up,
             down_since_ms: None,
+            up_since_ms: None,
         });
         if let Some(host) = host {
             self.placements

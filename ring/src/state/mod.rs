@@ -29,6 +29,11 @@ pub struct Member {
     pub state: MemberState,
     /// When the leader declared it down (ms since the Unix epoch).
     pub down_since_ms: Option<u64>,
+    /// When the leader declared it up again after it was down (ms since the
+    /// Unix epoch); `None` for a member never down. A returned member hosts
+    /// its successor again once up for a while ([`crate::decide`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_since_ms: Option<u64>,
 }
 
 /// A lease on serving a shoot's control plane for one epoch.

@@ -341,9 +341,9 @@ impl Run<'_> {
     }
 
     /// Reconnects, restarts every dead member and node, and re-links the ring.
-    async fn heal(&mut self, obs: &Observer) -> Result<String, ScenarioError> {
+    async fn heal(&mut self) -> Result<String, ScenarioError> {
         let started = Instant::now();
-        let since = self.t();
+        let since_ms = now_ms();
         let reconnected = match &self.network {
             Some(n) => n.heal()?,
             None => Vec::new(),
@@ -390,7 +390,17 @@ impl Run<'_> {
             }
         }
         // what the ring moved: by bootstrap's plan (self-hosted) or here
-        let moved = obs.moves_since(since);
+        let moved = match leader_view(&self.layout, &self.config).await {
+            Some(s) => s
+                .operations
+                .iter()
+                .filter(|o| {
+                    o.is_migration() && o.step == OperationStep::Done && o.created_at_ms >= since_ms
+                })
+                .map(|o| format!("{} {}->{}", o.shoot(), o.source(), o.target()))
+                .collect(),
+            None => Vec::new(),
+        };
         let said = |what: &str, who: &[String]| match who.is_empty() {
             true => String::new(),
             false => format!("{what} {}; ", who.join(", ")),
@@ -423,7 +433,7 @@ impl Run<'_> {
             Action::StopBucket { r#for } => self.stop_bucket(r#for, obs),
             Action::LoseRing {} => self.lose_ring(obs).await,
             Action::RestoreFromBucket {} => self.restore_from_bucket().await,
-            Action::Heal {} => self.heal(obs).await,
+            Action::Heal {} => self.heal().await,
         }
     }
 }

@@ -1,0 +1,370 @@
+//! Table tests of the leader's decisions: no processes, no clocks.
+
+use super::*;
+use crate::state::{OperationKind, RingState};
+
+const T: DecisionTiming = DecisionTiming {
+    failure_window_ms: 3_000,
+    lease_margin_ms: 500,
+    relink_after_ms: 30_000,
+};
+
+fn ring(names: &[&str]) -> RingState {
+    let mut s = RingState::default();
+    s.apply(&RingCommand::Bootstrap {
+        members: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    n.to_string(),
+                    i as u64 + 1,
+                    format!("127.0.0.1:{}", 7000 + i),
+                )
+            })
+            .collect(),
+    })
+    .unwrap();
+    s
+}
+
+fn reports(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(n, t)| (n.to_string(), *t)).collect()
+}
+
+/// Applies decisions until nothing changes (like the leader's loop would).
+fn settle(s: &mut RingState, view: &LeaderView<'_>) -> Vec<RingCommand> {
+    let mut all = Vec::new();
+    for _ in 0..5 {
+        let cmds = decide(s, view, &T);
+        let mut changed = false;
+        for c in cmds {
+            if s.apply(&c).is_ok() {
+                changed = true;
+                all.push(c);
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    all
+}
+
+#[test]
+fn nothing_happens_while_everyone_reports() {
+    let s = ring(&["a", "b", "c"]);
+    let r = reports(&[("b", 9_000), ("c", 9_500)]);
+    let view = LeaderView {
+        now_ms: 10_000,
+        leader_since_ms: 0,
+        leader: "a",
+        last_report_ms: &r,
+    };
+    assert!(decide(&s, &view, &T).is_empty());
+}
+
+#[test]
+fn silence_is_counted_from_leadership_not_from_zero() {
+    let s = ring(&["a", "b", "c"]);
+    let r = reports(&[]);
+    let view = LeaderView {
+        now_ms: 10_000,
+        leader_since_ms: 9_000,
+        leader: "a",
+        last_report_ms: &r,
+    };
+    assert!(decide(&s, &view, &T).is_empty());
+}
+
+#[test]
+fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
+    let mut s = ring(&["a", "b", "c"]);
+    s.apply(&RingCommand::RenewLease {
+        shoot: "c".into(),
+        holder: "b".into(),
+        epoch: 1,
+        expires_at_ms: 12_000,
+    })
+    .unwrap();
+    // b hosts c's control plane; b goes silent.
+    let r = reports(&[("b", 5_000), ("c", 9_900)]);
+    let view = LeaderView {
+        now_ms: 10_000,
+        leader_since_ms: 0,
+        leader: "a",
+        last_report_ms: &r,
+    };
+    let cmds = settle(&mut s, &view);
+    assert!(matches!(&cmds[0], RingCommand::MarkDown { member, .. } if member == "b"));
+    // b's predecessor is a
+    assert_eq!(s.placements["c"].host, "a");
+    assert_eq!(s.placements["c"].epoch, 2);
+    let op = s.open_operation("c").unwrap();
+    assert!(
+        matches!(&op.kind, OperationKind::Failover { from, to, not_before_ms: 12_500, .. } if from == "b" && to == "a")
+    );
+    assert_eq!(op.step, OperationStep::WaitingForLeaseExpiry);
+
+    // after the lease (plus margin) the operation becomes pending
+    let r = reports(&[("b", 5_000), ("c", 12_400)]);
+    let later = LeaderView {
+        now_ms: 12_500,
+        leader_since_ms: 0,
+        leader: "a",
+        last_report_ms: &r,
+    };
+    settle(&mut s, &later);
+    assert_eq!(s.open_operation("c").unwrap().step, OperationStep::Pending);
+}
+
+#[test]
+fn returning_member_is_marked_up_but_keeps_no_placement() {
+    let mut s = ring(&["a", "b", "c"]);
+    let r = reports(&[("b", 1_000), ("c", 9_900)]);
+    settle(
+        &mut s,
+        &LeaderView {
+            now_ms: 10_000,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+        },
+    );
+    assert_eq!(s.member("b").unwrap().state, MemberState::Down);
+    let r = reports(&[("b", 11_000), ("c", 11_000)]);
+    settle(
+        &mut s,
+        &LeaderView {
+            now_ms: 11_100,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+        },
+    );
+    assert_eq!(s.member("b").unwrap().state, MemberState::Up);
+    assert_eq!(
+        s.placements["c"].host, "a",
+        "the zombie does not get its shoot back"
+    );
+}
+
+#[test]
+fn failover_whose_target_dies_is_failed_and_redone_elsewhere() {
+    let mut s = ring(&["a", "b", "c", "d", "e"]);
+    // c dies: d's control plane goes to b (c's predecessor)
+    let r = reports(&[("b", 9_900), ("c", 1_000), ("d", 9_900), ("e", 9_900)]);
+    settle(
+        &mut s,
+        &LeaderView {
+            now_ms: 10_000,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+        },
+    );
+    assert_eq!(s.placements["d"].host, "b");
+    // now b dies too (it hosted c, and is the target for d)
+    let r = reports(&[("b", 10_000), ("c", 1_000), ("d", 19_900), ("e", 19_900)]);
+    settle(
+        &mut s,
+        &LeaderView {
+            now_ms: 20_000,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+        },
+    );
+    let failed: Vec<_> = s
+        .operations
+        .iter()
+        .filter(|o| o.step == OperationStep::Failed)
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", s.operations);
+    for shoot in ["c", "d"] {
+        let host = &s.placements[shoot].host;
+        assert!(host == "a" || host == "e", "{shoot} on {host}");
+        assert!(s.open_operation(shoot).is_some());
+    }
+}
+
+#[test]
+fn a_target_that_refused_a_failover_is_passed_over_for_a_while() {
+    let mut s = ring(&["a", "b", "c", "d"]);
+    // c dies: d's control plane goes to b (c's predecessor)
+    let r = reports(&[("a", 9_900), ("b", 9_900), ("c", 1_000), ("d", 9_900)]);
+    let view = |now_ms, r| LeaderView {
+        now_ms,
+        leader_since_ms: 0,
+        leader: "a",
+        last_report_ms: r,
+    };
+    settle(&mut s, &view(10_000, &r));
+    let op = s.open_operation("d").cloned().expect("failover of d");
+    assert_eq!(op.target(), "b");
+    // b is alive but cannot restore: it fails the operation itself
+    s.apply(&RingCommand::AdvanceOperation {
+        id: op.id,
+        step: OperationStep::Failed,
+        detail: "cannot restore here".into(),
+        at_ms: 10_500,
+        outcome: None,
+    })
+    .unwrap();
+    let r = reports(&[("a", 10_900), ("b", 10_900), ("c", 1_000), ("d", 10_900)]);
+    settle(&mut s, &view(11_000, &r));
+    let again = s.open_operation("d").cloned().expect("a new failover of d");
+    assert_ne!(again.target(), "b", "{again:?}");
+    assert_ne!(again.id, op.id);
+}
+
+#[test]
+fn no_target_without_healthy_members_other_than_the_dead() {
+    let mut s = ring(&["a", "b", "c"]);
+    let r = reports(&[("b", 1_000), ("c", 1_000)]);
+    let cmds = settle(
+        &mut s,
+        &LeaderView {
+            now_ms: 10_000,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+        },
+    );
+    // b and c down; a is the only healthy member: c's shoot (hosted by b) moves to a,
+    // a's shoot (hosted by c) has only a itself as candidate and goes there too.
+    assert!(
+        cmds.iter()
+            .filter(|c| matches!(c, RingCommand::StartFailover { .. }))
+            .count()
+            == 2
+    );
+    assert!(s
+        .placements
+        .values()
+        .filter(|p| p.shoot != "b")
+        .all(|p| p.host == "a"));
+}
+
+#[test]
+fn choose_target_prefers_predecessor_then_least_loaded() {
+    let s = ring(&["a", "b", "c", "d"]);
+    let mut load = s.load();
+    assert_eq!(choose_target(&s, "c", "d", &load, |_| true), Some("b"));
+    load.insert("b", 5);
+    assert_eq!(choose_target(&s, "c", "d", &load, |_| true), Some("a"));
+    assert_eq!(choose_target(&s, "c", "d", &load, |m| m == "d"), Some("d"));
+    assert_eq!(choose_target(&s, "c", "d", &load, |_| false), None);
+}
+
+/// b hosted c and died; c failed over to a and is done there; b came back
+/// at 20 s. The view at `now_ms`, every member reporting.
+fn relink_case(now_ms: u64) -> (RingState, BTreeMap<String, u64>) {
+    let mut s = ring(&["a", "b", "c"]);
+    let r = reports(&[("b", 5_000), ("c", 9_900)]);
+    let view = LeaderView {
+        now_ms: 10_000,
+        leader_since_ms: 0,
+        leader: "a",
+        last_report_ms: &r,
+    };
+    settle(&mut s, &view);
+    let id = s.open_operation("c").unwrap().id;
+    for step in [
+        OperationStep::Pending,
+        OperationStep::Restoring,
+        OperationStep::Done,
+    ] {
+        s.apply(&RingCommand::AdvanceOperation {
+            id,
+            step,
+            detail: String::new(),
+            at_ms: 12_000,
+            outcome: None,
+        })
+        .unwrap();
+    }
+    s.apply(&RingCommand::MarkUp {
+        member: "b".into(),
+        at_ms: 20_000,
+    })
+    .unwrap();
+    (s, reports(&[("b", now_ms), ("c", now_ms)]))
+}
+
+fn view_at<'a>(now_ms: u64, r: &'a BTreeMap<String, u64>) -> LeaderView<'a> {
+    LeaderView {
+        now_ms,
+        leader_since_ms: 0,
+        leader: "a",
+        last_report_ms: r,
+    }
+}
+
+#[test]
+fn a_returned_member_gets_its_successor_back_once_up_for_a_while() {
+    // (now, relink after, the move the leader proposes)
+    type Move<'a> = Option<(&'a str, &'a str)>;
+    let cases: [(u64, u64, Move); 4] = [
+        (20_100, 30_000, None),             // just back: not yet
+        (49_900, 30_000, None),             // almost
+        (50_000, 30_000, Some(("c", "b"))), // up for 30 s: c moves home
+        (90_000, 0, None),                  // 0: left to an operator
+    ];
+    for (now, after, want) in cases {
+        let (s, r) = relink_case(now);
+        let t = DecisionTiming {
+            relink_after_ms: after,
+            ..T
+        };
+        let got: Vec<(String, String)> = decide(&s, &view_at(now, &r), &t)
+            .into_iter()
+            .filter_map(|c| match c {
+                RingCommand::StartMigration { shoot, to, .. } => Some((shoot, to)),
+                _ => None,
+            })
+            .collect();
+        let want: Vec<(String, String)> = want
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(got, want, "at {now} ms, relink after {after} ms");
+    }
+}
+
+#[test]
+fn relinking_leaves_alone_what_an_operator_moved_and_a_failed_move_back() {
+    // an operator moves c on (to c's own member here: any migration after
+    // the failover counts as a decision the ring must not undo)
+    let (mut s, r) = relink_case(60_000);
+    s.apply(&RingCommand::StartMigration {
+        shoot: "c".into(),
+        to: "c".into(),
+        at_ms: 30_000,
+    })
+    .unwrap();
+    // while it runs: nothing (one move at a time)
+    assert!(decide(&s, &view_at(60_000, &r), &T).is_empty());
+    let id = s.open_operation("c").unwrap().id;
+    s.apply(&RingCommand::AdvanceOperation {
+        id,
+        step: OperationStep::Failed,
+        detail: "target could not restore".into(),
+        at_ms: 31_000,
+        outcome: None,
+    })
+    .unwrap();
+    // the newest operation of c is no longer the failover: never again by itself
+    assert!(decide(&s, &view_at(60_000, &r), &T).is_empty());
+    assert_eq!(s.placements["c"].host, "a");
+    // a home that is silent again is not moved to
+    let (s, _) = relink_case(60_000);
+    let r = reports(&[("b", 10_000), ("c", 60_000)]);
+    let cmds = decide(&s, &view_at(60_000, &r), &T);
+    assert!(
+        !cmds
+            .iter()
+            .any(|c| matches!(c, RingCommand::StartMigration { .. })),
+        "{cmds:?}"
+    );
+}
