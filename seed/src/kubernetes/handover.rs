@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use super::agent::{HandoverRecord, HANDOVER_CONFIGMAP};
 use super::render::SHOOT_LABEL;
 use super::{component_of, component_selector, KubernetesSeed};
@@ -52,11 +54,20 @@ impl KubernetesSeed {
         Ok(())
     }
 
-    /// Waits until no pod matches `selector`; after the stop grace deletes
-    /// what is left without grace.
+    /// Waits until no process of a pod matching `selector` is left: the pods
+    /// are gone, or deleted with every container terminated (their objects
+    /// are then removed at once). After the stop grace deletes what is left
+    /// without grace.
     pub(super) async fn wait_pods_gone(&self, shoot: &str, selector: &str) -> Result<()> {
         let deadline = tokio::time::Instant::now() + self.stop_grace;
-        while !self.pods(shoot, selector).await?.is_empty() {
+        loop {
+            let pods = self.pods(shoot, selector).await?;
+            if pods.is_empty() {
+                return Ok(());
+            }
+            if pods.iter().all(processes_gone) {
+                return self.delete_pods_now(shoot, selector).await;
+            }
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
                     shoot,
@@ -67,7 +78,6 @@ impl KubernetesSeed {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        Ok(())
     }
 
     /// Asks etcd's sidecar for the final snapshot of migration `op`.
@@ -95,6 +105,25 @@ impl KubernetesSeed {
             message,
         })
     }
+}
+
+/// Whether no process of `pod` is left: it was deleted and its kubelet
+/// reports every container (and init container) terminated.
+fn processes_gone(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let all: Vec<_> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .collect();
+    pod.metadata.deletion_timestamp.is_some()
+        && !all.is_empty()
+        && all
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
 }
 
 /// The answer in the handover ConfigMap's `data` for `op`: `taken` (the
@@ -153,5 +182,47 @@ mod tests {
         assert_eq!(answer(&failed, 9), Ok(None));
         let bad = answer(&data(&[("taken", "{not json")]), 7).unwrap_err();
         assert!(bad.contains(HANDOVER_CONFIGMAP), "{bad}");
+    }
+
+    fn pod(deleted: bool, states: &[&str]) -> Pod {
+        let statuses: Vec<serde_json::Value> = states
+            .iter()
+            .map(|s| {
+                let state = match *s {
+                    "running" => serde_json::json!({"running": {}}),
+                    "waiting" => serde_json::json!({"waiting": {"reason": "ContainerCreating"}}),
+                    _ => serde_json::json!({"terminated": {"exitCode": 0}}),
+                };
+                serde_json::json!({"name": "c", "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": state})
+            })
+            .collect();
+        let mut meta = serde_json::json!({"name": "p"});
+        if deleted {
+            meta["deletionTimestamp"] = serde_json::json!("2026-11-26T01:38:21Z");
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": meta,
+            "status": {"containerStatuses": statuses},
+        }))
+        .unwrap()
+    }
+
+    /// A deleted pod whose kubelet reports every container terminated has no
+    /// process left, though its object can stay for tens of seconds while the
+    /// kubelet reclaims the rest (seen: 30 s of a handover's downtime waiting
+    /// for a kube-scheduler pod stopped at once). Anything that may still run,
+    /// or was not asked to stop, counts as running.
+    #[test]
+    fn a_deleted_pod_with_every_container_terminated_has_stopped() {
+        assert!(processes_gone(&pod(true, &["terminated"])));
+        assert!(processes_gone(&pod(true, &["terminated", "terminated"])));
+        assert!(!processes_gone(&pod(true, &["terminated", "running"])));
+        assert!(!processes_gone(&pod(true, &["waiting"])), "may be starting");
+        assert!(!processes_gone(&pod(true, &[])), "nothing reported yet");
+        assert!(
+            !processes_gone(&pod(false, &["terminated"])),
+            "not deleted: restarts"
+        );
     }
 }
