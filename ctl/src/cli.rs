@@ -357,8 +357,13 @@ pub(crate) struct FailoverBenchArgs {
 #[derive(Args)]
 pub(crate) struct BootstrapBenchArgs {
     /// Ring sizes.
-    #[arg(long, value_delimiter = ',', default_value = "3,5")]
+    #[arg(long, value_delimiter = ',', default_value = "3")]
     pub(crate) sizes: Vec<usize>,
+    /// Where the control planes end up: `self` (every member hosts its
+    /// successor as pods on its own node) and `processes` (as processes next
+    /// to ringd; nodes too), each measured in the same run.
+    #[arg(long, value_delimiter = ',', default_value = "self,processes")]
+    pub(crate) hosting: Vec<crate::bench::bootstrap::Hosting>,
     /// First port of the throwaway rings (members use base+1.., metrics base+101..).
     #[arg(long, default_value_t = 27100)]
     pub(crate) base_port: u16,

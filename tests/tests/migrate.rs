@@ -350,8 +350,9 @@ async fn killed_seed_fails_over_from_the_bucket() {
     let keys = Sandbox::new();
     let key_file = keys.path().join("ring.key");
     std::fs::write(&key_file, "11".repeat(32)).unwrap();
+    // a returned member gets its successor back after 5 s up
     let b = Bootstrapped::new(&format!(
-        "bucketEncryption: {{keyFile: {}}}",
+        "bucketEncryption: {{keyFile: {}}}\ntiming: {{relinkAfterMs: 5000}}",
         key_file.display()
     ));
     let (dir, kubeconfig, ring, pki) = (&b.dir, &b.kubeconfig, &b.ring, &b.pki);
@@ -430,6 +431,34 @@ async fn killed_seed_fails_over_from_the_bucket() {
         fresh.trim().parse::<u64>().unwrap() > last_rv,
         "resourceVersion went back"
     );
+
+    // m1 comes back (its service manager restarts ringd; no bootstrap, no
+    // command): the ring moves m2 home by a planned migration, nothing lost
+    bootstrap::start_member(&b.layout, &ring_tests::ring::ringd_bin(), "m1").unwrap();
+    let home = wait_for(
+        "the ring moving m2 back to m1 by itself",
+        Duration::from_secs(120),
+        || {
+            let c = ringd::client::AdminClient::connect(&ring.member_address(1), pki);
+            async move {
+                let s = c.ok()?.status().await.ok()?;
+                s.operations
+                    .iter()
+                    .find(|o| {
+                        o.is_migration()
+                            && o.shoot() == "m2"
+                            && o.target() == "m1"
+                            && o.step == ringd::state::OperationStep::Done
+                    })
+                    .cloned()
+            }
+        },
+    )
+    .await;
+    assert_eq!(home.source(), "m3", "{home:?}");
+    for name in ["after", "before-0", "before-19"] {
+        kubectl(kubeconfig, &["get", "configmap", name]);
+    }
     ringctl_in(dir, &["down"]);
 
     // everything in the bucket is sealed: snapshots, deltas, specs and PKI

@@ -57,7 +57,9 @@ async fn raft(args: RaftBenchArgs, format: Format) -> anyhow::Result<()> {
 async fn bootstrap(args: BootstrapBenchArgs, format: Format) -> anyhow::Result<()> {
     let ringd = ringd_exe()?;
     let dir = temp_state_dir();
-    let result = bench::bootstrap::bootstrap_bench(&dir, &args.sizes, &ringd, args.base_port).await;
+    let result =
+        bench::bootstrap::bootstrap_bench(&dir, &args.sizes, &args.hosting, &ringd, args.base_port)
+            .await;
     let _ = std::fs::remove_dir_all(&dir);
     let result = result?;
     print(&result, format, || bench::bootstrap::render(&result))

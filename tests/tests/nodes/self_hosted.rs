@@ -338,9 +338,10 @@ async fn failover_and_return(dir: &Path) {
             "{name} lost in the failover:\n{names}"
         );
     }
-    let out = bootstrap_bounded(&["--ring-dir", &dir.display().to_string()]);
-    let progress = String::from_utf8_lossy(&out.stderr);
-    assert!(progress.contains("move m2 into pods on m1"), "{progress}");
+    // the machine comes back: bootstrap starts node m1 and ringd m1, and m2
+    // moves back into pods on node m1 (by bootstrap's plan, or by the ring
+    // itself once m1 is up for timing.relinkAfterMs: bootstrap then follows)
+    bootstrap_bounded(&["--ring-dir", &dir.display().to_string()]);
     let row = hosting(dir).into_iter().find(|r| r.0 == "m2").unwrap();
     assert_eq!(row, ("m2".into(), "pods".into(), "m1".into()));
 }
