@@ -52,7 +52,12 @@ fn pod_seed(
     // the pods run on this machine: their guards read ringd's lease file, so
     // they keep serving while the seed cluster's own API is away
     seed.lease_from_node = true;
-    // and on the node whose disk holds their files, without the scheduler
+    // and on the node whose disk holds their files, without the scheduler;
+    // ringd sees their processes in that node's cgroups
+    let node_config = crate::nodes::node_dir(layout, &node).join("node.yaml");
+    seed.node_cgroup_root = seed::node::NodeConfig::load(&node_config)
+        .ok()
+        .map(|n| n.cgroup_root);
     seed.node_name = Some(node);
     Ok(seed)
 }

@@ -169,6 +169,12 @@ pub struct KubernetesSeedConfig {
     /// and the lease file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The cgroup root of that node's pods when the node runs on this
+    /// machine (`selfHosting`): a deleted pod whose cgroups hold no process
+    /// is stopped, however late the kubelet reports it (a handover waits for
+    /// its source's writers to stop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_cgroup_root: Option<String>,
 }
 
 /// A DNS subdomain, as Kubernetes names nodes.
@@ -203,6 +209,7 @@ impl KubernetesSeedConfig {
             node_address: None,
             lease_from_node: false,
             node_name: None,
+            node_cgroup_root: None,
         }
     }
 

@@ -65,7 +65,7 @@ impl KubernetesSeed {
             if pods.is_empty() {
                 return Ok(());
             }
-            if pods.iter().all(processes_gone) {
+            if pods.iter().all(|p| processes_gone(p) || self.gone_here(p)) {
                 return self.delete_pods_now(shoot, selector).await;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -78,6 +78,19 @@ impl KubernetesSeed {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Whether deleted `pod` has no process left on this machine's node (its
+    /// cgroups are empty), when the node's pods are visible here.
+    fn gone_here(&self, pod: &Pod) -> bool {
+        let Some(root) = self.config.node_cgroup_root.as_deref() else {
+            return false;
+        };
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        pod.metadata.deletion_timestamp.is_some()
+            && !uid.is_empty()
+            && crate::node::teardown::cgroups_here(root)
+            && crate::node::teardown::pod_processes(root, uid).is_empty()
     }
 
     /// Asks etcd's sidecar for the final snapshot of migration `op`.

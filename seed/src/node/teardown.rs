@@ -56,6 +56,47 @@ pub fn pod_pids(cgroup_root: &str) -> Vec<i32> {
     pids
 }
 
+/// Whether the node's cgroup root exists on this machine (so its pods'
+/// cgroups can be read here).
+pub fn cgroups_here(cgroup_root: &str) -> bool {
+    !cgroup_dirs(cgroup_root).is_empty()
+}
+
+/// The live processes of pod `uid` of the node (its `pod<uid>` cgroups, in
+/// every hierarchy); none once the pod's cgroups are empty or gone.
+pub fn pod_processes(cgroup_root: &str, uid: &str) -> Vec<i32> {
+    processes_of_pod(&cgroup_dirs(cgroup_root), uid)
+}
+
+/// [`pod_processes`] under the node's cgroup directories `dirs`.
+fn processes_of_pod(dirs: &[PathBuf], uid: &str) -> Vec<i32> {
+    fn find(dir: &Path, name: &str, out: &mut Vec<i32>, depth: usize) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            if e.file_name() == name {
+                pids_below(&e.path(), out);
+            } else if depth > 0 {
+                find(&e.path(), name, out, depth - 1);
+            }
+        }
+    }
+    let name = format!("pod{uid}");
+    let mut pids = Vec::new();
+    for dir in dirs {
+        // kubepods/<qos>/pod<uid>, or kubepods/pod<uid> for guaranteed pods
+        find(dir, &name, &mut pids, 2);
+    }
+    pids.retain(|p| crate::process::pid_alive(*p as u32));
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 /// The containerd shims serving the containerd at `socket`.
 pub fn shim_pids(socket: &Path) -> Vec<i32> {
     let want = socket.as_os_str().as_encoded_bytes();
@@ -164,4 +205,32 @@ pub fn kill_node_now(config: &super::NodeConfig) {
     }
     remove_cgroups(&config.cgroup_root);
     let _ = std::fs::remove_dir_all(&config.run_dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod's processes are read from its `pod<uid>` cgroup (and below),
+    /// wherever the QoS class put it; dead pids and other pods do not count.
+    #[test]
+    fn a_pod_s_processes_come_from_its_own_cgroup() {
+        let root = std::env::temp_dir().join(format!("ring-cg-{}", std::process::id()));
+        let me = std::process::id().to_string();
+        let burstable = root.join("kubepods/burstable/podabc/ctr1");
+        let other = root.join("kubepods/besteffort/podxyz");
+        std::fs::create_dir_all(&burstable).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(burstable.join("cgroup.procs"), format!("{me}\n")).unwrap();
+        std::fs::write(other.join("cgroup.procs"), format!("{me}\n")).unwrap();
+        let dirs = vec![root.clone()];
+        assert_eq!(processes_of_pod(&dirs, "abc"), [me.parse::<i32>().unwrap()]);
+        // emptied, or dead pids only: gone
+        std::fs::write(burstable.join("cgroup.procs"), "").unwrap();
+        assert!(processes_of_pod(&dirs, "abc").is_empty());
+        std::fs::write(burstable.join("cgroup.procs"), "999999999\n").unwrap();
+        assert!(processes_of_pod(&dirs, "abc").is_empty());
+        assert!(processes_of_pod(&dirs, "nope").is_empty());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
