@@ -878,15 +878,11 @@ pub async fn migrate_and_wait(
         Some(id) => id,
         None => match admin.migrate(shoot, to).await {
             Ok(id) => id,
-            Err(e) => match ring_status(layout, config)
-                .await
-                .ok()
-                .as_ref()
-                .and_then(moving)
-            {
-                Some(id) => id,
-                None => return Err(e.into()),
-            },
+            // refused because the ring opened that move meanwhile: follow it
+            Err(e) => {
+                let now = ring_status(layout, config).await.ok();
+                now.as_ref().and_then(moving).ok_or(e)?
+            }
         },
     };
     let op = admin.wait_operation(id, timeout, |_, _| {}).await?;

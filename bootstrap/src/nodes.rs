@@ -242,6 +242,25 @@ pub fn status(layout: &RingLayout, member: &str) -> Option<NodeStatus> {
     serde_json::from_slice(&text).ok()
 }
 
+/// The node's config, if it was configured.
+pub fn node_config(layout: &RingLayout, node: &str) -> Option<NodeConfig> {
+    NodeConfig::load(&config_file(layout, node)).ok()
+}
+
+/// The node's own report, if its supervisor runs now (not one a dead
+/// supervisor left).
+fn current_status(layout: &RingLayout, node: &str) -> Option<NodeStatus> {
+    let pid = running_pid(layout, node)?;
+    status(layout, node).filter(|s| s.pid == pid)
+}
+
+/// Whether every node of the ring runs and is Ready (true without nodes).
+pub fn all_ready(layout: &RingLayout, config: &RingConfig) -> bool {
+    members(config)
+        .iter()
+        .all(|n| current_status(layout, n).is_some_and(|s| s.registration.ready))
+}
+
 /// Starts the member's node supervisor in the background.
 pub fn start(layout: &RingLayout, ring_node: &Path, member: &str) -> Result<(), BootstrapError> {
     let args = vec![
@@ -278,7 +297,7 @@ pub async fn stop_all(
 
 /// Removes what a killed node supervisor left: its pods, shims, cgroups, run dir.
 async fn clean_leftovers(layout: &RingLayout, member: &str) {
-    let Ok(node) = NodeConfig::load(&config_file(layout, member)) else {
+    let Some(node) = node_config(layout, member) else {
         return;
     };
     let _ = tokio::task::spawn_blocking(move || seed::node::teardown::kill_node_now(&node)).await;
@@ -313,9 +332,8 @@ pub fn report(layout: &RingLayout, config: &RingConfig) -> Vec<NodeReport> {
     members(config)
         .into_iter()
         .filter_map(|m| {
-            let node = NodeConfig::load(&config_file(layout, &m)).ok()?;
-            let pid = running_pid(layout, &m);
-            let status = status(layout, &m).filter(|s| Some(s.pid) == pid);
+            let node = node_config(layout, &m)?;
+            let status = current_status(layout, &m);
             let pid_rss = |c: Component| {
                 status
                     .as_ref()
@@ -402,7 +420,7 @@ pub fn kill_member(layout: &RingLayout, config: &RingConfig, member: &str) -> Ve
             );
             killed.push(node.clone());
         }
-        if let Ok(n) = NodeConfig::load(&config_file(layout, &node)) {
+        if let Some(n) = node_config(layout, &node) {
             seed::node::teardown::kill_node_now(&n);
         }
     }
@@ -415,7 +433,7 @@ pub fn pod_cgroup_roots(layout: &RingLayout, config: &RingConfig) -> Vec<(String
     members(config)
         .into_iter()
         .filter_map(|node| {
-            let cfg = NodeConfig::load(&config_file(layout, &node)).ok()?;
+            let cfg = node_config(layout, &node)?;
             Some((shoot_of(config, &node)?, cfg.cgroup_root))
         })
         .collect()
@@ -438,7 +456,7 @@ pub fn kill_now(layout: &RingLayout) {
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            NodeConfig::load(&config_file(layout, m)).ok()
+            node_config(layout, m)
         })
         .collect();
     for n in &nodes {

@@ -54,10 +54,7 @@ fn pod_seed(
     seed.lease_from_node = true;
     // and on the node whose disk holds their files, without the scheduler;
     // ringd sees their processes in that node's cgroups
-    let node_config = crate::nodes::node_dir(layout, &node).join("node.yaml");
-    seed.node_cgroup_root = seed::node::NodeConfig::load(&node_config)
-        .ok()
-        .map(|n| n.cgroup_root);
+    seed.node_cgroup_root = crate::nodes::node_config(layout, &node).map(|n| n.cgroup_root);
     seed.node_name = Some(node);
     Ok(seed)
 }

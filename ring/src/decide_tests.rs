@@ -262,28 +262,14 @@ fn choose_target_prefers_predecessor_then_least_loaded() {
 fn relink_case(now_ms: u64) -> (RingState, BTreeMap<String, u64>) {
     let mut s = ring(&["a", "b", "c"]);
     let r = reports(&[("b", 5_000), ("c", 9_900)]);
-    let view = LeaderView {
-        now_ms: 10_000,
-        leader_since_ms: 0,
-        leader: "a",
-        last_report_ms: &r,
-    };
-    settle(&mut s, &view);
+    settle(&mut s, &view_at(10_000, &r));
     let id = s.open_operation("c").unwrap().id;
-    for step in [
+    let done = [
         OperationStep::Pending,
         OperationStep::Restoring,
         OperationStep::Done,
-    ] {
-        s.apply(&RingCommand::AdvanceOperation {
-            id,
-            step,
-            detail: String::new(),
-            at_ms: 12_000,
-            outcome: None,
-        })
-        .unwrap();
-    }
+    ];
+    crate::state::tests::advance(&mut s, id, &done, 12_000);
     s.apply(&RingCommand::MarkUp {
         member: "b".into(),
         at_ms: 20_000,

@@ -167,6 +167,32 @@ pub async fn kill_member(ring_dir: &Path, member: &str) -> Killed {
     killed
 }
 
+/// What killing a whole member machine did.
+#[derive(Debug, Clone, Default)]
+pub struct MachineKilled {
+    /// Its ringd and the processes it ran.
+    pub processes: Killed,
+    /// The nodes of its shoot that were running.
+    pub nodes: Vec<String>,
+}
+
+/// kill -9 of everything of member `member` of the ring in `layout` at once,
+/// as when its machine dies: its ringd and every process it runs
+/// ([`kill_member`]) and its shoot's nodes with every pod and shim on them.
+pub async fn kill_machine(
+    layout: &bootstrap::RingLayout,
+    config: &bootstrap::config::RingConfig,
+    member: &str,
+) -> Result<MachineKilled, crate::ScenarioError> {
+    let (l, c, m) = (layout.clone(), config.clone(), member.to_string());
+    let nodes = tokio::task::spawn_blocking(move || bootstrap::nodes::kill_member(&l, &c, &m));
+    let processes = kill_member(&layout.dir, member).await;
+    let nodes = nodes
+        .await
+        .map_err(|e| crate::ScenarioError::Setup(format!("killing {member}'s nodes: {e}")))?;
+    Ok(MachineKilled { processes, nodes })
+}
+
 /// SIGKILL to every process mentioning `dir` (teardown); waits up to `timeout`.
 pub fn kill_all_mentioning(dir: &Path, timeout: Duration) -> usize {
     let needle = dir.display().to_string();

@@ -687,8 +687,8 @@ pub async fn run(
         while !r.remaining().is_zero() {
             let shape = obs.status().is_some_and(|s| converged(&s, &members));
             // on the self-hosted ring, every node back and Ready too
-            let nodes = bootstrap::nodes::report(&layout, &config);
-            if shape && members.iter().all(|m| probes.up(m)) && nodes.iter().all(|n| n.ready) {
+            let nodes = bootstrap::nodes::all_ready(&layout, &config);
+            if shape && members.iter().all(|m| probes.up(m)) && nodes {
                 converged_secs = Some(r.t() - last_fault_t);
                 break;
             }

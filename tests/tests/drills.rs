@@ -207,7 +207,7 @@ fn check_host_of_shoot_2_killed(name: &str, p: &str, kill: &str) -> serde_json::
             && o["step"] == "Done"),
         "back onto the pods by a planned migration: {ops:?}"
     );
-    r.clone()
+    r
 }
 
 /// Off the pods onto a local seed, and back onto the pods.

@@ -47,9 +47,7 @@ fn ring_rss_kib(layout: &RingLayout) -> u64 {
     let mut pids: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     if let Some(config) = layout.read_config().ok().flatten() {
         for node in bootstrap::nodes::node_names(&config) {
-            let Ok(n) = seed::node::NodeConfig::load(
-                &bootstrap::nodes::node_dir(layout, &node).join("node.yaml"),
-            ) else {
+            let Some(n) = bootstrap::nodes::node_config(layout, &node) else {
                 continue;
             };
             pids.extend(
@@ -113,18 +111,17 @@ async fn bootstrap_once(
     let _kill = KillRingOnDrop(RingLayout {
         dir: ring_dir.clone(),
     });
+    let names: Vec<String> = (1..=n).map(|i| format!("m{i}")).collect();
     let config = RingConfig {
         name: format!("bench{n}"),
-        members: (1..=n)
-            .map(|i| MemberSpec::local(format!("m{i}")))
-            .collect(),
+        members: names.iter().map(MemberSpec::local).collect(),
         ports: Ports {
             address: "127.0.0.1".into(),
             base: base_port,
         },
         self_hosting: bootstrap::config::SelfHosting {
             members: match hosting {
-                Hosting::SelfHosted => (1..=n).map(|i| format!("m{i}")).collect(),
+                Hosting::SelfHosted => names,
                 Hosting::Processes => Vec::new(),
             },
         },

@@ -125,10 +125,10 @@ pub async fn kill_machine(args: KillMachineArgs) -> anyhow::Result<()> {
             names.join(", ")
         );
     }
-    let (l, c, m) = (layout.clone(), config.clone(), args.member.clone());
-    let nodes = tokio::task::spawn_blocking(move || bootstrap::nodes::kill_member(&l, &c, &m));
-    let killed = scenarios::procs::kill_member(&dir, &args.member).await;
-    let nodes = nodes.await.context("killing the member's nodes")?;
+    let scenarios::procs::MachineKilled {
+        processes: killed,
+        nodes,
+    } = scenarios::procs::kill_machine(&layout, &config, &args.member).await?;
     println!(
         "killed machine {}: ringd {}, {} processes, nodes: {}",
         args.member,

@@ -13,6 +13,36 @@ pub(crate) fn ring3() -> RingState {
     s
 }
 
+/// Moves operation `id` through `steps`, each at `at_ms`.
+pub(crate) fn advance(s: &mut RingState, id: u64, steps: &[OperationStep], at_ms: u64) {
+    for step in steps {
+        s.apply(&RingCommand::AdvanceOperation {
+            id,
+            step: *step,
+            detail: String::new(),
+            at_ms,
+            outcome: None,
+        })
+        .unwrap();
+    }
+}
+
+/// Member a dies at 5 s; shoot b, which it hosted, fails over to c.
+fn fail_b_over_to_c(s: &mut RingState) {
+    s.apply(&RingCommand::MarkDown {
+        member: "a".into(),
+        at_ms: 5_000,
+    })
+    .unwrap();
+    s.apply(&RingCommand::StartFailover {
+        shoot: "b".into(),
+        to: "c".into(),
+        at_ms: 5_000,
+        not_before_ms: 6_000,
+    })
+    .unwrap();
+}
+
 #[test]
 fn bootstrap_makes_each_member_host_its_successor_once() {
     let s = ring3();
@@ -66,18 +96,7 @@ fn failover_bumps_epoch_fences_old_host_and_waits_for_lease_end() {
         expires_at_ms: 9_000,
     })
     .unwrap();
-    s.apply(&RingCommand::MarkDown {
-        member: "a".into(),
-        at_ms: 5_000,
-    })
-    .unwrap();
-    s.apply(&RingCommand::StartFailover {
-        shoot: "b".into(),
-        to: "c".into(),
-        at_ms: 5_000,
-        not_before_ms: 6_000,
-    })
-    .unwrap();
+    fail_b_over_to_c(&mut s);
     let p = &s.placements["b"];
     assert_eq!(
         (p.host.as_str(), p.epoch, p.lease.is_none()),
@@ -122,16 +141,12 @@ fn failover_bumps_epoch_fences_old_host_and_waits_for_lease_end() {
             not_before_ms: 0
         })
         .is_err());
-    for step in [OperationStep::Pending, OperationStep::Restoring] {
-        s.apply(&RingCommand::AdvanceOperation {
-            id: op.id,
-            step,
-            detail: String::new(),
-            at_ms: 10_000,
-            outcome: None,
-        })
-        .unwrap();
-    }
+    advance(
+        &mut s,
+        op.id,
+        &[OperationStep::Pending, OperationStep::Restoring],
+        10_000,
+    );
     s.apply(&new).unwrap();
     s.apply(&RingCommand::AdvanceOperation {
         id: op.id,
@@ -246,18 +261,7 @@ fn a_failover_keeps_the_durable_revision_known_when_it_began() {
         at_ms,
     };
     s.apply(&report(739, 4_000)).unwrap();
-    s.apply(&RingCommand::MarkDown {
-        member: "a".into(),
-        at_ms: 5_000,
-    })
-    .unwrap();
-    s.apply(&RingCommand::StartFailover {
-        shoot: "b".into(),
-        to: "c".into(),
-        at_ms: 5_000,
-        not_before_ms: 6_000,
-    })
-    .unwrap();
+    fail_b_over_to_c(&mut s);
     let id = s.open_operation("b").unwrap().id;
     // the new host restored 739 and backs up again before the failover is done
     s.apply(&report(751, 9_000)).unwrap();
@@ -265,20 +269,12 @@ fn a_failover_keeps_the_durable_revision_known_when_it_began() {
         (s.backups["b"].revision, s.backups["b"].at_ms),
         (739, 4_000)
     );
-    for step in [
+    let done = [
         OperationStep::Pending,
         OperationStep::Restoring,
         OperationStep::Done,
-    ] {
-        s.apply(&RingCommand::AdvanceOperation {
-            id,
-            step,
-            detail: String::new(),
-            at_ms: 10_000,
-            outcome: None,
-        })
-        .unwrap();
-    }
+    ];
+    advance(&mut s, id, &done, 10_000);
     // once done, the new host's progress counts
     s.apply(&report(760, 11_000)).unwrap();
     assert_eq!(s.backups["b"].revision, 760);

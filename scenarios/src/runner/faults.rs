@@ -98,14 +98,10 @@ impl Run<'_> {
         let m = self.resolve(target, obs)?;
         let hosted = hosted_by(obs, &m);
         self.last_kill_ms = now_ms();
-        let (layout, config, member) = (self.layout.clone(), self.config.clone(), m.clone());
-        let nodes = tokio::task::spawn_blocking(move || {
-            bootstrap::nodes::kill_member(&layout, &config, &member)
-        });
-        let k = procs::kill_member(&self.layout.dir, &m).await;
-        let mut nodes = nodes
-            .await
-            .map_err(|e| ScenarioError::Setup(format!("killing {m}'s nodes: {e}")))?;
+        let procs::MachineKilled {
+            processes: k,
+            mut nodes,
+        } = procs::kill_machine(&self.layout, &self.config, &m).await?;
         if self.kube_seeds.kill_node(&m) {
             nodes.push(format!("{m}'s seed cluster node"));
         }

@@ -89,8 +89,7 @@ impl KubernetesSeed {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         pod.metadata.deletion_timestamp.is_some()
             && !uid.is_empty()
-            && crate::node::teardown::cgroups_here(root)
-            && crate::node::teardown::pod_processes(root, uid).is_empty()
+            && crate::node::teardown::pod_processes(root, uid).is_some_and(|p| p.is_empty())
     }
 
     /// Asks etcd's sidecar for the final snapshot of migration `op`.

@@ -56,16 +56,12 @@ pub fn pod_pids(cgroup_root: &str) -> Vec<i32> {
     pids
 }
 
-/// Whether the node's cgroup root exists on this machine (so its pods'
-/// cgroups can be read here).
-pub fn cgroups_here(cgroup_root: &str) -> bool {
-    !cgroup_dirs(cgroup_root).is_empty()
-}
-
 /// The live processes of pod `uid` of the node (its `pod<uid>` cgroups, in
-/// every hierarchy); none once the pod's cgroups are empty or gone.
-pub fn pod_processes(cgroup_root: &str, uid: &str) -> Vec<i32> {
-    processes_of_pod(&cgroup_dirs(cgroup_root), uid)
+/// every hierarchy); none once the pod's cgroups are empty or gone. `None`
+/// when the node's cgroup root is not on this machine (nothing can be told).
+pub fn pod_processes(cgroup_root: &str, uid: &str) -> Option<Vec<i32>> {
+    let dirs = cgroup_dirs(cgroup_root);
+    (!dirs.is_empty()).then(|| processes_of_pod(&dirs, uid))
 }
 
 /// [`pod_processes`] under the node's cgroup directories `dirs`.
