@@ -279,11 +279,24 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
 /// rerun starts ringd m1 again and moves m2 back into pods on node m1.
 async fn failover_and_return(dir: &Path) {
     let kc = dir.join("kubeconfigs/m2.kubeconfig");
+    // m3's control plane in pods on node m2: they must outlive m2's API.
+    // Taken once they settled after the cold start (a pod replaced out of
+    // back-off goes on for a while), and before the write the bucket must
+    // hold, so that m2's restored API knows these very pods
+    let m3_pods = wait_for(
+        "m3's four pods on node m2 settled and Ready",
+        Duration::from_secs(120),
+        || async {
+            let now = pods(&kc, "shoot--test--m3");
+            (now.len() == 4
+                && now.iter().all(|(_, _, ready)| *ready)
+                && whole_control_plane_in_pods(&kc, "m3", "m2").is_ok())
+            .then_some(now)
+        },
+    )
+    .await;
     let what = "m2's writes in the bucket";
     write_until_backed_up(dir, "m2", "before-kill", what, Duration::from_secs(60)).await;
-    // m3's control plane in pods on node m2: they must outlive m2's API
-    let kc2 = dir.join("kubeconfigs/m2.kubeconfig");
-    let m3_pods = pods(&kc2, "shoot--test--m3");
     // machine m1 dies as a whole: its ringd, node m1 and every pod on it
     // (m2's control plane among them)
     let said = ringctl_in(dir, &["drill", "kill-machine", "m1"]);
@@ -328,7 +341,7 @@ async fn failover_and_return(dir: &Path) {
     wait_for(
         "m3's pods on node m2 the same pods, Ready",
         Duration::from_secs(120),
-        || async { (pods(&kc2, "shoot--test--m3") == m3_pods).then_some(()) },
+        || async { (pods(&kc, "shoot--test--m3") == m3_pods).then_some(()) },
     )
     .await;
     let names = kubectl(&kc, &["get", "configmaps", "-o", "name"]);
