@@ -9,7 +9,9 @@
 //! delta. When the ringds come up they find the restored shoots and serve them
 //! on their unchanged endpoints, so kubeconfigs from the lost ring keep working.
 //! The plan is pure over what is on disk (a restored shoot has a marker with its
-//! restore report), so a rerun after a crash resumes.
+//! restore report), so a rerun after a crash resumes. With `selfHosting` the
+//! plan goes on like a bootstrap: the nodes come up and every control plane
+//! moves from its temporary processes into pods on its predecessor's node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -22,8 +24,10 @@ use crate::config::RingConfig;
 use crate::plan::{self, Observed, Step};
 use crate::{BootstrapError, Progress, RingLayout};
 
-/// Name of the marker a restored shoot dir holds (with the restore report).
-pub const MARKER: &str = "restored-from-bucket.json";
+/// The dir (in the ring's state dir) holding one marker per restored shoot,
+/// `<shoot>.json` with its restore report. It lives outside the seeds: a
+/// self-hosted ring's pivot moves the restored data off its first host.
+pub const MARKERS: &str = "restored-from-bucket";
 
 /// One step of rebuilding a ring from its bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,16 +118,12 @@ pub struct RestoreReport {
     pub kubeconfigs: Vec<(String, PathBuf)>,
 }
 
-fn marker(layout: &RingLayout, shoot: &str, host: &str) -> PathBuf {
-    layout
-        .seed_dir(host)
-        .join("shoots")
-        .join(shoot)
-        .join(MARKER)
+fn marker(layout: &RingLayout, shoot: &str) -> PathBuf {
+    layout.dir.join(MARKERS).join(format!("{shoot}.json"))
 }
 
-fn read_marker(layout: &RingLayout, shoot: &str, host: &str) -> Option<ShootRestore> {
-    let text = std::fs::read(marker(layout, shoot, host)).ok()?;
+fn read_marker(layout: &RingLayout, shoot: &str) -> Option<ShootRestore> {
+    let text = std::fs::read(marker(layout, shoot)).ok()?;
     serde_json::from_slice(&text).ok()
 }
 
@@ -159,7 +159,9 @@ async fn restore_shoot(
         seconds: started.elapsed().as_secs_f64(),
     };
     let json = serde_json::to_vec_pretty(&done).map_err(|e| RingError::Encode(e.to_string()))?;
-    seed::pki::write_private(&marker(layout, shoot, host), &json).map_err(RingError::from)?;
+    let path = marker(layout, shoot);
+    seed::pki::create_private_dir(path.parent().unwrap_or(&layout.dir)).map_err(RingError::from)?;
+    seed::pki::write_private(&path, &json).map_err(RingError::from)?;
     Ok(())
 }
 
@@ -215,10 +217,7 @@ pub async fn restore(
         let restored: BTreeSet<String> = config
             .members
             .iter()
-            .filter(|m| {
-                host_of(&config, &m.name)
-                    .is_some_and(|h| read_marker(&layout, &m.name, &h).is_some())
-            })
+            .filter(|m| read_marker(&layout, &m.name).is_some())
             .map(|m| m.name.clone())
             .collect();
         let step = next_step(&config, &observed, &restored);
@@ -266,7 +265,7 @@ pub async fn restore(
     let shoots = config
         .members
         .iter()
-        .filter_map(|m| read_marker(&layout, &m.name, &host_of(&config, &m.name)?))
+        .filter_map(|m| read_marker(&layout, &m.name))
         .collect();
     Ok(RestoreReport {
         ring: config.name.clone(),

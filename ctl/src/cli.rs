@@ -349,7 +349,9 @@ pub(crate) struct FailoverBenchArgs {
     #[arg(long, default_value_t = 100)]
     pub(crate) rate: u64,
     /// Seed kinds to measure, one ring each, side by side (`kubernetes`: m1's
-    /// seed a cluster with one node, run by the bench; needs `ringctl images build`).
+    /// seed a cluster with one node, run by the bench; `self`: the self-hosted
+    /// ring, every control plane in pods, each run killing a whole machine;
+    /// both need `ringctl images build`).
     #[arg(long, value_delimiter = ',', default_value = "local")]
     pub(crate) seeds: Vec<crate::bench::failover::SeedKind>,
 }

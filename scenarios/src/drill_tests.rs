@@ -192,9 +192,8 @@ fn bad_drills_give_errors_naming_the_field() {
                 "name: is the ring's name, and a self-hosted ring's name has at most 24",
             ),
             (
-                GOOD.replace("{killSeed: {target: {hostOf: 2}}}", "{loseRing: {}}")
-                    .replace("{heal: {}}", "{restoreFromBucket: {}}"),
-                "faults[0].action.loseRing: is not supported on the self-hosted ring yet",
+                GOOD.replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
+                "faults[1].action.fullSnapshot: is not supported on the self-hosted ring yet",
             ),
         ];
     for (text, want) in cases {

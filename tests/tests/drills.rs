@@ -6,7 +6,8 @@
 //! ring whose killed seed is a Kubernetes cluster:
 //! its node and pods die, the control plane comes back onto the pods),
 //! `kubernetes-to-kubernetes` (failover and move between two seed clusters) and
-//! `full-ring-dr` (the whole ring lost, `ringctl restore --from-bucket`).
+//! `full-ring-dr` (the whole self-hosted ring lost, machines and nodes;
+//! `ringctl restore --from-bucket`, then the pivot back into pods).
 //! Each run's JSON result is checked: passed, RTO measured, never two control
 //! planes of one shoot, no acknowledged write lost beyond the durable delta.
 
@@ -246,13 +247,19 @@ fn full_ring_dr_drill_restores_every_shoot_from_the_bucket() {
     }
     let faults = events(&r, "fault");
     assert_eq!(faults.len(), 2, "{faults:?}");
-    assert!(
-        faults[1]["detail"]
-            .as_str()
-            .unwrap()
-            .contains("restore --from-bucket"),
-        "{faults:?}"
-    );
+    let restore = faults[1]["detail"].as_str().unwrap();
+    assert!(restore.contains("restore --from-bucket"), "{faults:?}");
+    // the self-hosted ring comes back self-hosted: each control plane in pods
+    // on its predecessor's node, the last place anything served it
+    for (name, host) in [("dr1", "dr3"), ("dr2", "dr1"), ("dr3", "dr2")] {
+        let moved = format!("{name} into pods on {host}");
+        assert!(restore.contains(&moved), "want {moved:?} in {restore:?}");
+        let last = events(&r, "serving")
+            .into_iter()
+            .rfind(|e| e["shoot"] == name)
+            .map(|e| e["members"].clone());
+        assert_eq!(last, Some(serde_json::json!([host])), "{name}");
+    }
     assert_eq!(events(&r, "loss").len(), 3);
 }
 

@@ -38,6 +38,17 @@ pub fn upper_median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// The `p`th percentile (0..=100) of `xs`, the nearest sample by rank (0 for none).
+pub fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
 /// A fresh directory for benchmark state under the system temp dir.
 pub fn temp_state_dir() -> PathBuf {
     std::env::temp_dir().join(format!("ring-bench-{}", std::process::id()))
@@ -96,8 +107,22 @@ impl BenchRing {
         self
     }
 
-    /// The kind of member `name`'s seed (`local` or `kubernetes`).
+    /// A self-hosted ring: one node per member, every member hosting its
+    /// successor as pods on its own node.
+    pub fn self_hosted(mut self) -> BenchRing {
+        self.config.nodes.per_member = 1;
+        self.config.self_hosting.members =
+            self.config.members.iter().map(|m| m.name.clone()).collect();
+        self.opts.config = Some(self.config.clone());
+        self
+    }
+
+    /// The kind of member `name`'s seed (`local`, `kubernetes`, or `pods` on
+    /// its own node when the ring is self-hosted).
     pub fn seed_kind(&self, name: &str) -> &'static str {
+        if self.config.self_hosting.members.iter().any(|m| m == name) {
+            return "pods";
+        }
         match self
             .config
             .members
@@ -149,7 +174,16 @@ pub async fn seed_cluster(
 
 #[cfg(test)]
 mod tests {
-    use super::{median, upper_median};
+    use super::{median, percentile, upper_median};
+
+    #[test]
+    fn percentile_takes_the_nearest_rank() {
+        let xs = [5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&xs, 50.0), 3.0);
+        assert_eq!(percentile(&xs, 95.0), 5.0);
+        assert_eq!(percentile(&xs, 0.0), 1.0);
+        assert_eq!(percentile(&[], 95.0), 0.0);
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {

@@ -8,7 +8,7 @@ use ringd::client::AdminClient;
 use ringd::localring::LocalRing;
 use serde::Serialize;
 
-use super::median;
+use super::{median, percentile};
 use crate::output::table;
 use ringd::Result;
 
@@ -46,16 +46,6 @@ pub struct RaftFigures {
     pub max_rss_mib: f64,
     /// CPU of one idle ringd, percent of one core (mean over members).
     pub idle_cpu_percent: f64,
-}
-
-fn percentile(xs: &[f64], p: f64) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
-    v[i.min(v.len() - 1)]
 }
 
 fn proc_stat(pid: u32) -> Option<(f64, f64)> {

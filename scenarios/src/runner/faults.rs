@@ -283,19 +283,29 @@ impl Run<'_> {
         ))
     }
 
-    /// Every member killed and the ring's dir deleted; the bucket survives.
+    /// Every member's machine killed (ringd, nodes, every pod) and the ring's
+    /// dir deleted; the bucket survives.
     async fn lose_ring(&mut self, obs: &Observer) -> Result<String, ScenarioError> {
         self.last_kill_ms = now_ms();
-        let mut killed = 0;
+        let (mut killed, mut nodes) = (0, Vec::new());
         for m in self.members.clone() {
-            killed += procs::kill_member(&self.layout.dir, &m).await.processes;
+            let k = procs::kill_machine(&self.layout, &self.config, &m).await?;
+            killed += k.processes.processes;
+            nodes.extend(k.nodes);
         }
+        // what the dead machines' nodes leave on this one: cgroups, the node network
+        let layout = self.layout.clone();
+        let _ = tokio::task::spawn_blocking(move || bootstrap::nodes::kill_now(&layout)).await;
         std::fs::remove_dir_all(&self.layout.dir)
             .map_err(io(format!("removing {}", self.layout.dir.display())))?;
         let shoots = self.members.clone();
         self.record_losses(&shoots, obs).await;
+        let nodes = match nodes.is_empty() {
+            true => String::new(),
+            false => format!("; nodes {} with every pod on them", nodes.join(", ")),
+        };
         Ok(format!(
-            "killed every member ({killed} processes) and deleted {}; the bucket {} survives",
+            "killed every member ({killed} processes{nodes}) and deleted {}; the bucket {} survives",
             self.layout.dir.display(),
             self.bucket.url
         ))
@@ -306,12 +316,19 @@ impl Run<'_> {
         let started = Instant::now();
         let log = self.config_file.with_file_name("restore.log");
         let mut cmd = tokio::process::Command::new(&self.opts.ringctl);
-        cmd.args(["restore", "--from-bucket", &self.bucket.url, "--config"])
-            .arg(&self.config_file)
-            .arg("--ring-dir")
-            .arg(&self.layout.dir)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
+        cmd.args([
+            "restore",
+            "--output",
+            "json",
+            "--from-bucket",
+            &self.bucket.url,
+        ])
+        .arg("--config")
+        .arg(&self.config_file)
+        .arg("--ring-dir")
+        .arg(&self.layout.dir)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
         let out = tokio::time::timeout(self.remaining(), cmd.output())
             .await
             .map_err(|_| {
@@ -330,9 +347,10 @@ impl Run<'_> {
             )));
         }
         Ok(format!(
-            "ringctl restore --from-bucket {} rebuilt the ring in {:.1}s",
+            "ringctl restore --from-bucket {} rebuilt the ring in {:.1}s{}",
             self.bucket.url,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            pivots(&out.stdout)
         ))
     }
 
@@ -431,5 +449,31 @@ impl Run<'_> {
             Action::RestoreFromBucket {} => self.restore_from_bucket().await,
             Action::Heal {} => self.heal().await,
         }
+    }
+}
+
+/// The moves into pods a `ringctl restore --output json` report lists among
+/// its steps, as "; then moved dr1 into pods on dr3, ..." (empty when none).
+pub(super) fn pivots(report: &[u8]) -> String {
+    let Ok(r) = serde_json::from_slice::<serde_json::Value>(report) else {
+        return String::new();
+    };
+    let mut moves: Vec<String> = Vec::new();
+    let labels = r["steps"].as_array().into_iter().flatten();
+    for l in labels.filter_map(|s| s[0].as_str()) {
+        // a move waited for in two spells is listed twice
+        let Some(m) = l
+            .strip_prefix("move ")
+            .filter(|l| l.contains(" into pods on "))
+        else {
+            continue;
+        };
+        if !moves.iter().any(|x| x == m) {
+            moves.push(m.to_string());
+        }
+    }
+    match moves.is_empty() {
+        true => String::new(),
+        false => format!("; then moved {}", moves.join(", ")),
     }
 }

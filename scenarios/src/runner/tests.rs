@@ -98,3 +98,24 @@ fn failover_steps_count_once_reached_and_only_after_the_fault() {
     s.operations[0] = op("Failed", 10_000);
     assert!(!failover_reached(&s, 9_000, Step::WaitingForLeaseExpiry));
 }
+
+#[test]
+fn a_restore_report_names_each_move_into_pods_once() {
+    let report = serde_json::json!({"steps": [
+        ["restore dr1 from the bucket onto dr3", 1.1],
+        ["move dr1 off dr3 to dr2", 8.4],
+        ["move dr1 into pods on dr3", 20.0],
+        ["start control planes", 0.4],
+        ["move dr1 into pods on dr3", 2.0],
+        ["move dr2 into pods on dr1", 18.0],
+    ]});
+    let text = faults::pivots(report.to_string().as_bytes());
+    assert_eq!(
+        text,
+        "; then moved dr1 into pods on dr3, dr2 into pods on dr1"
+    );
+    // a process-hosted restore moves nothing; a report that is not JSON says nothing
+    let plain = serde_json::json!({"steps": [["start control planes", 7.4]]});
+    assert_eq!(faults::pivots(plain.to_string().as_bytes()), "");
+    assert_eq!(faults::pivots(b"error: no"), "");
+}
