@@ -24,6 +24,8 @@ use crate::config::RingConfig;
 use crate::plan::{self, Observed, Step};
 use crate::{BootstrapError, Progress, RingLayout};
 
+pub mod stale;
+
 /// The dir (in the ring's state dir) holding one marker per restored shoot,
 /// `<shoot>.json` with its restore report. It lives outside the seeds: a
 /// self-hosted ring's pivot moves the restored data off its first host.
@@ -36,6 +38,11 @@ pub enum RestoreStep {
     Bootstrap(Step),
     /// Restore `shoot` from the bucket into `host`'s seed (before any ringd starts).
     RestoreShoot { shoot: String, host: String },
+    /// Remove from restored `shoot`'s API the lost ring's control-plane pods
+    /// and workloads (namespaces `shoot--<ring>--*`): nothing of them runs any
+    /// more, and the shoot's nodes, once started, would run them again. Done
+    /// before any node starts; the pivot creates them anew.
+    ClearStaleWorkloads { shoot: String },
 }
 
 impl RestoreStep {
@@ -45,6 +52,9 @@ impl RestoreStep {
             RestoreStep::Bootstrap(s) => s.label(),
             RestoreStep::RestoreShoot { shoot, host } => {
                 format!("restore {shoot} from the bucket onto {host}")
+            }
+            RestoreStep::ClearStaleWorkloads { shoot } => {
+                format!("clear the lost ring's pods from {shoot}")
             }
         }
     }
@@ -57,9 +67,19 @@ pub fn host_of(config: &RingConfig, shoot: &str) -> Option<String> {
     Some(config.members[(i + n - 1) % n].name.clone())
 }
 
+/// What the restore has done to each shoot, as its markers say.
+#[derive(Debug, Clone, Default)]
+pub struct Marks {
+    /// Shoots restored from the bucket.
+    pub restored: BTreeSet<String>,
+    /// Shoots whose API no longer holds the lost ring's pods.
+    pub cleared: BTreeSet<String>,
+}
+
 /// The next step: the bootstrap plan, with every shoot restored before the
-/// first ringd starts.
-pub fn next_step(config: &RingConfig, o: &Observed, restored: &BTreeSet<String>) -> RestoreStep {
+/// first ringd starts, and the lost ring's pods cleared from every shoot
+/// before the first node starts.
+pub fn next_step(config: &RingConfig, o: &Observed, done: &Marks) -> RestoreStep {
     let step = plan::next_step(config, o);
     if matches!(
         step,
@@ -67,10 +87,27 @@ pub fn next_step(config: &RingConfig, o: &Observed, restored: &BTreeSet<String>)
     ) {
         return RestoreStep::Bootstrap(step);
     }
-    if let Some(m) = config.members.iter().find(|m| !restored.contains(&m.name)) {
+    if let Some(m) = config
+        .members
+        .iter()
+        .find(|m| !done.restored.contains(&m.name))
+    {
         return RestoreStep::RestoreShoot {
             shoot: m.name.clone(),
             host: host_of(config, &m.name).unwrap_or_default(),
+        };
+    }
+    let node_step = matches!(
+        step,
+        Step::BuildImages | Step::CreateNodeNetwork | Step::ConfigureNode(_) | Step::StartNode(_)
+    );
+    if let Some(m) = config
+        .members
+        .iter()
+        .find(|m| node_step && !done.cleared.contains(&m.name))
+    {
+        return RestoreStep::ClearStaleWorkloads {
+            shoot: m.name.clone(),
         };
     }
     RestoreStep::Bootstrap(step)
@@ -120,6 +157,22 @@ pub struct RestoreReport {
 
 fn marker(layout: &RingLayout, shoot: &str) -> PathBuf {
     layout.dir.join(MARKERS).join(format!("{shoot}.json"))
+}
+
+fn cleared_marker(layout: &RingLayout, shoot: &str) -> PathBuf {
+    layout.dir.join(MARKERS).join(format!("{shoot}.cleared"))
+}
+
+fn marks_on_disk(layout: &RingLayout, config: &RingConfig) -> Marks {
+    let names = || config.members.iter().map(|m| m.name.clone());
+    Marks {
+        restored: names()
+            .filter(|m| read_marker(layout, m).is_some())
+            .collect(),
+        cleared: names()
+            .filter(|m| cleared_marker(layout, m).exists())
+            .collect(),
+    }
 }
 
 fn read_marker(layout: &RingLayout, shoot: &str) -> Option<ShootRestore> {
@@ -214,13 +267,7 @@ pub async fn restore(
     let mut starts: BTreeMap<String, u32> = BTreeMap::new();
     loop {
         let observed = crate::observe(&layout, &config).await;
-        let restored: BTreeSet<String> = config
-            .members
-            .iter()
-            .filter(|m| read_marker(&layout, &m.name).is_some())
-            .map(|m| m.name.clone())
-            .collect();
-        let step = next_step(&config, &observed, &restored);
+        let step = next_step(&config, &observed, &marks_on_disk(&layout, &config));
         if let RestoreStep::Bootstrap(Step::StartMember(m)) = &step {
             let n = starts.entry(m.clone()).or_default();
             *n += 1;
@@ -246,7 +293,7 @@ pub async fn restore(
         if Instant::now() >= deadline {
             let inner = match &step {
                 RestoreStep::Bootstrap(s) => s.clone(),
-                RestoreStep::RestoreShoot { .. } => Step::Done,
+                _ => Step::Done,
             };
             return Err(BootstrapError::Timeout {
                 step: label,
@@ -258,6 +305,11 @@ pub async fn restore(
             RestoreStep::Bootstrap(s) => crate::execute(&layout, &config, &opts.ringd, s).await?,
             RestoreStep::RestoreShoot { shoot, host } => {
                 restore_shoot(&layout, &bucket, shoot, host).await?
+            }
+            RestoreStep::ClearStaleWorkloads { shoot } => {
+                stale::clear(&layout.kubeconfig(shoot), shoot, &config.name).await?;
+                let path = cleared_marker(&layout, shoot);
+                seed::pki::write_private(&path, b"").map_err(RingError::from)?;
             }
         }
     }
@@ -321,16 +373,21 @@ mod tests {
     fn every_shoot_is_restored_onto_its_predecessor_before_any_ringd_starts() {
         let c = RingConfig::default();
         let mut o = Observed::default();
-        let mut restored = BTreeSet::new();
+        let mut done = Marks::default();
         let mut seen = Vec::new();
         loop {
-            let step = next_step(&c, &o, &restored);
+            let step = next_step(&c, &o, &done);
             seen.push(step.clone());
             match step {
                 RestoreStep::RestoreShoot { shoot, host } => {
                     assert!(o.running.is_empty(), "no ringd before every restore");
                     assert_eq!(Some(host), host_of(&c, &shoot));
-                    restored.insert(shoot);
+                    done.restored.insert(shoot);
+                }
+                RestoreStep::ClearStaleWorkloads { shoot } => {
+                    assert!(o.kubeconfigs.contains(&shoot), "its API serves");
+                    assert!(!o.images_built, "before any node step");
+                    done.cleared.insert(shoot);
                 }
                 RestoreStep::Bootstrap(s) => {
                     if !o.pretend(s) {
@@ -350,8 +407,14 @@ mod tests {
             seen[6],
             RestoreStep::Bootstrap(Step::StartMember("m1".into()))
         );
-        // then the bootstrap's node steps: images, network, 3 configs, 3 starts, ready
-        assert_eq!(seen.len(), 3 + 3 + 3 + 4 + 9);
+        // the lost ring's pods cleared from every shoot, then the bootstrap's
+        // node steps: images, network, 3 configs, 3 starts, ready
+        assert_eq!(
+            seen[12],
+            RestoreStep::ClearStaleWorkloads { shoot: "m1".into() }
+        );
+        assert_eq!(seen[15], RestoreStep::Bootstrap(Step::BuildImages));
+        assert_eq!(seen.len(), 3 + 3 + 3 + 4 + 3 + 9);
     }
 
     #[test]
@@ -363,9 +426,12 @@ mod tests {
             member_configs_written: true,
             ..Default::default()
         };
-        let restored: BTreeSet<String> = ["m1".to_string()].into();
+        let done = Marks {
+            restored: ["m1".to_string()].into(),
+            ..Marks::default()
+        };
         assert_eq!(
-            next_step(&c, &o, &restored),
+            next_step(&c, &o, &done),
             RestoreStep::RestoreShoot {
                 shoot: "m2".into(),
                 host: "m1".into()

@@ -379,3 +379,113 @@ fn bad_shoot_name_is_rejected() {
         "{err}"
     );
 }
+
+/// What a restored self-hosted shoot's etcd still holds of the lost ring: its
+/// control-plane workloads in `shoot--<ring>--*`, pods bound to a node that
+/// will register again. `bootstrap::restore::stale::clear` removes them (the
+/// pods at once: no kubelet runs them) and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_clears_the_lost_ring_s_pods_and_nothing_else() {
+    let sandbox = Sandbox::new();
+    let seed = sandbox.seed();
+    seed.start(&ControlPlaneSpec::new("cp-dr"))
+        .await
+        .expect("start");
+    wait_ready(&seed, "cp-dr", READY).await.expect("ready");
+    let kubeconfig = seed.layout("cp-dr").admin_kubeconfig();
+    let manifests = sandbox.path().join("lost-ring.yaml");
+    std::fs::write(&manifests, LOST_RING).unwrap();
+    kubectl(&kubeconfig, &["apply", "-f", manifests.to_str().unwrap()]);
+    let pods = |ns: &str| {
+        kubectl(&kubeconfig, &["get", "pods", "-n", ns, "-o", "name"])
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // the controllers made the Deployment's and the StatefulSet's pods
+    wait_for("the lost ring's 3 pods", READY, || async {
+        (pods("shoot--lost--m2").len() == 3).then_some(())
+    })
+    .await;
+    let cleared = bootstrap::restore::stale::clear(&kubeconfig, "cp-dr", "lost")
+        .await
+        .expect("clear");
+    assert_eq!(cleared, ["shoot--lost--m2"]);
+    assert_eq!(pods("shoot--lost--m2"), Vec::<String>::new());
+    for kind in ["deployments", "statefulsets", "replicasets"] {
+        let left = kubectl(
+            &kubeconfig,
+            &["get", kind, "-n", "shoot--lost--m2", "-o", "name"],
+        );
+        assert!(left.trim().is_empty(), "{kind} left: {left}");
+    }
+    // another ring's namespace and the shoot's own workloads stay
+    assert_eq!(pods("shoot--other--m2"), ["pod/etcd-0"]);
+    assert_eq!(pods("team-a"), ["pod/app"]);
+    seed.stop("cp-dr").await.expect("stop");
+}
+
+/// Objects as a lost self-hosted ring leaves them in a shoot: bound to node
+/// `m1`, which does not exist here (no kubelet ever runs them). The service
+/// accounts are there at once (the controller-manager makes them a bit later).
+const LOST_RING: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shoot--lost--m2}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shoot--other--m2}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: shoot--lost--m2}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: shoot--other--m2}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: team-a}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kube-scheduler, namespace: shoot--lost--m2}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: kube-scheduler}}
+  template:
+    metadata: {labels: {app: kube-scheduler}}
+    spec: {nodeName: m1, containers: [{name: c, image: ring/kube-scheduler:0.1.0}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: etcd, namespace: shoot--lost--m2}
+spec:
+  replicas: 1
+  serviceName: etcd
+  selector: {matchLabels: {app: etcd}}
+  template:
+    metadata: {labels: {app: etcd}}
+    spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: bare, namespace: shoot--lost--m2}
+spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: etcd-0, namespace: shoot--other--m2}
+spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: app, namespace: team-a}
+spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
+"#;
