@@ -152,8 +152,17 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
         assert!(n["containerdRssMib"].as_f64().unwrap() > 5.0, "{n}");
     }
 
-    // pods from every image
+    // pods from every image, once kube-controller-manager made the namespace's
+    // default service account (admission refuses a pod without it)
     let m1 = kc("m1");
+    let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(kube_client(&m1).await, "default");
+    wait_for(
+        "the default service account of shoot m1",
+        Duration::from_secs(120),
+        || async { accounts.get_opt("default").await.ok().flatten() },
+    )
+    .await;
     let work = sandbox.path().join("manifests");
     std::fs::create_dir_all(&work).unwrap();
     for (pod, img, cmd) in [
