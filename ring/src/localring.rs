@@ -40,6 +40,22 @@ pub fn free_port() -> Result<u16, RingError> {
         })
 }
 
+/// `n` distinct free TCP ports on 127.0.0.1: all bound at once, then released
+/// (one at a time, the kernel may hand out the same port twice).
+pub fn free_ports(n: usize) -> Result<Vec<u16>, RingError> {
+    let io = |source| RingError::Io {
+        what: "finding free ports on 127.0.0.1".into(),
+        source,
+    };
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").map_err(io))
+        .collect::<Result<Vec<_>, _>>()?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()).map_err(io))
+        .collect()
+}
+
 impl LocalRing {
     /// Writes the PKI (CA, member and admin certificates) and the configs of
     /// members m1..mn on free loopback ports; members named in `with_seed` host
@@ -52,15 +68,15 @@ impl LocalRing {
     ) -> Result<Self, RingError> {
         let pki_dir = dir.join("pki");
         RingPki::new(&pki_dir).ensure_admin()?;
-        let members: Vec<MemberConfig> = (0..n)
-            .map(|i| {
-                Ok(MemberConfig {
-                    name: format!("m{}", i + 1),
-                    id: i as u64 + 1,
-                    address: format!("127.0.0.1:{}", free_port()?),
-                })
+        let members: Vec<MemberConfig> = free_ports(n)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, port)| MemberConfig {
+                name: format!("m{}", i + 1),
+                id: i as u64 + 1,
+                address: format!("127.0.0.1:{port}"),
             })
-            .collect::<Result<_, RingError>>()?;
+            .collect();
         let mut ring = LocalRing {
             dir: dir.to_path_buf(),
             pki: pki_dir,
@@ -180,5 +196,20 @@ impl LocalRing {
             .process_group(0)
             .spawn()
             .map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Members of one test ring never share a port (one at a time, two
+    /// members once got the same port and the second could not listen).
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(64).unwrap();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 64, "{ports:?}");
+        assert!(ports.iter().all(|p| *p != 0));
     }
 }

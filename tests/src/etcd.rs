@@ -92,7 +92,8 @@ impl EtcdServer {
         }
         let mut last = String::new();
         for _ in 0..3 {
-            let (client_port, peer_port) = (free_port(), free_port());
+            let ports = ringd::localring::free_ports(2).expect("two free ports");
+            let (client_port, peer_port) = (ports[0], ports[1]);
             let url = format!("{scheme}://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
             let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
