@@ -219,11 +219,26 @@ pub async fn restore_snapshot(
 
 /// A free TCP port on 127.0.0.1 (the kernel's choice).
 pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(crate::error::io("finding a free port"))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(crate::error::io("finding a free port"))
+    Ok(free_ports(1)?[0])
+}
+
+/// `n` distinct free TCP ports on 127.0.0.1: all bound at once, then released
+/// (one at a time, the kernel may hand out the same port twice).
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .map_err(crate::error::io("finding free ports"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .map(|a| a.port())
+                .map_err(crate::error::io("finding free ports"))
+        })
+        .collect()
 }
 
 /// The flags of a single-member etcd (a new one, or one on existing data),
@@ -264,7 +279,8 @@ impl TempEtcd {
     pub async fn start(etcd: &Path, data_dir: &Path, name: &str, log: &Path) -> Result<Self> {
         let mut last = String::new();
         for _attempt in 0..3 {
-            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let ports = free_ports(2)?;
+            let (client_port, peer_port) = (ports[0], ports[1]);
             let url = format!("http://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
             let logfile = std::fs::File::create(log).map_err(io_at("creating", log))?;
@@ -380,6 +396,16 @@ pub fn is_lease_taken(e: &etcd_client::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ports taken together never repeat (one at a time, two members of a
+    /// test ring once got the same port and the second could not listen).
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(64).unwrap();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 64, "{ports:?}");
+        assert!(ports.iter().all(|p| *p != 0));
+    }
 
     #[test]
     fn only_out_of_range_means_compacted() {

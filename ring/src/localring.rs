@@ -31,29 +31,12 @@ pub struct LocalRing {
 
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> Result<u16, RingError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|source| RingError::Io {
-            what: "finding a free port on 127.0.0.1".into(),
-            source,
-        })
+    Ok(::backup::etcd::free_port()?)
 }
 
-/// `n` distinct free TCP ports on 127.0.0.1: all bound at once, then released
-/// (one at a time, the kernel may hand out the same port twice).
+/// `n` distinct free TCP ports on 127.0.0.1 ([`::backup::etcd::free_ports`]).
 pub fn free_ports(n: usize) -> Result<Vec<u16>, RingError> {
-    let io = |source| RingError::Io {
-        what: "finding free ports on 127.0.0.1".into(),
-        source,
-    };
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").map_err(io))
-        .collect::<Result<Vec<_>, _>>()?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()).map_err(io))
-        .collect()
+    Ok(::backup::etcd::free_ports(n)?)
 }
 
 impl LocalRing {
@@ -196,20 +179,5 @@ impl LocalRing {
             .process_group(0)
             .spawn()
             .map_err(io)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Members of one test ring never share a port (one at a time, two
-    /// members once got the same port and the second could not listen).
-    #[test]
-    fn free_ports_are_distinct() {
-        let ports = free_ports(64).unwrap();
-        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
-        assert_eq!(distinct.len(), 64, "{ports:?}");
-        assert!(ports.iter().all(|p| *p != 0));
     }
 }

@@ -27,10 +27,7 @@ pub struct EtcdServer {
 
 /// A port the kernel just handed out on 127.0.0.1.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    backup::etcd::free_port().expect("a free port")
 }
 
 /// The etcd binary, or a panic telling how to install it.
@@ -92,7 +89,7 @@ impl EtcdServer {
         }
         let mut last = String::new();
         for _ in 0..3 {
-            let ports = ringd::localring::free_ports(2).expect("two free ports");
+            let ports = backup::etcd::free_ports(2).expect("two free ports");
             let (client_port, peer_port) = (ports[0], ports[1]);
             let url = format!("{scheme}://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");

@@ -210,14 +210,10 @@ async fn kill_leader(
 async fn measure_etcd(opts: &RaftBenchOptions, n: usize) -> Result<Vec<f64>> {
     let etcd = seed::BinarySearch::standard(None).find("etcd")?;
     let dir = opts.dir.join(format!("etcd-{n}"));
-    let ports: Vec<(u16, u16)> = (0..n)
-        .map(|_| {
-            Ok((
-                ringd::localring::free_port()?,
-                ringd::localring::free_port()?,
-            ))
-        })
-        .collect::<Result<_>>()?;
+    let ports: Vec<(u16, u16)> = ringd::localring::free_ports(2 * n)?
+        .chunks(2)
+        .map(|p| (p[0], p[1]))
+        .collect();
     let cluster = ports
         .iter()
         .enumerate()
