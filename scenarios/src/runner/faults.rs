@@ -293,9 +293,10 @@ impl Run<'_> {
             killed += k.processes.processes;
             nodes.extend(k.nodes);
         }
-        // what the dead machines' nodes leave on this one: cgroups, the node network
-        let layout = self.layout.clone();
-        let _ = tokio::task::spawn_blocking(move || bootstrap::nodes::kill_now(&layout)).await;
+        // the node network outlives the machines (it is this one's): remove it
+        if let Ok(Some(net)) = bootstrap::nodes::network(&self.layout, &self.config) {
+            let _ = tokio::task::spawn_blocking(move || net.remove()).await;
+        }
         std::fs::remove_dir_all(&self.layout.dir)
             .map_err(io(format!("removing {}", self.layout.dir.display())))?;
         let shoots = self.members.clone();
