@@ -218,12 +218,39 @@ impl RingConfig {
     /// Loads the bucket key the config names, if any: done where the key is
     /// used (bootstrap, restore), not in [`validate`](Self::validate), so that
     /// `ringctl status` or `down` work without the key at hand.
-    pub fn check_bucket_key(&self) -> Result<(), BootstrapError> {
+    /// A self-hosted ring's pods must reach the bucket too: an endpoint on
+    /// this machine's loopback (given here or in `AWS_ENDPOINT_URL`) is
+    /// refused, as is an environment the pods' config cannot be made from.
+    pub fn check_bucket(&self) -> Result<(), BootstrapError> {
+        self.check_bucket_in(std::env::vars())
+    }
+
+    /// [`check_bucket`](Self::check_bucket) in the environment `vars`.
+    pub fn check_bucket_in(
+        &self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), BootstrapError> {
         if let Some(e) = &self.bucket_encryption {
             backup::codec::EncryptionKey::load(e)
                 .map_err(|err| bad("bucketEncryption", err.to_string()))?;
         }
-        Ok(())
+        let Some(url) = self
+            .bucket
+            .as_ref()
+            .filter(|_| !self.self_hosting.members.is_empty())
+        else {
+            return Ok(());
+        };
+        let bucket = backup::BucketConfig::url(url.clone())
+            .with_variables(vars)
+            .map_err(|e| bad("bucket", e.to_string()))?;
+        match bucket.loopback_endpoint() {
+            Some(endpoint) => Err(bad(
+                "bucket",
+                format!("{url} is reached at {endpoint} (AWS_ENDPOINT_URL), a loopback address, and the self-hosted ring's pods back up to it from their nodes' network namespaces, where loopback is their own: give an address of this machine the nodes reach (its network address, or the node network's gateway)"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Parses and validates a Ring config.

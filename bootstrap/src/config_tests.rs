@@ -123,7 +123,7 @@ fn the_bucket_key_is_checked_where_it_is_used() {
     );
     // `ringctl status` / `down` read the config without needing the key
     let config = RingConfig::parse(&text, "ring.yaml").unwrap();
-    let err = config.check_bucket_key().unwrap_err().to_string();
+    let err = config.check_bucket().unwrap_err().to_string();
     assert!(
         err.contains("bucketEncryption") && err.contains("/nonexistent/ring.key"),
         "{err}"
@@ -134,7 +134,38 @@ fn the_bucket_key_is_checked_where_it_is_used() {
     let text = text.replace("/nonexistent/ring.key", &key.display().to_string());
     RingConfig::parse(&text, "ring.yaml")
         .unwrap()
-        .check_bucket_key()
+        .check_bucket()
+        .unwrap();
+}
+
+#[test]
+fn a_self_hosted_ring_refuses_a_bucket_its_pods_cannot_reach() {
+    let text = yaml(
+        "members: [{name: a}, {name: b}, {name: c}]\nbucket: s3://drill/backups\nnodes: {perMember: 1}\nselfHosting: {members: [a, b, c]}\n",
+    );
+    let config = RingConfig::parse(&text, "ring.yaml").unwrap();
+    let env = |endpoint: &str| {
+        vec![
+            ("AWS_ENDPOINT_URL".to_string(), endpoint.to_string()),
+            ("AWS_ACCESS_KEY_ID".to_string(), "id".to_string()),
+        ]
+    };
+    let err = config
+        .check_bucket_in(env("http://127.0.0.1:9000"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("bucket") && err.contains("http://127.0.0.1:9000") && err.contains("loopback"),
+        "{err}"
+    );
+    config
+        .check_bucket_in(env("http://198.19.0.254:9000"))
+        .unwrap();
+    // a process-hosted ring's backups run next to ringd, on this machine
+    let local = text.replace("selfHosting: {members: [a, b, c]}\n", "");
+    RingConfig::parse(&local, "ring.yaml")
+        .unwrap()
+        .check_bucket_in(env("http://127.0.0.1:9000"))
         .unwrap();
 }
 

@@ -241,7 +241,7 @@ pub async fn bootstrap(
         (None, None) => RingConfig::default(),
     };
     config.validate()?;
-    config.check_bucket_key()?;
+    config.check_bucket()?;
     let started = Instant::now();
     let deadline = started + opts.timeout;
     let mut steps: Vec<(String, f64)> = Vec::new();

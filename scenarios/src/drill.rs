@@ -587,17 +587,7 @@ impl Drill {
                 format!("is the ring's name, and a self-hosted ring's name has at most {max} characters (namespaces are shoot--<ring>--<shoot>): shorten it {processes}"),
             ));
         }
-        let unsupported = self
-            .faults
-            .iter()
-            .position(|f| matches!(f.action, Action::FullSnapshot { .. }));
-        match unsupported {
-            Some(i) => Err(bad(
-                format!("faults[{i}].action.{}", self.faults[i].action.name()),
-                "is not supported on the self-hosted ring yet (it reads a seed's etcd files, which work on process-hosted rings): set ring.hosting: processes",
-            )),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// Whether the member at ring position `p` (1-based) has a Kubernetes seed.

@@ -191,10 +191,6 @@ fn bad_drills_give_errors_naming_the_field() {
                 GOOD.replace("name: kill-seed", "name: kill-seed-on-a-self-hosted-ring"),
                 "name: is the ring's name, and a self-hosted ring's name has at most 24",
             ),
-            (
-                GOOD.replace("{heal: {}}", "{fullSnapshot: {shoot: 1}}"),
-                "faults[1].action.fullSnapshot: is not supported on the self-hosted ring yet",
-            ),
         ];
     for (text, want) in cases {
         let got = Drill::parse(&text, "d.yaml")

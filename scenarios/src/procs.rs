@@ -220,16 +220,19 @@ pub const NOTABLE: [&str; 3] = [
 ];
 
 /// `(ms since the Unix epoch, line)` of every line of a ringd log (ANSI colours
-/// removed) that contains one of `patterns`, at most `max`.
+/// removed) that contains one of `patterns`, at most `max` per pattern (a line
+/// counts for the first it contains), so a chatty pattern never hides another.
 pub fn notable_lines(log: &str, patterns: &[&str], max: usize) -> Vec<(i64, String)> {
     let mut out = Vec::new();
+    let mut taken = vec![0usize; patterns.len()];
     for raw in log.lines() {
-        if out.len() >= max {
-            break;
-        }
-        if !patterns.iter().any(|p| raw.contains(p)) {
+        let Some(i) = patterns.iter().position(|p| raw.contains(p)) else {
+            continue;
+        };
+        if taken[i] >= max {
             continue;
         }
+        taken[i] += 1;
         let mut line = String::with_capacity(raw.len());
         let mut chars = raw.chars();
         while let Some(c) = chars.next() {
@@ -300,5 +303,23 @@ mod tests {
             "WARN backup: full-1 is corrupt (checksum): planning again"
         );
         assert_eq!(got[0].0 % 1000, 454);
+    }
+
+    /// A drill failed with "no member logged \"is corrupt\"" although ringd had:
+    /// a dozen fencing lines came first and used up a budget shared by all.
+    #[test]
+    fn a_chatty_pattern_never_hides_another() {
+        let mut log = String::new();
+        for s in 10..22 {
+            log.push_str(&format!(
+                "2026-11-26T08:00:{s}Z WARN fencing the control plane m2\n"
+            ));
+        }
+        log.push_str("2026-11-26T08:01:00Z WARN m2's full-7 is corrupt (checksum)\n");
+        let got = notable_lines(&log, &NOTABLE, 10);
+        assert_eq!(got.len(), 11);
+        assert!(got[10].1.contains("is corrupt"), "{got:?}");
+        let fencing = got.iter().filter(|(_, l)| l.contains("fencing")).count();
+        assert_eq!(fencing, 10);
     }
 }

@@ -288,24 +288,6 @@ impl Observer {
     }
 }
 
-/// Kills whatever the run started and removes its temp dir when dropped.
-struct Teardown {
-    dir: PathBuf,
-    layout: RingLayout,
-    keep: bool,
-}
-
-impl Drop for Teardown {
-    fn drop(&mut self) {
-        // the ring's nodes first: their pods name no path of the run
-        bootstrap::nodes::kill_now(&self.layout);
-        procs::kill_all_mentioning(&self.dir, Duration::from_secs(15));
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
 /// The member hosting `shoot`'s control plane, as the ring last reported.
 fn host_of(obs: &Observer, shoot: &str) -> Option<String> {
     obs.status()?
@@ -380,13 +362,15 @@ struct Run<'a> {
     /// The drill network (`ring.network: namespaces`).
     network: Option<Arc<Network>>,
     losses: BTreeMap<String, Vec<LossPoint>>,
-    s3: Option<Arc<Mutex<S3Server>>>,
+    s3: Option<SharedS3>,
     /// Seed clusters of the Kubernetes members.
     kube_seeds: KubeSeeds,
     say: &'a (dyn Fn(&str) + Sync),
 }
 
 mod faults;
+mod setup;
+use setup::{start_bucket, SharedS3, Teardown};
 
 impl Run<'_> {
     fn t(&self) -> f64 {
@@ -411,7 +395,8 @@ impl Run<'_> {
 /// and moves every control plane into pods.
 fn bootstrap_bound(drill: &Drill) -> Duration {
     match drill.ring.hosting {
-        Hosting::SelfHosted => Duration::from_secs(600),
+        // two planned moves per member, then its node: 600 s for 3 or 4
+        Hosting::SelfHosted => Duration::from_secs(150 * drill.ring.members.max(4) as u64),
         Hosting::Processes => Duration::from_secs(300),
     }
 }
@@ -447,29 +432,18 @@ pub async fn run(
     let layout = RingLayout {
         dir: dir.join("ring"),
     };
-    let _teardown = Teardown {
+    let mut teardown = Teardown {
         dir: dir.clone(),
         layout: layout.clone(),
         keep: opts.keep,
+        node_network: None,
     };
     let members = drill.members();
     let bucket_dir = dir.join("bucket");
     std::fs::create_dir_all(&bucket_dir).map_err(io("creating the bucket folder"))?;
-    let (bucket_url, bucket, s3) = if drill.ring.bucket == BucketKind::S3 {
-        let server = S3Server::start(&dir.join("s3"))?;
-        server.create_bucket(crate::s3::BUCKET)?;
-        // ringd and ringctl, started by this process, reach it through the environment
-        for (k, v) in server.env() {
-            std::env::set_var(k, v);
-        }
-        (
-            server.url(),
-            server.bucket_config(),
-            Some(Arc::new(Mutex::new(server))),
-        )
-    } else {
-        let url = format!("file://{}", bucket_dir.display());
-        (url.clone(), backup::BucketConfig::url(url), None)
+    let bucket_url = match drill.ring.bucket {
+        BucketKind::S3 => crate::s3::url(),
+        BucketKind::File => format!("file://{}", bucket_dir.display()),
     };
     // members in their own network namespaces, shoot APIs forwarded into them
     let forwarding = CancellationToken::new();
@@ -537,6 +511,7 @@ pub async fn run(
         },
         ..RingConfig::default()
     };
+    let (bucket, s3) = start_bucket(drill, &dir, &layout, &config, &mut teardown)?;
     let config_file = dir.join("ring.yaml");
     let yaml = serde_yaml::to_string(&config).map_err(|e| ScenarioError::Setup(e.to_string()))?;
     std::fs::write(&config_file, yaml).map_err(io("writing ring.yaml"))?;

@@ -1,8 +1,9 @@
 //! A real S3-compatible server (`s3s-fs`, installed by `scripts/setup`) on a
-//! loopback port, storing under a dir: the bucket of drills with `ring.bucket:
+//! port of a local address (loopback, or the node network's gateway), storing under a dir: the bucket of drills with `ring.bucket:
 //! s3`, and the S3 server of the end-to-end tests. It can be stopped (an outage)
 //! and started again on the same port and data.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,19 +33,26 @@ pub fn server_binary() -> Result<PathBuf, ScenarioError> {
         })
 }
 
+/// The drills' bucket URL (the ring backs up under `backups/`).
+pub fn url() -> String {
+    format!("s3://{BUCKET}/backups")
+}
+
 /// A running (or stopped) S3 server.
 pub struct S3Server {
     child: Option<Child>,
     dir: PathBuf,
     bin: PathBuf,
-    /// Its port on 127.0.0.1.
+    /// The address it listens on.
+    pub host: Ipv4Addr,
+    /// Its port there.
     pub port: u16,
 }
 
 impl S3Server {
-    /// Starts a server storing under `dir` (which gets `data/` and `server.log`);
-    /// it has no bucket yet ([`S3Server::create_bucket`]).
-    pub fn start(dir: &Path) -> Result<S3Server, ScenarioError> {
+    /// Starts a server on `host` storing under `dir` (which gets `data/` and
+    /// `server.log`); it has no bucket yet ([`S3Server::create_bucket`]).
+    pub fn start(dir: &Path, host: Ipv4Addr) -> Result<S3Server, ScenarioError> {
         let data = dir.join("data");
         std::fs::create_dir_all(&data).map_err(|source| ScenarioError::Io {
             what: format!("creating {}", data.display()),
@@ -54,10 +62,11 @@ impl S3Server {
             child: None,
             dir: dir.to_path_buf(),
             bin: server_binary()?,
+            host,
             port: 0,
         };
         for _ in 0..3 {
-            s.port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            s.port = std::net::TcpListener::bind((host, 0))
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
                 .map_err(|source| ScenarioError::Io {
@@ -85,7 +94,12 @@ impl S3Server {
                 source,
             })?;
         let child = Command::new(&self.bin)
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--host",
+                &self.host.to_string(),
+                "--port",
+                &self.port.to_string(),
+            ])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .arg(self.dir.join("data"))
             .stdin(Stdio::null())
@@ -103,7 +117,7 @@ impl S3Server {
                 self.child = None;
                 return Ok(false);
             }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if std::net::TcpStream::connect((self.host, self.port)).is_ok() {
                 return Ok(true);
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -126,14 +140,14 @@ impl S3Server {
         self.dir.join("data").join(name)
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://HOST:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
-    /// The drill's bucket URL (the ring backs up under `backups/`).
+    /// The drill's bucket URL ([`url`]).
     pub fn url(&self) -> String {
-        format!("s3://{BUCKET}/backups")
+        url()
     }
 
     /// The drill's bucket as the backup library reaches it.

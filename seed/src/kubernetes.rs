@@ -35,7 +35,7 @@ pub mod render;
 pub mod volumes;
 
 pub use agent::{LeaseRecord, PodBackup, Wiring};
-pub use records::{BackupProgress, RestoreRecord};
+pub use records::{etcd_pod_url, BackupProgress, RestoreRecord};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -19,7 +19,7 @@ impl S3Server {
             .prefix("ring-s3-")
             .tempdir()
             .expect("temp dir");
-        let inner = scenarios::s3::S3Server::start(root.path())
+        let inner = scenarios::s3::S3Server::start(root.path(), std::net::Ipv4Addr::LOCALHOST)
             .unwrap_or_else(|e| panic!("the S3 test server: {e}"));
         S3Server { inner, _root: root }
     }

@@ -799,6 +799,35 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
     let out = restore_cli(&url, &data2, &["--allow-gap"]);
     assert!(expect_success(&out).contains("NOT exact"));
 
+    // a corrupt newest full snapshot: the restore goes past it to the older
+    // one, replays every delta since, and its report names what it skipped
+    let (_, url) = variant("fallback");
+    let mut newer = cfg.clone();
+    newer.bucket = BucketConfig::url(url.clone());
+    let snap = backup::snapshot_once(&newer).await.unwrap();
+    let path = shoot_dir("fallback").join(&snap.name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&path, bytes).unwrap();
+    let opts = restore_opts(
+        &BucketConfig::url(url.clone()),
+        "bad",
+        work.path().join("r-fallback"),
+        RestoreTarget::Latest,
+    );
+    let report = restore(&opts).await.unwrap();
+    assert_eq!(report.full, catalog.fulls[0].name);
+    assert_eq!(report.reached_revision, *revs.last().unwrap());
+    assert!(report.verified, "{report:?}");
+    assert_eq!(report.corrupt.len(), 1, "{report:?}");
+    assert_eq!(report.corrupt[0].object, snap.name);
+    assert!(
+        report.corrupt[0].problem.contains("checksum"),
+        "{:?}",
+        report.corrupt[0]
+    );
+
     // a bucket that does not exist, and one that does not answer
     let out = ringctl_backup(
         &[

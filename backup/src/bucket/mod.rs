@@ -11,6 +11,7 @@ use object_store::{ObjectStore, WriteMultipart};
 use crate::catalog::Catalog;
 use crate::{BackupError, Result};
 
+mod environment;
 mod failure;
 mod open;
 

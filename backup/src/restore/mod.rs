@@ -127,6 +127,17 @@ pub struct RestoreReport {
     /// Revision, key count and (where recorded) `HashKV` all match the source.
     pub verified: bool,
     pub total_seconds: f64,
+    /// Full snapshots this restore found corrupt and went past, each with what
+    /// was wrong (the restore used an older one and replayed more deltas).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrupt: Vec<CorruptObject>,
+}
+
+/// An object of the bucket a restore found damaged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CorruptObject {
+    pub object: String,
+    pub problem: String,
 }
 
 /// Restores; `progress` hears about every step. Cancelling stops between
@@ -153,9 +164,9 @@ async fn run(
     let fingerprint = opts.fingerprint();
     std::fs::create_dir_all(&work).map_err(io_at("creating", &work))?;
     let state_file = work.join("state.json");
-    let mut state = load_state(&state_file, &fingerprint);
-    // the damage found in full snapshots this run, for the error if none is usable
-    let mut damaged: Vec<(String, String)> = Vec::new();
+    // with the damage found in full snapshots so far, for the report (and
+    // the error if none is usable)
+    let (mut state, mut damaged) = load_state(&state_file, &fingerprint);
     if opts.data_dir.exists()
         && !is_empty_dir(&opts.data_dir)
         && !matches!(state, RestoreState::Done { .. })
@@ -184,12 +195,16 @@ async fn run(
             RestoreState::Done { report } => {
                 let mut report = report.clone();
                 report.total_seconds = started.elapsed().as_secs_f64();
+                report.corrupt = damaged
+                    .into_iter()
+                    .map(|(object, problem)| CorruptObject { object, problem })
+                    .collect();
                 let _ = std::fs::remove_dir_all(&work);
                 return Ok(report);
             }
         };
         state = step(state, outcome)?;
-        save_state(&state_file, &fingerprint, &state)?;
+        save_state(&state_file, &fingerprint, &state, &damaged)?;
     }
 }
 

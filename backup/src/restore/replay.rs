@@ -360,6 +360,7 @@ impl Replayer {
             gaps,
             verified: self.aligned,
             total_seconds: 0.0,
+            corrupt: Vec::new(),
         }
     }
 }

@@ -134,26 +134,38 @@ pub fn step(state: RestoreState, outcome: Outcome) -> Result<RestoreState> {
 struct Saved {
     fingerprint: String,
     state: RestoreState,
+    /// The full snapshots found corrupt so far, with what was wrong (for the
+    /// report, also after a restart).
+    #[serde(default)]
+    damaged: Vec<(String, String)>,
 }
 
-pub(super) fn load_state(path: &Path, fingerprint: &str) -> RestoreState {
-    let fresh = RestoreState::Start { excluded: vec![] };
+/// The saved state of the restore with `fingerprint` and the damage found so
+/// far; a fresh start if none is saved or the options differ.
+pub(super) fn load_state(path: &Path, fingerprint: &str) -> (RestoreState, Vec<(String, String)>) {
+    let fresh = (RestoreState::Start { excluded: vec![] }, vec![]);
     let Ok(bytes) = std::fs::read(path) else {
         return fresh;
     };
     match serde_json::from_slice::<Saved>(&bytes) {
         Ok(s) if s.fingerprint == fingerprint => {
             tracing::info!(state = ?s.state.action(), "resuming a restore");
-            s.state
+            (s.state, s.damaged)
         }
         _ => fresh,
     }
 }
 
-pub(super) fn save_state(path: &Path, fingerprint: &str, state: &RestoreState) -> Result<()> {
+pub(super) fn save_state(
+    path: &Path,
+    fingerprint: &str,
+    state: &RestoreState,
+    damaged: &[(String, String)],
+) -> Result<()> {
     let json = serde_json::to_vec_pretty(&Saved {
         fingerprint: fingerprint.to_string(),
         state: state.clone(),
+        damaged: damaged.to_vec(),
     })
     .map_err(|e| BackupError::Restore(format!("cannot encode the state: {e}")))?;
     let tmp = path.with_extension("tmp");
@@ -204,6 +216,7 @@ mod tests {
             gaps: vec![],
             verified: true,
             total_seconds: 0.0,
+            corrupt: vec![],
         }
     }
 
@@ -289,11 +302,12 @@ mod tests {
             excluded: vec![],
             full: info(),
         };
-        save_state(&path, "fp", &state).unwrap();
-        assert_eq!(load_state(&path, "fp"), state, "resumes");
+        let damaged = vec![("full-9".to_string(), "checksum mismatch".to_string())];
+        save_state(&path, "fp", &state, &damaged).unwrap();
+        assert_eq!(load_state(&path, "fp"), (state, damaged), "resumes");
         assert_eq!(
             load_state(&path, "other"),
-            RestoreState::Start { excluded: vec![] },
+            (RestoreState::Start { excluded: vec![] }, vec![]),
             "other options start over"
         );
     }

@@ -51,7 +51,22 @@ pub fn pod_backup(rb: &RingBucket) -> Result<PodBackup, RingError> {
         key_file: pki("etcd-client.key"),
         server_name: Some("localhost".into()),
     };
-    let mut config = backup::BackupConfig::new(agent::SHOOT_FROM_FLAG, etcd, rb.config.clone());
+    // the pods do not share ringd's environment: what it gives the bucket
+    // (an S3 endpoint, keys) goes into their config
+    let bucket = rb
+        .config
+        .with_environment()
+        .map_err(|e| RingError::Config {
+            field: "backup.bucket".into(),
+            reason: e.to_string(),
+        })?;
+    if let Some(endpoint) = bucket.loopback_endpoint() {
+        return Err(RingError::Config {
+            field: "backup.bucket.endpoint".into(),
+            reason: format!("{endpoint} is a loopback address: the control plane's pods back up from their own network namespace, where loopback is theirs; give an address of this machine the seed's nodes reach"),
+        });
+    }
+    let mut config = backup::BackupConfig::new(agent::SHOOT_FROM_FLAG, etcd, bucket);
     config.schedule.full_after_revisions = 2000;
     let mut files = BTreeMap::new();
     if let Some(key) = rb.key() {
@@ -432,5 +447,33 @@ mod tests {
         let pod = pod_backup(&plain).unwrap();
         assert_eq!(pod.host_dir, None);
         assert_eq!(pod.files.len(), 1, "no key file without a key");
+    }
+
+    /// An S3 endpoint pods cannot reach (this machine's loopback) is refused
+    /// with the field named; a reachable one goes into their config.
+    #[test]
+    fn pods_never_get_a_loopback_bucket_endpoint() {
+        let s3 = |endpoint: &str| {
+            let mut b = backup::BucketConfig::url("s3://b/ring");
+            b.endpoint = Some(endpoint.into());
+            b.options.insert("aws_access_key_id".into(), "id".into());
+            RingBucket::new(b, None, "x").unwrap()
+        };
+        let err = pod_backup(&s3("http://127.0.0.1:9000"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("backup.bucket.endpoint") && err.contains("127.0.0.1:9000"),
+            "{err}"
+        );
+        let pod = pod_backup(&s3("http://198.19.0.254:9000")).unwrap();
+        let config: backup::BackupConfig =
+            serde_yaml::from_slice(&pod.files[agent::BACKUP_CONFIG]).unwrap();
+        assert_eq!(
+            config.bucket.endpoint.as_deref(),
+            Some("http://198.19.0.254:9000")
+        );
+        assert_eq!(config.bucket.options["aws_access_key_id"], "id");
     }
 }

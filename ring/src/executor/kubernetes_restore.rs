@@ -169,6 +169,9 @@ async fn restore_in_pod(
             let report: RestoreReport = serde_json::from_str(&r.report).map_err(unreadable)?;
             let objects: Objects = serde_json::from_str(&r.objects).map_err(unreadable)?;
             tracing::info!(%shoot, op, revision = report.reached_revision, "restored by etcd's init container");
+            for c in &report.corrupt {
+                tracing::warn!(%shoot, op, "etcd's init container found {} is corrupt ({}) and restored from an older snapshot", c.object, c.problem);
+            }
             return Ok((report, objects, r.hash_kv));
         }
         if let Some(problem) = seed.restore_problem(shoot).await? {

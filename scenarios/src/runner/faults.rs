@@ -207,18 +207,41 @@ impl Run<'_> {
             .ok()
             .flatten()
             .ok_or_else(|| ScenarioError::Setup(format!("{host} holds no spec of {shoot}")))?;
-        let config = backup::BackupConfig::new(
-            shoot.clone(),
-            backup::EtcdConfig::for_local_shoot(&shoot_layout, &spec),
-            self.bucket.clone(),
-        );
+        let mut etcd = backup::EtcdConfig::for_local_shoot(&shoot_layout, &spec);
+        let hosting = if bootstrap::selfhost::hosts_as_pods(&self.layout, &host) {
+            // in pods on the host's node: its etcd pod, reached by pod IP
+            etcd.endpoints = vec![self.etcd_pod_url(&host, &shoot).await?];
+            etcd.server_name = Some("localhost".into());
+            "pods on"
+        } else {
+            "processes on"
+        };
+        let config = backup::BackupConfig::new(shoot.clone(), etcd, self.bucket.clone());
         let snap = backup::snapshot_once(&config)
             .await
             .map_err(|e| ScenarioError::Setup(format!("full snapshot of {shoot}: {e}")))?;
         Ok(format!(
-            "full snapshot of {shoot} on {host} at revision {}",
+            "full snapshot of {shoot} (in {hosting} {host}) at revision {}",
             snap.base_revision
         ))
+    }
+
+    /// The client URL of the etcd pod of `shoot` in `host`'s shoot.
+    async fn etcd_pod_url(&self, host: &str, shoot: &str) -> Result<String, ScenarioError> {
+        let failed = |e: seed::SeedError| {
+            ScenarioError::Setup(format!("finding {shoot}'s etcd pod in shoot {host}: {e}"))
+        };
+        let client = seed::kubeconfig::client(host, &self.layout.kubeconfig(host))
+            .await
+            .map_err(failed)?;
+        seed::kubernetes::etcd_pod_url(&client, &self.config.name, shoot)
+            .await
+            .map_err(failed)?
+            .ok_or_else(|| {
+                ScenarioError::Setup(format!(
+                    "shoot {host} has no Running etcd pod of {shoot} with an address"
+                ))
+            })
     }
 
     /// Flips a byte of a shoot's newest full snapshot in the bucket.

@@ -204,6 +204,34 @@ impl KubernetesSeed {
     }
 }
 
+/// The client URL of `shoot`'s etcd on the seed cluster `client` reaches: the
+/// pod IP of its Running etcd pod in `shoot--<ring>--<shoot>`, which the
+/// machine reaches through its nodes' routes. `None` while no such pod has an
+/// address. etcd's serving certificate names `localhost`: connect with that
+/// server name.
+pub async fn etcd_pod_url(
+    client: &kube::Client,
+    ring: &str,
+    shoot: &str,
+) -> Result<Option<String>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &super::render::namespace(ring, shoot));
+    let pods = api
+        .list(&ListParams::default().labels(&super::component_selector(shoot, ETCD)))
+        .await
+        .map_err(|e| SeedError::Kube {
+            shoot: shoot.to_string(),
+            message: format!("listing etcd's pods: {e}"),
+        })?;
+    Ok(pods.items.iter().find_map(|p| {
+        let status = p.status.as_ref()?;
+        let ip = status
+            .pod_ip
+            .as_deref()
+            .filter(|_| status.phase.as_deref() == Some("Running"))?;
+        Some(format!("https://{ip}:2379"))
+    }))
+}
+
 /// A visible reason why `pod` does not run: an init container that failed,
 /// an image the node lacks, or a scheduling failure.
 fn pod_problem(pod: &Pod) -> Option<String> {
