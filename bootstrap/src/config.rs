@@ -388,12 +388,8 @@ impl RingConfig {
                 )
             })?;
         }
-        if let Some(i) = self.members.iter().position(|m| m.netns.is_some()) {
-            return Err(bad(
-                format!("members[{i}].netns"),
-                "members in network namespaces cannot have nodes yet: set nodes.perMember: 0",
-            ));
-        }
+        // members in network namespaces reach the nodes as guests of the node
+        // network (`nodes::ensure_network`)
         Ok(())
     }
 
@@ -407,10 +403,12 @@ impl RingConfig {
             if names[..i].contains(n) {
                 return Err(bad(field, format!("{n:?} is listed twice")));
             }
-            if m.seed != SeedSpec::Local || m.netns.is_some() {
+            if m.seed != SeedSpec::Local {
                 return Err(bad(
                     field,
-                    format!("{n:?} must be a member on a local seed without netns: it hosts on its own shoot's node"),
+                    format!(
+                        "{n:?} must be a member on a local seed: it hosts on its own shoot's node"
+                    ),
                 ));
             }
         }

@@ -93,6 +93,9 @@ pub fn network_up(layout: &RingLayout, config: &RingConfig) -> bool {
         Ok(Some(net)) => {
             seed::netns::exists(&net.hub())
                 && net.hosts.iter().all(|h| seed::netns::exists(&h.netns))
+                && guests(config)
+                    .iter()
+                    .all(|(_, ns)| seed::node::net::has_guest_link(ns))
         }
         _ => false,
     }
@@ -144,7 +147,22 @@ pub fn ensure_network(
         BootstrapError::Unsupported("the ring has no nodes (nodes.perMember: 0)".into())
     })?;
     net.ensure()?;
+    // members in network namespaces of their own reach the nodes as guests
+    for (i, netns) in guests(config) {
+        net.ensure_guest(&netns, i)?;
+    }
     Ok(net)
+}
+
+/// The members with a network namespace of their own, with their guest
+/// number on the node network (their position in the ring).
+fn guests(config: &RingConfig) -> Vec<(u8, String)> {
+    config
+        .members
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| Some((i as u8, m.netns.clone()?)))
+        .collect()
 }
 
 /// Whether every image archive the nodes import is in the image cache.

@@ -574,12 +574,6 @@ impl Drill {
                 format!("gives members a seed cluster of their own; on the self-hosted ring (ring.hosting: self, the default) every member hosts as pods on its own shoot's node: drop it {processes}"),
             ));
         }
-        if self.ring.network == NetworkKind::Namespaces {
-            return Err(bad(
-                "ring.network",
-                format!("namespaces is not supported on the self-hosted ring yet (its nodes live on the ring's node network, which a member's namespace does not reach): use loopback {processes}"),
-            ));
-        }
         let max = seed::kubernetes::MAX_RING_NAME;
         if self.name.len() > max {
             return Err(bad(

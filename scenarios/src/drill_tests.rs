@@ -184,10 +184,6 @@ fn bad_drills_give_errors_naming_the_field() {
                 "ring.kubernetesMembers: gives members a seed cluster of their own; on the self-hosted ring",
             ),
             (
-                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, network: namespaces}"),
-                "ring.network: namespaces is not supported on the self-hosted ring yet",
-            ),
-            (
                 GOOD.replace("name: kill-seed", "name: kill-seed-on-a-self-hosted-ring"),
                 "name: is the ring's name, and a self-hosted ring's name has at most 24",
             ),

@@ -211,17 +211,96 @@ impl Network {
     }
 
     /// Forwards connections to `endpoint` (in the root namespace) to `endpoint`
-    /// inside whichever member namespace accepts, until `stop`.
+    /// inside whichever member namespace accepts, until `stop`. `owner`, the
+    /// member whose own shoot it is, is asked last: it serves it only while
+    /// the bootstrap starts it there (on the self-hosted ring it otherwise
+    /// holds a relay of its own, see [`forward_own`](Self::forward_own)).
     pub async fn forward(
         self: &Arc<Self>,
         endpoint: SocketAddr,
+        owner: &str,
         stop: CancellationToken,
     ) -> Result<tokio::task::JoinHandle<()>, ScenarioError> {
         let listener = tokio::net::TcpListener::bind(endpoint)
             .await
             .map_err(|e| setup_err(format!("listening on {endpoint} to forward it: {e}")))?;
-        let net = self.clone();
+        Ok(self.relay(listener, endpoint, owner.to_string(), false, stop))
+    }
+
+    /// Makes member `owner`'s own shoot endpoint reachable inside its
+    /// namespace, as over the network from wherever its control plane runs:
+    /// on the self-hosted ring its ringd manages the pods of its successor
+    /// through its own shoot's API, which another member serves. It listens
+    /// only while `elsewhere` says so (the bootstrap first runs each shoot as
+    /// processes on its own member, on this very address). A partition holds:
+    /// nothing passes while `owner`, or the member serving, is cut.
+    pub fn forward_own(
+        self: &Arc<Self>,
+        endpoint: SocketAddr,
+        owner: &str,
+        mut elsewhere: tokio::sync::watch::Receiver<bool>,
+        stop: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, ScenarioError> {
+        let netns = self.host(owner)?.netns.clone();
+        let (net, owner) = (self.clone(), owner.to_string());
         Ok(tokio::spawn(async move {
+            let mut preferred = 0usize;
+            loop {
+                // until the shoot is served elsewhere
+                while !*elsewhere.borrow_and_update() {
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => return,
+                        changed = elsewhere.changed() => if changed.is_err() { return },
+                    }
+                }
+                // the member's own server may hold the address a little longer
+                let Some(listener) = bind_in(&netns, endpoint, &elsewhere, &stop).await else {
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    continue;
+                };
+                loop {
+                    let accepted = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => return,
+                        changed = elsewhere.changed() => {
+                            if changed.is_err() || !*elsewhere.borrow_and_update() {
+                                break; // served here again: let the address go
+                            }
+                            continue;
+                        }
+                        a = listener.accept() => a,
+                    };
+                    if let Ok((client, _)) = accepted {
+                        net.join(client, endpoint, &owner, true, &mut preferred, &stop)
+                            .await;
+                    }
+                }
+            }
+        }))
+    }
+
+    fn is_cut(&self, member: &str) -> bool {
+        self.cut
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|m| m == member)
+    }
+
+    /// Accepts on `listener` and [`join`](Self::join)s every client.
+    fn relay(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        endpoint: SocketAddr,
+        owner: String,
+        partitioned: bool,
+        stop: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let net = self.clone();
+        tokio::spawn(async move {
             let mut preferred = 0usize;
             loop {
                 let accepted = tokio::select! {
@@ -229,37 +308,88 @@ impl Network {
                     _ = stop.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((mut client, _)) = accepted else {
+                let Ok((client, _)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
-                // try the member that answered last time first
-                let n = net.hosts.len();
-                let mut upstream = None;
-                for k in 0..n {
-                    let i = (preferred + k) % n;
-                    let Some(c) = net.connectors.get(&net.hosts[i].member) else {
-                        continue;
-                    };
-                    if let Ok(s) = c.connect(endpoint).await {
-                        preferred = i;
-                        upstream = Some(s);
-                        break;
-                    }
-                }
-                let Some(mut upstream) = upstream else {
-                    continue; // nobody serves it: the client sees the connection close
-                };
-                let stop = stop.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        biased;
-                        _ = stop.cancelled() => {}
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                    }
-                });
+                net.join(client, endpoint, &owner, partitioned, &mut preferred, &stop)
+                    .await;
             }
-        }))
+        })
+    }
+
+    /// Joins `client` to `endpoint` in the first member namespace that accepts,
+    /// trying `preferred` first and `owner`'s last; with `partitioned` (a
+    /// relay inside `owner`'s namespace) the bridge's cuts apply and `owner`'s
+    /// is never tried. A client nobody takes sees its connection close.
+    async fn join(
+        &self,
+        mut client: tokio::net::TcpStream,
+        endpoint: SocketAddr,
+        owner: &str,
+        partitioned: bool,
+        preferred: &mut usize,
+        stop: &CancellationToken,
+    ) {
+        if partitioned && self.is_cut(owner) {
+            return;
+        }
+        let n = self.hosts.len();
+        let owner_at = self.hosts.iter().position(|h| h.member == owner);
+        // the owner's namespace last, and only from the root namespace: it
+        // serves its own shoot only while the bootstrap starts it there, and
+        // otherwise holds the relay that brings the shoot to it
+        let order = (0..n)
+            .map(|k| (*preferred + k) % n)
+            .filter(|i| Some(*i) != owner_at)
+            .chain(owner_at.filter(|_| !partitioned));
+        let mut upstream = None;
+        for i in order {
+            let member = &self.hosts[i].member;
+            if partitioned && self.is_cut(member) {
+                continue;
+            }
+            let Some(c) = self.connectors.get(member) else {
+                continue;
+            };
+            if let Ok(s) = c.connect(endpoint).await {
+                *preferred = i;
+                upstream = Some(s);
+                break;
+            }
+        }
+        let Some(mut upstream) = upstream else {
+            return;
+        };
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => {}
+                _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+            }
+        });
+    }
+}
+
+/// Binds `endpoint` inside `netns`, retrying while the address is taken;
+/// `None` once `elsewhere` turns false or `stop` is cancelled.
+async fn bind_in(
+    netns: &str,
+    endpoint: SocketAddr,
+    elsewhere: &tokio::sync::watch::Receiver<bool>,
+    stop: &CancellationToken,
+) -> Option<tokio::net::TcpListener> {
+    loop {
+        if stop.is_cancelled() || !*elsewhere.borrow() {
+            return None;
+        }
+        if let Ok(l) = seed::netns::listen_in(netns, endpoint) {
+            if let Ok(l) = tokio::net::TcpListener::from_std(l) {
+                return Some(l);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -339,7 +469,7 @@ mod tests {
         // the shoot endpoint exists only inside m2's namespace
         assert!(c1.connect(shoot_ep).await.is_err(), "m1 has no such server");
         let stop = CancellationToken::new();
-        let fwd = net.forward(shoot_ep, stop.clone()).await.unwrap();
+        let fwd = net.forward(shoot_ep, "nsa1", stop.clone()).await.unwrap();
         let mut via = tokio::net::TcpStream::connect(shoot_ep).await.unwrap();
         let (mut served, _) = on_loopback.accept().await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -376,5 +506,86 @@ mod tests {
                 "{ns} left behind"
             );
         }
+    }
+
+    /// The self-hosted ring's relay of a member's own shoot into its
+    /// namespace: it reaches the member serving the shoot, and nothing passes
+    /// while either of them is cut off.
+    #[tokio::test]
+    async fn a_member_reaches_its_own_shoot_elsewhere_unless_either_is_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let members = vec!["nso1".to_string(), "nso2".to_string(), "nso3".to_string()];
+        let net = Arc::new(Network::create(&members, 211).expect("creating network namespaces"));
+        // nso1's shoot served inside nso2's namespace
+        let shoot_ep: SocketAddr = "127.78.0.1:6443".parse().unwrap();
+        let server = seed::netns::listen_in(&net.hosts()[1].netns, shoot_ep).unwrap();
+        let server = tokio::net::TcpListener::from_std(server).unwrap();
+        let c1 = net.connectors.get("nso1").unwrap().clone();
+        assert!(c1.connect(shoot_ep).await.is_err(), "no relay yet");
+        let stop = CancellationToken::new();
+        let (placed, elsewhere) = tokio::sync::watch::channel(false);
+        let relay = net
+            .forward_own(shoot_ep, "nso1", elsewhere, stop.clone())
+            .unwrap();
+        // nothing listens while the shoot is (said to be) served in nso1 itself
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            c1.connect(shoot_ep).await.is_err(),
+            "no relay while served here"
+        );
+        placed.send(true).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while c1.connect(shoot_ep).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the relay never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = server.accept().await.unwrap();
+        let passes = |c: Arc<Connector>| {
+            let server = &server;
+            async move {
+                let mut client = c.connect(shoot_ep).await.expect("the relay listens");
+                client.write_all(b"ping").await.unwrap();
+                match tokio::time::timeout(Duration::from_secs(2), server.accept()).await {
+                    Ok(Ok((mut served, _))) => {
+                        let mut buf = [0u8; 4];
+                        served.read_exact(&mut buf).await.unwrap();
+                        assert_eq!(&buf, b"ping");
+                        true
+                    }
+                    _ => {
+                        let mut buf = [0u8; 1];
+                        let n = client.read(&mut buf).await.unwrap_or(0);
+                        assert_eq!(n, 0, "a refused client sees its connection close");
+                        false
+                    }
+                }
+            }
+        };
+        assert!(passes(c1.clone()).await, "nso1 reaches its shoot on nso2");
+        net.cut("nso1").unwrap();
+        assert!(!passes(c1.clone()).await, "nso1 is cut off");
+        net.heal().unwrap();
+        assert!(passes(c1.clone()).await, "healed");
+        net.cut("nso2").unwrap();
+        assert!(
+            !passes(c1.clone()).await,
+            "the member serving it is cut off"
+        );
+        net.heal().unwrap();
+        // served in nso1 again: the relay lets the address go
+        placed.send(false).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while seed::netns::listen_in(&net.hosts()[0].netns, shoot_ep).is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the relay kept the address"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        let _ = relay.await;
     }
 }

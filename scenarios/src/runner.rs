@@ -448,17 +448,21 @@ pub async fn run(
     // members in their own network namespaces, shoot APIs forwarded into them
     let forwarding = CancellationToken::new();
     let _forwarding = forwarding.clone().drop_guard();
+    // the relays of members' own shoots into their namespaces, told where it runs
+    let mut own_placed = BTreeMap::new();
     let network = match drill.ring.network {
         NetworkKind::Loopback => None,
         NetworkKind::Namespaces => {
             let net = Arc::new(Network::create(&members, (seed ^ run as u64) as u8)?);
             for m in &members {
                 let ep = seed::ShootEndpoint::for_shoot(m);
-                net.forward(
-                    std::net::SocketAddr::from((ep.address, ep.api_port)),
-                    forwarding.clone(),
-                )
-                .await?;
+                let ep = std::net::SocketAddr::from((ep.address, ep.api_port));
+                net.forward(ep, m, forwarding.clone()).await?;
+                if drill.ring.hosting == Hosting::SelfHosted {
+                    let (placed, elsewhere) = tokio::sync::watch::channel(false);
+                    net.forward_own(ep, m, elsewhere, forwarding.clone())?;
+                    own_placed.insert(m.clone(), placed);
+                }
             }
             Some(net)
         }
@@ -512,6 +516,15 @@ pub async fn run(
         ..RingConfig::default()
     };
     let (bucket, s3) = start_bucket(drill, &dir, &layout, &config, &mut teardown)?;
+    if !own_placed.is_empty() {
+        let follow = setup::follow_placements(
+            layout.clone(),
+            config.clone(),
+            own_placed,
+            forwarding.clone(),
+        );
+        tokio::spawn(follow);
+    }
     let config_file = dir.join("ring.yaml");
     let yaml = serde_yaml::to_string(&config).map_err(|e| ScenarioError::Setup(e.to_string()))?;
     std::fs::write(&config_file, yaml).map_err(io("writing ring.yaml"))?;

@@ -65,3 +65,30 @@ impl Drop for Teardown {
         }
     }
 }
+
+/// Tells each member's relay of its own shoot ([`Network::forward_own`])
+/// whether that shoot runs on another member, from the ring's status every
+/// 500 ms until `stop` (nothing changes while no status answers).
+pub(super) async fn follow_placements(
+    layout: RingLayout,
+    config: RingConfig,
+    placed: BTreeMap<String, tokio::sync::watch::Sender<bool>>,
+    stop: CancellationToken,
+) {
+    loop {
+        if let Ok(s) = bootstrap::ring_status(&layout, &config).await {
+            for (member, tx) in &placed {
+                let elsewhere = s
+                    .placements
+                    .iter()
+                    .any(|p| p.shoot == *member && p.host != *member);
+                tx.send_if_modified(|v| std::mem::replace(v, elsewhere) != elsewhere);
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

@@ -210,6 +210,15 @@ impl NodeNetwork {
         Ok(address)
     }
 
+    /// [`plug_guest`](Self::plug_guest) unless `netns` is plugged in already
+    /// (it has the guest interface): a rerun never cuts a running guest off.
+    pub fn ensure_guest(&self, netns: &str, i: u8) -> Result<()> {
+        if !has_guest_link(netns) {
+            self.plug_guest(netns, i)?;
+        }
+        Ok(())
+    }
+
     /// Deletes every namespace and link of this network (what is gone is skipped).
     pub fn remove(&self) -> Result<()> {
         let mut first_err = None;
@@ -229,6 +238,11 @@ impl NodeNetwork {
         }
         first_err.map_or(Ok(()), Err)
     }
+}
+
+/// Whether namespace `netns` has the guest interface of a node network.
+pub fn has_guest_link(netns: &str) -> bool {
+    exists(netns) && ip(&["-n", netns, "link", "show", "node0"]).is_ok()
 }
 
 fn hub_name(tag: u8) -> String {
