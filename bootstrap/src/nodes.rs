@@ -156,7 +156,7 @@ pub fn ensure_network(
 
 /// The members with a network namespace of their own, with their guest
 /// number on the node network (their position in the ring).
-fn guests(config: &RingConfig) -> Vec<(u8, String)> {
+pub(crate) fn guests(config: &RingConfig) -> Vec<(u8, String)> {
     config
         .members
         .iter()
