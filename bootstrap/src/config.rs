@@ -241,15 +241,12 @@ impl RingConfig {
         else {
             return Ok(());
         };
-        let bucket = backup::BucketConfig::url(url.clone())
-            .with_variables(vars)
-            .map_err(|e| bad("bucket", e.to_string()))?;
-        match bucket.loopback_endpoint() {
-            Some(endpoint) => Err(bad(
-                "bucket",
-                format!("{url} is reached at {endpoint} (AWS_ENDPOINT_URL), a loopback address, and the self-hosted ring's pods back up to it from their nodes' network namespaces, where loopback is their own: give an address of this machine the nodes reach (its network address, or the node network's gateway)"),
-            )),
-            None => Ok(()),
+        match backup::BucketConfig::url(url.clone()).for_pods_with("bucket", vars) {
+            Ok(_) => Ok(()),
+            Err(backup::BackupError::Config { field, reason }) => {
+                Err(bad(field, format!("{url}: {reason}")))
+            }
+            Err(e) => Err(bad("bucket", e.to_string())),
         }
     }
 

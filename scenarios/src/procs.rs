@@ -305,8 +305,9 @@ mod tests {
         assert_eq!(got[0].0 % 1000, 454);
     }
 
-    /// A drill failed with "no member logged \"is corrupt\"" although ringd had:
-    /// a dozen fencing lines came first and used up a budget shared by all.
+    /// A drill failed with "no member logged \"is corrupt\"": the scan's ten
+    /// lines were one budget for every pattern, so a dozen fencing lines
+    /// before the warning would hide it.
     #[test]
     fn a_chatty_pattern_never_hides_another() {
         let mut log = String::new();

@@ -1,7 +1,8 @@
 //! A real S3-compatible server (`s3s-fs`, installed by `scripts/setup`) on a
-//! port of a local address (loopback, or the node network's gateway), storing under a dir: the bucket of drills with `ring.bucket:
-//! s3`, and the S3 server of the end-to-end tests. It can be stopped (an outage)
-//! and started again on the same port and data.
+//! port of a local address (loopback, or the node network's gateway), storing
+//! under a dir: the bucket of drills with `ring.bucket: s3`, and the S3 server
+//! of the end-to-end tests. It can be stopped (an outage) and started again on
+//! the same port and data.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -143,11 +144,6 @@ impl S3Server {
     /// `http://HOST:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://{}:{}", self.host, self.port)
-    }
-
-    /// The drill's bucket URL ([`url`]).
-    pub fn url(&self) -> String {
-        url()
     }
 
     /// The drill's bucket as the backup library reaches it.

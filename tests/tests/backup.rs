@@ -719,14 +719,19 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
         ringctl_backup(&args, None)
     };
 
+    let latest = |url: &str, data: &str| {
+        restore_opts(
+            &BucketConfig::url(url),
+            "bad",
+            work.path().join(data),
+            RestoreTarget::Latest,
+        )
+    };
+
     // one flipped bit in a delta
     let (_, url) = variant("flipped");
     let victim = &catalog.deltas[1].name;
-    let path = shoot_dir("flipped").join(victim);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x04;
-    std::fs::write(&path, bytes).unwrap();
+    flip_middle_byte(&shoot_dir("flipped").join(victim), 0x04);
     let out = verify_cli(&url);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = expect_clean_failure(&out);
@@ -735,12 +740,7 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
         "{stdout}"
     );
     assert!(stderr.contains("1 problem(s)"), "{stderr}");
-    let opts = restore_opts(
-        &BucketConfig::url(url.clone()),
-        "bad",
-        work.path().join("r-flipped"),
-        RestoreTarget::Latest,
-    );
+    let opts = latest(&url, "r-flipped");
     let err = restore(&opts).await.unwrap_err();
     assert!(
         matches!(err, BackupError::Corrupt { .. }) && err.to_string().contains(victim.as_str()),
@@ -760,12 +760,7 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
         stdout.contains(full) && stdout.contains("truncated"),
         "{stdout}"
     );
-    let opts = restore_opts(
-        &BucketConfig::url(url.clone()),
-        "bad",
-        work.path().join("r-trunc"),
-        RestoreTarget::Latest,
-    );
+    let opts = latest(&url, "r-trunc");
     let err = restore(&opts).await.unwrap_err().to_string();
     assert!(
         err.contains(full.as_str()) && err.contains("truncated"),
@@ -805,17 +800,8 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
     let mut newer = cfg.clone();
     newer.bucket = BucketConfig::url(url.clone());
     let snap = backup::snapshot_once(&newer).await.unwrap();
-    let path = shoot_dir("fallback").join(&snap.name);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x10;
-    std::fs::write(&path, bytes).unwrap();
-    let opts = restore_opts(
-        &BucketConfig::url(url.clone()),
-        "bad",
-        work.path().join("r-fallback"),
-        RestoreTarget::Latest,
-    );
+    flip_middle_byte(&shoot_dir("fallback").join(&snap.name), 0x10);
+    let opts = latest(&url, "r-fallback");
     let report = restore(&opts).await.unwrap();
     assert_eq!(report.full, catalog.fulls[0].name);
     assert_eq!(report.reached_revision, *revs.last().unwrap());
@@ -869,6 +855,14 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
         Some(&s3),
     );
     assert!(expect_clean_failure(&out).contains("unreachable"));
+}
+
+/// Flips bits `mask` of the middle byte of the file at `path`.
+fn flip_middle_byte(path: &Path, mask: u8) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= mask;
+    std::fs::write(path, bytes).unwrap();
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -14,17 +14,38 @@ use object_store::ClientConfigKey;
 use crate::{BackupError, BucketConfig, Result};
 
 impl BucketConfig {
-    /// This bucket with every setting the process environment gives it
+    /// This bucket as pods on a node (in a network namespace of their own,
+    /// without this process's environment) must be given it: every setting
+    /// this process's environment gives it written into the config (`AWS_*`,
+    /// `GOOGLE_*`, `AZURE_*` as `object_store` reads them), and refused when its
+    /// endpoint is this machine's loopback. `field` names the bucket's
+    /// setting in errors (`<field>.endpoint`).
+    pub fn for_pods(&self, field: &str) -> Result<BucketConfig> {
+        self.for_pods_with(field, std::env::vars())
+    }
+
+    /// [`for_pods`](Self::for_pods) in the environment `vars`.
+    pub fn for_pods_with(
+        &self,
+        field: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<BucketConfig> {
+        let bucket = self.with_variables(vars)?;
+        match bucket.loopback_endpoint() {
+            Some(endpoint) => Err(BackupError::config(
+                format!("{field}.endpoint"),
+                format!("{endpoint} (set there or by AWS_ENDPOINT_URL) is a loopback address, and pods back up from their nodes' network namespaces, where loopback is their own: give an address of this machine the nodes reach (its network address, or the node network's gateway)"),
+            )),
+            None => Ok(bucket),
+        }
+    }
+
+    /// This bucket with every setting `vars` (an environment) gives it
     /// (`AWS_*` for `s3://`, `GOOGLE_*` for `gs://`, `AZURE_*` for `az://`,
     /// the variables `object_store` reads) written into the config. What the
     /// config sets itself wins. A Google service account named by path is
     /// inlined as its key, since the path is this machine's.
-    pub fn with_environment(&self) -> Result<BucketConfig> {
-        self.with_variables(std::env::vars())
-    }
-
-    /// [`with_environment`](Self::with_environment) over the given variables.
-    pub fn with_variables(
+    fn with_variables(
         &self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<BucketConfig> {
@@ -49,7 +70,7 @@ impl BucketConfig {
     /// The endpoint, if it is a loopback address (`127.x`, `::1`,
     /// `localhost`): a process in another network namespace (a pod on a node)
     /// reaches its own loopback there, not this machine's.
-    pub fn loopback_endpoint(&self) -> Option<&str> {
+    fn loopback_endpoint(&self) -> Option<&str> {
         let endpoint = self.endpoint.as_deref()?;
         let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
         let authority = rest.split('/').next().unwrap_or(rest);

@@ -52,20 +52,8 @@ pub fn pod_backup(rb: &RingBucket) -> Result<PodBackup, RingError> {
         server_name: Some("localhost".into()),
     };
     // the pods do not share ringd's environment: what it gives the bucket
-    // (an S3 endpoint, keys) goes into their config
-    let bucket = rb
-        .config
-        .with_environment()
-        .map_err(|e| RingError::Config {
-            field: "backup.bucket".into(),
-            reason: e.to_string(),
-        })?;
-    if let Some(endpoint) = bucket.loopback_endpoint() {
-        return Err(RingError::Config {
-            field: "backup.bucket.endpoint".into(),
-            reason: format!("{endpoint} is a loopback address: the control plane's pods back up from their own network namespace, where loopback is theirs; give an address of this machine the seed's nodes reach"),
-        });
-    }
+    // (an S3 endpoint, keys) goes into their config; never a loopback endpoint
+    let bucket = rb.config.for_pods("backup.bucket")?;
     let mut config = backup::BackupConfig::new(agent::SHOOT_FROM_FLAG, etcd, bucket);
     config.schedule.full_after_revisions = 2000;
     let mut files = BTreeMap::new();
