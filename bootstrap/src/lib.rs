@@ -533,8 +533,10 @@ pub fn start_member_nodes(
     Ok(started)
 }
 
-/// Starts member `name`'s ringd detached from this process (own session), with
-/// its pid in the member's pid file and its output in the member's log.
+/// Starts member `name`'s ringd detached from this process (own session),
+/// supervised (`ringd --supervise`: restarted whenever it exits), with the
+/// supervisor's pid in the member's pid file and the output of both in the
+/// member's log. Killing the supervisor kills ringd (parent-death signal).
 pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(), BootstrapError> {
     if !ringd.exists() {
         return Err(BootstrapError::Unsupported(format!(
@@ -564,6 +566,7 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
         })
         .transpose()?;
     let args = vec![
+        "--supervise".into(),
         "--config".into(),
         layout.ringd_config(name).into_os_string(),
     ];

@@ -22,6 +22,7 @@ pub mod shared;
 pub mod state;
 pub mod status;
 pub mod storage;
+pub mod supervisor;
 pub mod transport;
 
 /// Milliseconds since the Unix epoch.
@@ -123,6 +124,10 @@ pub enum RingError {
     /// copy here is not trustworthy, so retrying the same step cannot help.
     #[error("verification failed: {0}")]
     Verification(String),
+
+    /// A supervised ringd exited saying that starting it again cannot help.
+    #[error("{0}")]
+    Exited(String),
 }
 
 impl RingError {
@@ -139,7 +144,8 @@ impl RingError {
             | RingError::Storage(_)
             | RingError::Raft(_)
             | RingError::Unsupported(_)
-            | RingError::Verification(_) => false,
+            | RingError::Verification(_)
+            | RingError::Exited(_) => false,
         }
     }
 }

@@ -145,9 +145,9 @@ pub async fn kill_member(ring_dir: &Path, member: &str) -> Killed {
                 .find(|(_, comm, _)| comm == "ringd")
                 .map(|(p, _, _)| *p);
         }
-        // ringd first, so it cannot restart what it supervises
-        if let Some(p) = killed.ringd {
-            let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+        // ringd and its supervisor first, so neither can restart what it supervises
+        for (p, _, _) in procs.iter().filter(|(_, comm, _)| comm == "ringd") {
+            let _ = kill(Pid::from_raw(*p as i32), Signal::SIGKILL);
         }
         for pid in &pids {
             match nix::unistd::getpgid(Some(Pid::from_raw(*pid as i32))) {

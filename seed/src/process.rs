@@ -32,6 +32,9 @@ pub enum Component {
     /// A Kubernetes seed's relay from a shoot's stable API address to its
     /// Service (see `kubernetes::forwarder`).
     ApiForwarder,
+    /// A member's ringd, supervised by `ringd --supervise` (see
+    /// `ringd::supervisor`).
+    Ringd,
 }
 
 impl Component {
@@ -54,6 +57,7 @@ impl Component {
             Component::Kubelet => "kubelet",
             Component::KubeProxy => "kube-proxy",
             Component::ApiForwarder => "api-forwarder",
+            Component::Ringd => "ringd",
         }
     }
 }
@@ -135,6 +139,10 @@ pub struct SupervisorTuning {
     pub healthy_after: Duration,
     /// How long a component may take to exit after SIGTERM before SIGKILL.
     pub stop_grace: Duration,
+    /// An exit code by which the component says that starting it again cannot
+    /// help (e.g. its config or its store is bad): the supervisor then stops
+    /// instead of restarting it. `None`: every exit is restarted.
+    pub permanent_exit: Option<i32>,
 }
 
 impl Default for SupervisorTuning {
@@ -144,11 +152,13 @@ impl Default for SupervisorTuning {
             restart_max: Duration::from_secs(30),
             healthy_after: Duration::from_secs(60),
             stop_grace: Duration::from_secs(15),
+            permanent_exit: None,
         }
     }
 }
 
-/// Runs `spec` until `cancel` fires, restarting it whenever it exits.
+/// Runs `spec` until `cancel` fires, restarting it whenever it exits (except
+/// with [`SupervisorTuning::permanent_exit`], which ends supervision early).
 pub async fn supervise(
     spec: ComponentSpec,
     cancel: CancellationToken,
@@ -191,10 +201,22 @@ pub async fn supervise(
                 break;
             }
             status = child.wait() => {
+                let permanent = matches!(
+                    (&status, tuning.permanent_exit),
+                    (Ok(st), Some(code)) if st.code() == Some(code)
+                );
                 let how = match status {
                     Ok(st) => describe_exit(st),
                     Err(e) => format!("wait failed: {e}"),
                 };
+                if permanent {
+                    tracing::error!(%component, pid, exit = %how, "exited saying a restart cannot help; not restarted");
+                    update(&|s| {
+                        s.pid = None;
+                        s.last_exit = Some(format!("{how} (permanent: not restarted)"));
+                    });
+                    break;
+                }
                 if started.elapsed() >= tuning.healthy_after {
                     backoff.reset();
                 }
@@ -468,6 +490,7 @@ mod tests {
             restart_max: Duration::from_millis(50),
             healthy_after: Duration::from_secs(60),
             stop_grace: Duration::from_millis(500),
+            permanent_exit: None,
         }
     }
 
@@ -517,6 +540,32 @@ mod tests {
         assert!(
             log.matches("=== ring: starting kube-scheduler").count() >= 3,
             "{log}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_permanent_exit_ends_supervision_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = watch::channel(States::new());
+        let tuning = SupervisorTuning {
+            permanent_exit: Some(78),
+            ..fast()
+        };
+        let task = supervise(
+            sh("exit 78", dir.path().join("log")),
+            CancellationToken::new(),
+            tx,
+            tuning,
+        );
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("supervision ends by itself");
+        let state = rx.borrow()[&Component::KubeScheduler].clone();
+        assert_eq!(state.restarts, 0);
+        assert_eq!(state.pid, None);
+        assert_eq!(
+            state.last_exit.as_deref(),
+            Some("exit status 78 (permanent: not restarted)")
         );
     }
 

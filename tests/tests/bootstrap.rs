@@ -1,7 +1,11 @@
 //! `ringctl bootstrap` / `down` end to end: a self-hosting ring of 3 real members
 //! from an empty dir, each hosting its successor's real control plane.
 
+// Each test runs on its own runtime; `ring_slot` only serialises whole tests.
+#![allow(clippy::await_holding_lock)]
+
 use std::path::Path;
+use std::time::Duration;
 
 use ring_tests::*;
 
@@ -168,5 +172,120 @@ fn bad_ring_configs_are_refused_with_the_field() {
     assert!(
         sandbox.processes().is_empty(),
         "a refused config started something"
+    );
+}
+
+/// The ringd children of process `parent` (the member's supervisor).
+fn ringd_children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // "pid (comm) state ppid ..."
+            let Some((head, rest)) = stat.rsplit_once(") ") else {
+                return false;
+            };
+            let ppid = rest.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
+            head.ends_with("(ringd") && ppid == Some(parent)
+        })
+        .collect()
+}
+
+/// A ringd that crashes is started again by its supervisor (`ringd
+/// --supervise`, which bootstrap runs), soon enough that the ring does not fail
+/// over: the control plane it hosted comes back on it, at the same epoch, with
+/// its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_ringd_is_restarted_by_its_supervisor_without_a_failover() {
+    let _slot = ring_tests::ring_slot();
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("ring");
+    let config = ring_config(sandbox.path(), 3);
+    ringctl_ok(
+        &["bootstrap", "--config", &config.display().to_string()],
+        &dir,
+    );
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let ring = layout.read_config().unwrap().unwrap();
+    let pki = layout.pki();
+    let m2 = dir.join("kubeconfigs/m2.kubeconfig");
+    kubectl(&m2, &["create", "configmap", "before-crash"]);
+    let status = || {
+        let c = ringd::client::AdminClient::connect(&ring.member_address(1), &pki);
+        async move { c.ok()?.status().await.ok() }
+    };
+    let before = status().await.expect("member m2 answers status");
+    let placement = |s: &ringd::status::RingStatus| {
+        let p = s.placements.iter().find(|p| p.shoot == "m2").cloned();
+        p.map(|p| (p.host, p.epoch))
+    };
+    assert_eq!(placement(&before).unwrap().0, "m1", "m1 hosts m2");
+    let last_op = before.operations.iter().map(|o| o.id).max();
+
+    let supervisor = layout.running_pid("m1").expect("m1's supervisor runs");
+    let children = ringd_children(supervisor);
+    assert_eq!(
+        children.len(),
+        1,
+        "one ringd under m1's supervisor: {children:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(children[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let crashed = children[0];
+    let restarted = wait_for("a new ringd m1", Duration::from_secs(30), || {
+        let now = ringd_children(supervisor);
+        async move { now.into_iter().find(|p| *p != crashed) }
+    })
+    .await;
+    assert_eq!(
+        layout.running_pid("m1"),
+        Some(supervisor),
+        "the supervisor lives on"
+    );
+
+    // m2's API answers again from m1, with the data, and takes writes
+    wait_for("shoot m2 answering again", Duration::from_secs(90), || {
+        let mut get = std::process::Command::new(kubectl_path());
+        get.arg("--kubeconfig")
+            .arg(&m2)
+            .args(["get", "configmap", "before-crash", "-o", "name"]);
+        let ok = run_bounded(&mut get, Duration::from_secs(20))
+            .status
+            .success();
+        async move { ok.then_some(()) }
+    })
+    .await;
+    kubectl(&m2, &["create", "configmap", "after-crash"]);
+    let after = status().await.expect("member m2 answers status");
+    assert_eq!(
+        placement(&after),
+        placement(&before),
+        "m2 stayed on m1 at its epoch"
+    );
+    let failovers: Vec<_> = after
+        .operations
+        .iter()
+        .filter(|o| Some(o.id) > last_op && o.shoot() == "m2")
+        .collect();
+    assert!(failovers.is_empty(), "no operation on m2: {failovers:?}");
+    let log = std::fs::read_to_string(layout.log("m1")).unwrap();
+    assert!(
+        log.contains("exited; restarting"),
+        "the supervisor logged the restart"
+    );
+    assert!(seed::process::pid_alive(restarted), "the new ringd runs");
+    ringctl_ok(&["down"], &dir);
+    assert!(
+        ringd_children(supervisor).is_empty(),
+        "down stops the child too"
     );
 }
