@@ -207,6 +207,17 @@ impl Default for RingConfig {
     }
 }
 
+impl RingConfig {
+    /// The ring `ringctl bootstrap` makes when given no config: the demo's
+    /// three members, a node each, every member hosting its successor's
+    /// control plane as pods on its own node (a closed, self-hosted ring).
+    pub fn self_hosted_default() -> Self {
+        let mut c = RingConfig::default();
+        c.self_hosting.members = c.members.iter().map(|m| m.name.clone()).collect();
+        c
+    }
+}
+
 fn bad(field: impl Into<String>, reason: impl Into<String>) -> BootstrapError {
     BootstrapError::Config {
         field: field.into(),

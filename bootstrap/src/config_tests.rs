@@ -17,6 +17,16 @@ fn default_is_a_valid_three_member_local_ring() {
 }
 
 #[test]
+fn without_a_config_the_ring_is_closed_and_self_hosted() {
+    let c = RingConfig::self_hosted_default();
+    c.validate().unwrap();
+    assert_eq!(c.nodes.per_member, 1);
+    assert_eq!(c.self_hosting.members, ["m1", "m2", "m3"]);
+    let text = serde_yaml::to_string(&c).unwrap();
+    assert_eq!(RingConfig::parse(&text, "x").unwrap(), c);
+}
+
+#[test]
 fn nodes_are_one_per_member_by_default_and_checked() {
     let members = "members: [{name: a}, {name: b}, {name: c}]\n";
     let c = RingConfig::parse(&yaml(members), "ring.yaml").unwrap();

@@ -238,7 +238,7 @@ pub async fn bootstrap(
         }
         (Some(given), _) => given.clone(),
         (None, Some(stored)) => stored,
-        (None, None) => RingConfig::default(),
+        (None, None) => RingConfig::self_hosted_default(),
     };
     config.validate()?;
     config.check_bucket()?;

@@ -667,6 +667,25 @@ impl KubernetesSeed {
             .map_err(self.kube_err(shoot, &format!("reading Service {APISERVER}")))
     }
 
+    /// Starts the relay of the shoot's stable endpoint with the control plane
+    /// (its guard lets it listen only while the lease file allows), so that
+    /// clients reach kube-apiserver the moment it is ready rather than at the
+    /// next health check. Without a reachable Service yet, the health check
+    /// starts it later and says why.
+    async fn relay_now(&self, spec: &ControlPlaneSpec) -> Result<()> {
+        let Some(forwarders) = &self.forwarders else {
+            return Ok(());
+        };
+        let svc = self.api_service(&spec.shoot).await?;
+        let Ok(url) = self.reachable_url(&spec.shoot, svc.as_ref()) else {
+            return Ok(());
+        };
+        let layout = self.shoot_layout(&spec.shoot);
+        forwarders
+            .ensure(&layout, spec, forwarder::authority(&url))
+            .await
+    }
+
     /// Where this ringd can reach the shoot's API, or why it cannot.
     fn reachable_url(
         &self,
@@ -959,7 +978,7 @@ impl Seed for KubernetesSeed {
         // a start repeated until the control plane is whole (a move's target)
         // also ends back-offs its dependents entered while the API was down
         self.replace_backed_off(&spec.shoot).await?;
-        Ok(())
+        self.relay_now(spec).await
     }
 
     async fn stop(&self, shoot: &str) -> Result<()> {

@@ -23,8 +23,9 @@ use crate::RingError;
 
 /// How long one restore step waits for the init container's report.
 const WAIT: Duration = Duration::from_secs(120);
-/// How often the report is looked for.
-const POLL: Duration = Duration::from_secs(1);
+/// How often the report is looked for (it gates the failover: a lease, then
+/// etcd and kube-apiserver start only after it).
+const POLL: Duration = Duration::from_millis(250);
 
 /// An error of the restore on the seed cluster (retried by the operation).
 fn restore_err(shoot: &str, why: &str) -> RingError {
@@ -151,11 +152,16 @@ async fn restore_in_pod(
     let layout = ex.layout(shoot);
     let seed = ex.seed();
     seed.seed_pki(shoot, &layout.dir.join("pki")).await?;
+    // a pod from an earlier stay ran its init container already and must be
+    // replaced; one that start creates now reads the request itself (deleting
+    // it too would run two restores into one data dir for a moment)
+    let earlier_pod = seed.etcd_pod_exists(shoot).await?;
     seed.request_restore(shoot, op, revision).await?;
     if seed.restore_report(shoot, op).await?.is_none() {
         super::started(seed.start(&seed::ControlPlaneSpec::new(shoot)).await)?;
-        // a pod from an earlier stay ran its init container already
-        seed.restart_etcd(shoot).await?;
+        if earlier_pod {
+            seed.restart_etcd(shoot).await?;
+        }
     }
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {

@@ -147,6 +147,14 @@ impl KubernetesSeed {
         }))
     }
 
+    /// Whether etcd has a pod (of an earlier stay, or one being created).
+    pub async fn etcd_pod_exists(&self, shoot: &str) -> Result<bool> {
+        let pods = self
+            .pods(shoot, &super::component_selector(shoot, ETCD))
+            .await?;
+        Ok(!pods.is_empty())
+    }
+
     /// Deletes etcd's pods (its StatefulSet makes new ones, whose init
     /// container looks at the restore request again).
     pub async fn restart_etcd(&self, shoot: &str) -> Result<()> {
