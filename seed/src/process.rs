@@ -201,32 +201,9 @@ pub async fn supervise(
                 break;
             }
             status = child.wait() => {
-                let permanent = matches!(
-                    (&status, tuning.permanent_exit),
-                    (Ok(st), Some(code)) if st.code() == Some(code)
-                );
-                let how = match status {
-                    Ok(st) => describe_exit(st),
-                    Err(e) => format!("wait failed: {e}"),
-                };
-                if permanent {
-                    tracing::error!(%component, pid, exit = %how, "exited saying a restart cannot help; not restarted");
-                    update(&|s| {
-                        s.pid = None;
-                        s.last_exit = Some(format!("{how} (permanent: not restarted)"));
-                    });
+                let Some(delay) = after_exit(component, pid, status, started.elapsed(), &tuning, &mut backoff, &states) else {
                     break;
-                }
-                if started.elapsed() >= tuning.healthy_after {
-                    backoff.reset();
-                }
-                let delay = backoff.next_delay();
-                tracing::warn!(%component, pid, exit = %how, restart_in = ?delay, "exited; restarting");
-                update(&|s| {
-                    s.pid = None;
-                    s.restarts += 1;
-                    s.last_exit = Some(how.clone());
-                });
+                };
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break,
@@ -235,6 +212,49 @@ pub async fn supervise(
             }
         }
     }
+}
+
+/// Records how a run that lasted `ran` ended; returns the wait before the
+/// next start, or `None` when the component said a restart cannot help.
+fn after_exit(
+    component: Component,
+    pid: Option<u32>,
+    status: std::io::Result<std::process::ExitStatus>,
+    ran: Duration,
+    tuning: &SupervisorTuning,
+    backoff: &mut Backoff,
+    states: &watch::Sender<States>,
+) -> Option<Duration> {
+    let update = |f: &dyn Fn(&mut ComponentState)| {
+        states.send_modify(|m| f(m.entry(component).or_default()));
+    };
+    let permanent = matches!(
+        (&status, tuning.permanent_exit),
+        (Ok(st), Some(code)) if st.code() == Some(code)
+    );
+    let how = match status {
+        Ok(st) => describe_exit(st),
+        Err(e) => format!("wait failed: {e}"),
+    };
+    if permanent {
+        tracing::error!(%component, pid, exit = %how, "exited saying a restart cannot help; not restarted");
+        update(&|s| {
+            s.pid = None;
+            s.last_exit = Some(format!("{how} (permanent: not restarted)"));
+        });
+        return None;
+    }
+    if ran >= tuning.healthy_after {
+        backoff.reset();
+    }
+    let delay = backoff.next_delay();
+    tracing::warn!(%component, pid, exit = %how, restart_in = ?delay, "exited; restarting");
+    update(&|s| {
+        s.pid = None;
+        s.restarts += 1;
+        s.last_exit = Some(how.clone());
+    });
+    Some(delay)
 }
 
 fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
