@@ -167,9 +167,7 @@ pub async fn supervise(
 ) {
     let component = spec.component;
     let mut backoff = Backoff::new(tuning.restart_initial, tuning.restart_max);
-    let update = |f: &dyn Fn(&mut ComponentState)| {
-        states.send_modify(|m| f(m.entry(component).or_default()));
-    };
+    let update = |f: &dyn Fn(&mut ComponentState)| record(&states, component, f);
     loop {
         if cancel.is_cancelled() {
             break;
@@ -214,6 +212,11 @@ pub async fn supervise(
     }
 }
 
+/// Applies `f` to `component`'s state in `states`.
+fn record(states: &watch::Sender<States>, component: Component, f: &dyn Fn(&mut ComponentState)) {
+    states.send_modify(|m| f(m.entry(component).or_default()));
+}
+
 /// Records how a run that lasted `ran` ended; returns the wait before the
 /// next start, or `None` when the component said a restart cannot help.
 fn after_exit(
@@ -225,9 +228,7 @@ fn after_exit(
     backoff: &mut Backoff,
     states: &watch::Sender<States>,
 ) -> Option<Duration> {
-    let update = |f: &dyn Fn(&mut ComponentState)| {
-        states.send_modify(|m| f(m.entry(component).or_default()));
-    };
+    let update = |f: &dyn Fn(&mut ComponentState)| record(states, component, f);
     let permanent = matches!(
         (&status, tuning.permanent_exit),
         (Ok(st), Some(code)) if st.code() == Some(code)

@@ -26,6 +26,14 @@ pub fn processes(program: &str, needles: &[&str]) -> Vec<u32> {
     out
 }
 
+/// The parent pid of `pid` (`/proc/<pid>/stat`: "pid (comm) state ppid ..."),
+/// if it still runs.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split(' ').nth(1)?.parse().ok()
+}
+
 /// The etcd and kube-apiserver processes of `shoot`'s control plane in pods
 /// of ring `ring`.
 pub fn pod_control_plane(ring: &str, shoot: &str) -> Vec<u32> {

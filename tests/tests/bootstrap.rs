@@ -177,24 +177,9 @@ fn bad_ring_configs_are_refused_with_the_field() {
 
 /// The ringd children of process `parent` (the member's supervisor).
 fn ringd_children(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            // "pid (comm) state ppid ..."
-            let Some((head, rest)) = stat.rsplit_once(") ") else {
-                return false;
-            };
-            let ppid = rest.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
-            head.ends_with("(ringd") && ppid == Some(parent)
-        })
-        .collect()
+    let mut children = procs::processes("ringd", &[]);
+    children.retain(|p| procs::parent(*p) == Some(parent));
+    children
 }
 
 /// A ringd that crashes is started again by its supervisor (`ringd
