@@ -111,6 +111,11 @@ pub fn write(
         field: "kubeconfig".into(),
         reason: e.to_string(),
     })?;
+    // written again at every health check: the same kubeconfig is left as
+    // it is (an fsync per shoot and second otherwise, next to etcd's)
+    if std::fs::read(path).is_ok_and(|old| old == text.as_bytes()) {
+        return Ok(());
+    }
     write_private(path, text.as_bytes())
 }
 
@@ -155,4 +160,33 @@ pub async fn readyz(shoot: &str, path: &Path) -> Result<crate::Health> {
             detail: "/readyz did not answer within 5s".into(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::Leaf;
+
+    /// Writing the same kubeconfig again leaves the file alone (same inode:
+    /// no new file renamed over it); a different server writes it anew.
+    #[test]
+    fn an_unchanged_kubeconfig_is_not_written_again() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path().join("pki"));
+        let endpoint = crate::ShootEndpoint::on(std::net::Ipv4Addr::new(127, 20, 0, 1));
+        pki.ensure("alpha", &endpoint).unwrap();
+        let path = dir.path().join("admin.kubeconfig");
+        let admin = pki.leaf(Leaf::Admin);
+        let write = |server: &str| write(&path, "alpha", "admin", server, &pki, &admin).unwrap();
+        let inode = || std::fs::metadata(&path).unwrap().ino();
+        write("https://127.20.0.1:6443");
+        let first = inode();
+        write("https://127.20.0.1:6443");
+        assert_eq!(inode(), first, "the same kubeconfig was written again");
+        write("https://127.20.0.2:6443");
+        assert_ne!(inode(), first);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("https://127.20.0.2:6443"), "{text}");
+    }
 }

@@ -1108,7 +1108,7 @@ impl Seed for KubernetesSeed {
             .iter()
             .filter(|(n, _)| ["ca.crt", "admin.crt", "admin.key"].contains(&n.as_str()))
         {
-            write_private(&dir.join(name), bytes)?;
+            crate::pki::write_scratch(&dir.join(name), bytes)?;
         }
         let pki = Pki::new(&dir);
         let path = self.admin_kubeconfig(shoot);

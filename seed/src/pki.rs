@@ -505,6 +505,21 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
         })
 }
 
+/// Writes a private (0600) file that needs no durability: a scratch file
+/// deleted after use (no fsync, unlike [`write_private`]).
+pub fn write_scratch(path: &Path, contents: &[u8]) -> Result<()> {
+    let write = || -> std::io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?
+            .write_all(contents)
+    };
+    write().map_err(SeedError::io(path))
+}
+
 /// Writes `contents` to `path` atomically (temp file, fsync, rename) with mode
 /// 0600. Each call writes its own temp file (`.<name>.<pid>.<n>.tmp`), so
 /// concurrent writers of one path (a lease renewal and a move's lease step)

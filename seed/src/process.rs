@@ -46,6 +46,21 @@ impl Component {
         Component::KubeScheduler,
     ];
 
+    /// How long the component may take to exit after SIGTERM, given the
+    /// supervisor's `grace`. kube-apiserver gets at most
+    /// [`API_STOP_GRACE`]: on SIGTERM v1.20 drains until every watch ends
+    /// (kubelets and controllers keep theirs open for minutes), so a graceful
+    /// stop nearly always ran into the grace, and while it drains the API is
+    /// already closed: a planned migration stood still for it. Killing it
+    /// loses no acknowledged write (a write is acknowledged only once etcd
+    /// has committed it).
+    pub fn stop_grace(self, grace: Duration) -> Duration {
+        match self {
+            Component::KubeApiserver => grace.min(API_STOP_GRACE),
+            _ => grace,
+        }
+    }
+
     /// The program's name, as on disk and in logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -128,6 +143,10 @@ impl Backoff {
     }
 }
 
+/// The longest kube-apiserver may take to exit after SIGTERM, as a process
+/// and as a pod (see [`Component::stop_grace`]).
+pub const API_STOP_GRACE: Duration = Duration::from_secs(1);
+
 /// Tuning of the component supervisor.
 #[derive(Debug, Clone, Copy)]
 pub struct SupervisorTuning {
@@ -194,7 +213,7 @@ pub async fn supervise(
         tokio::select! {
             biased;
             _ = cancel.cancelled() => {
-                terminate(component, &mut child, tuning.stop_grace).await;
+                terminate(component, &mut child, component.stop_grace(tuning.stop_grace)).await;
                 update(&|s| s.pid = None);
                 break;
             }
@@ -484,6 +503,23 @@ mod tests {
         let e = run_bounded(&mut slow, Duration::from_secs(2)).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
         assert!(e.to_string().contains("stderr: waiting"), "{e}");
+    }
+
+    /// kube-apiserver's grace is capped (its drain waits for watches);
+    /// every other component gets the supervisor's.
+    #[test]
+    fn only_kube_apiserver_has_its_stop_grace_capped() {
+        let grace = Duration::from_secs(5);
+        for c in Component::ALL {
+            let want = if c == Component::KubeApiserver {
+                API_STOP_GRACE
+            } else {
+                grace
+            };
+            assert_eq!(c.stop_grace(grace), want, "{c:?}");
+        }
+        let short = Duration::from_millis(300);
+        assert_eq!(Component::KubeApiserver.stop_grace(short), short);
     }
 
     #[test]

@@ -78,9 +78,10 @@ async fn migrate(args: MigrateBenchArgs, format: Format) -> anyhow::Result<()> {
 async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()> {
     let ringd = ringd_exe()?;
     let c = &args.common;
+    let root = temp_state_dir();
     let mut all = Vec::new();
     for (k, seeds) in args.seeds.iter().enumerate() {
-        let dir = temp_state_dir().join(format!("failover-{k}"));
+        let dir = root.join(format!("failover-{k}"));
         let options = bench::failover::FailoverOptions {
             // each kind's ring on its own ports (a killed ringd's port may linger)
             base_port: c.base_port + 50 * k as u16,
@@ -89,7 +90,8 @@ async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()>
             rate: args.rate,
         };
         let result = bench::failover::failover_bench(&dir, &ringd, *seeds, options).await;
-        let _ = std::fs::remove_dir_all(&dir);
+        // the whole state dir, so that neither an error nor the end leaves it
+        let _ = std::fs::remove_dir_all(&root);
         all.push(result?);
     }
     print(&all, format, || bench::failover::render_all(&all))

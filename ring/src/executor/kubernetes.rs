@@ -133,6 +133,15 @@ impl KubernetesExecutor {
         Ok(())
     }
 
+    /// Once the API answers: controller-manager and scheduler pods that
+    /// crashed while it did not start again now rather than after their
+    /// back-off (a failure is only logged: they come back after it anyway).
+    async fn replace_backed_off(&self, shoot: &str) {
+        if let Err(e) = self.seed.replace_backed_off(shoot).await {
+            tracing::warn!(%shoot, error = %e, "cannot replace pods left in back-off");
+        }
+    }
+
     /// Tells the guards to stop at once.
     async fn fence_now(&self, shoot: &str) -> Result<(), RingError> {
         let relay = self.relay_until(shoot, 0);
@@ -193,11 +202,7 @@ impl Executor for KubernetesExecutor {
     async fn ready(&self, shoot: &str) -> bool {
         let ready = matches!(self.seed.health(shoot).await, Ok(h) if h.ready);
         if ready {
-            // controller-manager and scheduler that crashed while the API was
-            // down start again now rather than after their back-off
-            if let Err(e) = self.seed.replace_backed_off(shoot).await {
-                tracing::warn!(%shoot, error = %e, "cannot replace pods left in back-off");
-            }
+            self.replace_backed_off(shoot).await;
         }
         ready
     }
@@ -298,10 +303,11 @@ impl Mover for KubernetesExecutor {
         let layout = self.layout(shoot);
         seed::pki::create_private_dir(&layout.dir)?;
         let restored = self.bucket_report(shoot, op).is_some();
-        let running = match self.seed.inspect(shoot).await {
-            Ok(s) => s.phase == seed::Phase::Ready,
-            Err(_) => false,
-        };
+        let running = self
+            .seed
+            .inspect(shoot)
+            .await
+            .is_ok_and(|s| target_running(s.phase));
         let fetched = if from_bucket {
             restored
         } else {
@@ -334,8 +340,13 @@ impl Mover for KubernetesExecutor {
         super::kubernetes_restore::restore(self, shoot, op, bucket).await
     }
 
+    /// Waits until kube-apiserver answers, then replaces the controller-manager
+    /// and scheduler pods left in back-off while it did not (see
+    /// [`target_running`]).
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError> {
-        Ok(seed::wait_ready(self.seed.as_ref(), shoot, timeout).await?)
+        seed::wait_ready(self.seed.as_ref(), shoot, timeout).await?;
+        self.replace_backed_off(shoot).await;
+        Ok(())
     }
 
     /// The restore already compared revision, `HashKV` and objects with the
@@ -388,9 +399,36 @@ impl KubernetesExecutor {
     }
 }
 
+/// Whether a move's target has its control plane running, so that the next
+/// step is Verify: kube-apiserver answers through the stable endpoint. A
+/// controller-manager or scheduler still in back-off (they start before the
+/// API serves, fail and wait out their back-off) does not hold the move up:
+/// Verify's wait for readiness replaces such pods at once. Waiting
+/// for them here instead re-applied the control plane every round until the
+/// back-off ended, 10 s and more per move onto pods.
+fn target_running(phase: seed::Phase) -> bool {
+    matches!(phase, seed::Phase::Ready | seed::Phase::Degraded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A target whose API answers goes on to Verify even while the
+    /// controller-manager or scheduler waits out a back-off (Degraded); one
+    /// whose API does not answer yet, or that runs nothing, starts again.
+    #[test]
+    fn a_target_runs_once_its_api_answers() {
+        use seed::Phase;
+        for (phase, running) in [
+            (Phase::Stopped, false),
+            (Phase::Starting, false),
+            (Phase::Degraded, true),
+            (Phase::Ready, true),
+        ] {
+            assert_eq!(target_running(phase), running, "{phase}");
+        }
+    }
 
     /// What the pods get is a valid backup config once the agent names the
     /// shoot: the ring's bucket, the key as a file in the Secret (same key id),

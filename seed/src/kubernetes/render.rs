@@ -502,11 +502,11 @@ impl Renderer<'_> {
             "service-account.pub",
             "service-account.key",
         ];
-        self.deployment(
-            owner,
-            Component::KubeApiserver,
-            self.pod(Component::KubeApiserver, container, &items),
-        )
+        let mut pod = self.pod(Component::KubeApiserver, container, &items);
+        // the kubelet kills what is left after this (see Component::stop_grace)
+        pod["spec"]["terminationGracePeriodSeconds"] =
+            json!(crate::process::API_STOP_GRACE.as_secs());
+        self.deployment(owner, Component::KubeApiserver, pod)
     }
 
     /// Arguments kube-controller-manager and kube-scheduler share.

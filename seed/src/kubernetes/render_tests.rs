@@ -318,3 +318,27 @@ fn pods_of_a_ring_s_own_shoot_are_bound_to_its_node() {
     let err = config.validate().unwrap_err().to_string();
     assert!(err.contains("nodeName") && err.contains("M3_bad"), "{err}");
 }
+
+/// kube-apiserver's pod gets a grace of `API_STOP_GRACE` (its drain waits
+/// for watches that never end by themselves); every other pod keeps the
+/// default, etcd's in particular.
+#[test]
+fn only_kube_apiserver_pods_are_killed_soon_after_sigterm() {
+    let wiring = Wiring {
+        guard: true,
+        backup: None,
+    };
+    let templates: Vec<Value> = owned_objects(&wiring)
+        .into_iter()
+        .filter(|o| o["spec"]["template"].is_object())
+        .collect();
+    assert_eq!(templates.len(), 4);
+    for o in &templates {
+        let grace = &o["spec"]["template"]["spec"]["terminationGracePeriodSeconds"];
+        if o["metadata"]["name"] == APISERVER {
+            assert_eq!(grace, &json!(crate::process::API_STOP_GRACE.as_secs()));
+        } else {
+            assert!(grace.is_null(), "{}: {grace}", o["metadata"]["name"]);
+        }
+    }
+}
