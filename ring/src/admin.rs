@@ -32,6 +32,34 @@ impl AdminService {
     }
 }
 
+impl AdminService {
+    /// The leader's name as this member knows it ("" when none is known).
+    fn leader_name(&self, v: &crate::node::NodeView) -> String {
+        self.shared
+            .directory
+            .by_id(v.leader_id)
+            .map(|(n, _)| n)
+            .unwrap_or_default()
+    }
+
+    /// Membership changes and migrations are the leader's to propose (peers'
+    /// proposals of them are refused): any other member says who leads.
+    fn require_leader(&self) -> Result<(), Status> {
+        let v = self.shared.node.view();
+        if v.role == StateRole::Leader {
+            return Ok(());
+        }
+        Err(Status::unavailable(format!(
+            "{} is not the leader; ask the leader {} (ringctl finds it by itself)",
+            self.shared.name(),
+            match self.leader_name(&v) {
+                n if n.is_empty() => "once one is elected".to_string(),
+                n => n,
+            }
+        )))
+    }
+}
+
 fn propose_status(e: ProposeError) -> Status {
     match e {
         ProposeError::Rejected(r) => Status::failed_precondition(r),
@@ -64,12 +92,7 @@ impl RingAdmin for AdminService {
         }
         let v = self.shared.node.view();
         if v.role != StateRole::Leader {
-            let leader = self
-                .shared
-                .directory
-                .by_id(v.leader_id)
-                .map(|(n, _)| n)
-                .unwrap_or_default();
+            let leader = self.leader_name(&v);
             return Ok(Response::new(HealthAck { leader }));
         }
         self.shared.record_report(&caller, report.shoots);
@@ -116,6 +139,7 @@ impl RingAdmin for AdminService {
         req: Request<AddMemberRequest>,
     ) -> Result<Response<MembershipReply>, Status> {
         authorize(&req, &self.shared.directory, Caller::Admin)?;
+        self.require_leader()?;
         let r = req.into_inner();
         seed::validate_shoot_name(&r.name).map_err(|e| Status::invalid_argument(e.to_string()))?;
         r.address.parse::<SocketAddr>().map_err(|e| {
@@ -150,6 +174,7 @@ impl RingAdmin for AdminService {
         req: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipReply>, Status> {
         authorize(&req, &self.shared.directory, Caller::Admin)?;
+        self.require_leader()?;
         let r = req.into_inner();
         let state = self.shared.node.view().state;
         if state.member(&r.name).is_none() {
@@ -194,6 +219,7 @@ impl RingAdmin for AdminService {
         req: Request<MigrateRequest>,
     ) -> Result<Response<MigrateReply>, Status> {
         authorize(&req, &self.shared.directory, Caller::Admin)?;
+        self.require_leader()?;
         let r = req.into_inner();
         let cmd = RingCommand::StartMigration {
             shoot: r.shoot.clone(),

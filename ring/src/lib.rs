@@ -17,6 +17,7 @@ pub mod localring;
 pub mod member;
 pub mod metrics;
 pub mod node;
+pub mod peer_proposal;
 pub mod quorum;
 pub mod shared;
 pub mod state;
@@ -94,6 +95,11 @@ pub enum RingError {
     #[error("raft: {0}")]
     Raft(String),
 
+    /// A peer asked for what it may not (a proposal outside its duties):
+    /// dropped, with the member and what it asked named.
+    #[error("refused: {0}")]
+    Refused(String),
+
     /// The durable Raft store failed or holds corrupted data.
     #[error("raft store: {0}")]
     Storage(String),
@@ -143,6 +149,7 @@ impl RingError {
             RingError::Encode(_)
             | RingError::Storage(_)
             | RingError::Raft(_)
+            | RingError::Refused(_)
             | RingError::Unsupported(_)
             | RingError::Verification(_)
             | RingError::Exited(_) => false,

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use protobuf::Message as _;
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::peer_proposal::{Proposal, PROPOSAL_ID_BITS};
 use crate::state::{RingCommand, RingState};
 use crate::storage::{DiskStorage, PersistBatch};
 use crate::RingError;
@@ -26,14 +26,6 @@ pub enum ApplyResult {
     Applied { index: u64 },
     /// Committed, but the state machine refused it.
     Rejected { index: u64, reason: String },
-}
-
-/// What travels in a normal entry (and in a conf change's context).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Proposal {
-    /// Unique per proposing node (its Raft id in the top 16 bits); 0 = nobody waits.
-    id: u64,
-    command: RingCommand,
 }
 
 /// Tuning of a Raft node.
@@ -172,8 +164,12 @@ impl RaftCore {
         self.raw.campaign().map_err(raft_err)
     }
 
-    /// Feeds a message from a peer.
+    /// Feeds a message from a peer. A peer's proposal is refused unless its
+    /// proposer may make it ([`crate::peer_proposal::check`]).
     pub fn step(&mut self, msg: Message) -> Result<(), RingError> {
+        if msg.get_msg_type() == MessageType::MsgPropose {
+            crate::peer_proposal::check(&self.state, &msg).map_err(RingError::Refused)?;
+        }
         if msg.from == self.raw.raft.leader_id
             && matches!(
                 msg.get_msg_type(),
@@ -237,7 +233,8 @@ impl RaftCore {
 
     fn proposal_id(&mut self, reply: Option<oneshot::Sender<ApplyResult>>) -> u64 {
         let Some(reply) = reply else { return 0 };
-        let id = (self.id() << 48) | (self.next_proposal & ((1 << 48) - 1));
+        let id =
+            (self.id() << PROPOSAL_ID_BITS) | (self.next_proposal & ((1 << PROPOSAL_ID_BITS) - 1));
         self.next_proposal += 1;
         self.waiters.insert(id, reply);
         id
@@ -601,8 +598,12 @@ impl NodeTask {
                 Ok(())
             }
         };
-        if let Err(e) = res {
-            tracing::debug!(error = %e, "raft request failed");
+        match res {
+            Ok(()) => {}
+            Err(e @ RingError::Refused(_)) => {
+                tracing::warn!(error = %e, "dropped a peer's proposal")
+            }
+            Err(e) => tracing::debug!(error = %e, "raft request failed"),
         }
     }
 }

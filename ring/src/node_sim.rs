@@ -353,3 +353,102 @@ fn membership_change_adds_a_voter() {
     assert!(sim.run_until(300, |s| s.nodes[&4].state().member("m4").is_some()));
     assert_eq!(sim.nodes[&l].view().voters, vec![1, 2, 3, 4]);
 }
+
+/// Bootstraps members m1..m3 (Raft ids 1..3: m1 hosts m2, m2 hosts m3, m3
+/// hosts m1) and returns the leader.
+fn bootstrapped(sim: &mut Sim) -> u64 {
+    assert!(sim.run_until(600, |s| s.leader().is_some()));
+    let l = sim.leader().unwrap();
+    let mut boot = sim.propose(
+        l,
+        RingCommand::Bootstrap {
+            members: (1..=3)
+                .map(|i| (format!("m{i}"), i, format!("127.0.0.1:{i}")))
+                .collect(),
+        },
+    );
+    sim.run(20);
+    assert!(applied(&mut boot));
+    assert!(sim.run_until(100, |s| s
+        .nodes
+        .values()
+        .all(|c| !c.state().members.is_empty())));
+    l
+}
+
+/// A follower's proposals reach the leader through raft-rs's forwarding: its
+/// own lease renewal commits; one in another member's name, or a command
+/// only the leader makes, never does; an empty proposal stepped into the
+/// leader is refused instead of panicking inside raft-rs.
+#[test]
+fn peers_propose_only_their_own_duties_and_never_an_empty_proposal() {
+    let mut sim = Sim::new(3, 23);
+    let l = bootstrapped(&mut sim);
+    let f = *sim.ids.iter().find(|i| **i != l).unwrap();
+    let me = format!("m{f}");
+    let mine = sim.nodes[&l]
+        .state()
+        .placements
+        .values()
+        .find(|p| p.host == me)
+        .unwrap()
+        .shoot
+        .clone();
+    let other = sim.nodes[&l]
+        .state()
+        .placements
+        .values()
+        .find(|p| p.host != me)
+        .unwrap()
+        .clone();
+    let renew = |shoot: &str, holder: &str| RingCommand::RenewLease {
+        shoot: shoot.into(),
+        holder: holder.into(),
+        epoch: 1,
+        expires_at_ms: 60_000,
+    };
+    let mut own = sim.propose(f, renew(&mine, &me));
+    let mut forged = sim.propose(f, renew(&other.shoot, &other.host));
+    let mut leaders = sim.propose(
+        f,
+        RingCommand::MarkDown {
+            member: format!("m{l}"),
+            at_ms: 1,
+        },
+    );
+    sim.run(50);
+    assert!(
+        applied(&mut own),
+        "the follower's own renewal did not commit"
+    );
+    assert!(
+        !applied(&mut forged),
+        "a renewal in another member's name committed"
+    );
+    assert!(!applied(&mut leaders), "a follower's MarkDown committed");
+    for c in sim.nodes.values() {
+        let s = c.state();
+        assert!(s.placements[&mine].lease.is_some());
+        assert!(
+            s.placements[&other.shoot].lease.is_none(),
+            "node {}",
+            c.id()
+        );
+        assert!(
+            s.members.iter().all(|m| m.down_since_ms.is_none()),
+            "node {}",
+            c.id()
+        );
+    }
+
+    let mut empty = Message::default();
+    empty.set_msg_type(MessageType::MsgPropose);
+    empty.from = f;
+    empty.to = l;
+    let err = sim.nodes.get_mut(&l).unwrap().step(empty).unwrap_err();
+    assert!(matches!(err, RingError::Refused(_)), "{err}");
+    // the leader goes on committing
+    let mut after = sim.propose(l, backup(1));
+    sim.run(20);
+    assert!(applied(&mut after));
+}

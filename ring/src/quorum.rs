@@ -40,21 +40,12 @@ pub(crate) async fn sync_directory(shared: Arc<Shared>, stop: CancellationToken)
             .map(|m| (m.name.clone(), m.id, m.address.clone()))
             .collect();
         if !members.is_empty() && members != known {
-            let mut all = members.clone();
-            // peers from the config stay reachable (a joiner talks to them before it learns the state)
-            for m in &shared.config.members {
-                if !all.iter().any(|(n, _, _)| *n == m.name) {
-                    all.push((m.name.clone(), m.id, m.address.clone()));
-                }
-            }
-            if !all.iter().any(|(n, _, _)| n == shared.name()) {
-                all.push((
-                    shared.name().to_string(),
-                    shared.config.id,
-                    shared.config.listen.clone(),
-                ));
-            }
-            shared.directory.replace(all);
+            let me = (
+                shared.name().to_string(),
+                shared.config.id,
+                shared.config.listen.clone(),
+            );
+            shared.directory.replace(directory_entries(&members, me));
             known = members;
         }
         tokio::select! {
@@ -63,6 +54,21 @@ pub(crate) async fn sync_directory(shared: Arc<Shared>, stop: CancellationToken)
             r = rx.changed() => if r.is_err() { return },
         }
     }
+}
+
+/// Who the directory authorizes once the ring state has members: exactly
+/// those members, and this member itself (a joiner before its own entry
+/// commits). The members of the config are the ring's first shape only: a
+/// member removed since is never put back (it would keep its rights).
+fn directory_entries(
+    members: &[(String, u64, String)],
+    me: (String, u64, String),
+) -> Vec<(String, u64, String)> {
+    let mut all = members.to_vec();
+    if !all.iter().any(|(n, _, _)| *n == me.0) {
+        all.push(me);
+    }
+    all
 }
 
 /// Proposes the initial ring state once this member leads a new ring.
@@ -215,5 +221,32 @@ pub(crate) async fn forward_commands(
         if let Err(e) = shared.propose(cmd).await {
             tracing::debug!(error = %e, "queued command not applied");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, id: u64) -> (String, u64, String) {
+        (name.into(), id, format!("127.0.0.1:{id}"))
+    }
+
+    /// m3 was in the first config but has left the ring: it is not
+    /// authorized again; this member is there even before its entry commits.
+    #[test]
+    fn the_directory_holds_the_ring_s_members_and_this_member_only() {
+        let members = [entry("m1", 1), entry("m2", 2), entry("m4", 4)];
+        let names = |d: Vec<(String, u64, String)>| -> Vec<String> {
+            d.into_iter().map(|(n, _, _)| n).collect()
+        };
+        assert_eq!(
+            names(directory_entries(&members, entry("m1", 1))),
+            ["m1", "m2", "m4"]
+        );
+        assert_eq!(
+            names(directory_entries(&members, entry("m5", 5))),
+            ["m1", "m2", "m4", "m5"]
+        );
     }
 }

@@ -176,6 +176,18 @@ impl RaftTransport for RaftService {
         let caller = authorize(&req, &self.directory, Caller::Member)?;
         for bytes in &req.get_ref().messages {
             let msg = decode(bytes)?;
+            if msg.get_msg_type() == MessageType::MsgPropose
+                && self
+                    .directory
+                    .get(&caller)
+                    .is_some_and(|(id, _)| id != msg.from)
+            {
+                // a proposal relayed by a member that was leader a moment
+                // ago: its proposer cannot be checked here, so it is dropped
+                // (the proposer retries); the rest of the batch goes on
+                tracing::debug!(relay = %caller, from = msg.from, "dropped a relayed proposal");
+                continue;
+            }
             self.check_sender(&caller, &msg)?;
             self.node.step(msg);
         }

@@ -248,6 +248,56 @@ async fn foreign_ca_and_unexpected_identities_are_refused() {
     assert_eq!(forged.code(), tonic::Code::PermissionDenied);
     // the ring still works
     commit_via(&ring, 0, START).await;
+
+    // m2's own certificate, its own Raft id: an empty proposal (raft-rs's
+    // leader panics on one) and a command only the leader makes (marking m1
+    // down) reach every member, followers forwarding them to the leader
+    let proposal = |entries: Vec<raft::prelude::Entry>| raft::prelude::Message {
+        msg_type: raft::prelude::MessageType::MsgPropose,
+        from: 2,
+        entries: entries.into(),
+        ..Default::default()
+    };
+    let mark_down = raft::prelude::Entry {
+        data: serde_json::to_vec(&serde_json::json!({
+            "id": 0,
+            "command": ringd::state::RingCommand::MarkDown { member: "m1".into(), at_ms: 1 },
+        }))
+        .unwrap()
+        .into(),
+        ..Default::default()
+    };
+    for i in 0..3 {
+        let ch = ringd::transport::channel(&m2, &ring.members[i].address, "ringd").unwrap();
+        let mut raft = ring_proto::v1::raft_transport_client::RaftTransportClient::new(ch);
+        for msg in [proposal(vec![]), proposal(vec![mark_down.clone()])] {
+            let mut msg = msg;
+            msg.to = i as u64 + 1;
+            raft.send(ring_proto::v1::RaftBatch {
+                from: 2,
+                messages: vec![msg.write_to_bytes().unwrap()],
+            })
+            .await
+            .unwrap();
+        }
+    }
+    // every member still commits, and nobody was marked down
+    for i in 0..3 {
+        commit_via(&ring, i, START).await;
+    }
+    let s = ring.status(0).await.unwrap();
+    assert!(
+        s.members.iter().all(|m| m.state == MemberState::Up),
+        "{:?}",
+        s.members
+    );
+    let leader = s.leader.clone().expect("a leader");
+    let i = ring.members.iter().position(|m| m.name == leader).unwrap();
+    let log = std::fs::read_to_string(ring.log(i)).unwrap();
+    assert!(
+        log.contains("dropped a peer's proposal") && log.contains("only the leader proposes"),
+        "{log}"
+    );
 }
 
 /// m1 hosts m2's real control plane. Cut m1 off from the quorum: it must stop
