@@ -219,6 +219,21 @@ impl Catalog {
         c
     }
 
+    /// Drops the objects that are not encrypted (a bucket with a key trusts
+    /// only what its key authenticates); returns their names.
+    pub fn retain_encrypted(&mut self) -> Vec<String> {
+        let mut dropped = Vec::new();
+        for list in [&mut self.fulls, &mut self.deltas] {
+            list.retain(|e| {
+                if !e.encrypted {
+                    dropped.push(e.name.clone());
+                }
+                e.encrypted
+            });
+        }
+        dropped
+    }
+
     /// Every object, fulls then deltas.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.fulls.iter().chain(self.deltas.iter())
@@ -462,6 +477,32 @@ mod tests {
             .plan(Target::Revision(27), false, &[p_name(&c, 25)])
             .unwrap();
         assert_eq!(p.full.first, 10);
+    }
+
+    /// A bucket with a key plans only with encrypted objects: a planted
+    /// plain full snapshot, newer than every other, is left out.
+    #[test]
+    fn only_encrypted_objects_are_planned_under_a_key() {
+        let object = |kind, a, b, encrypted| {
+            let name = object_name(kind, a, b, 1_700_000_000_000 + b, true, encrypted);
+            (name, 10)
+        };
+        let mut c = Catalog::from_listing(vec![
+            object(Kind::Full, 10, 10, true),
+            object(Kind::Delta, 11, 20, true),
+            object(Kind::Full, 20, 20, false),
+            object(Kind::Delta, 21, 30, false),
+        ]);
+        assert_eq!(c.plan(Target::Latest, false, &[]).unwrap().full.first, 20);
+        let dropped = c.retain_encrypted();
+        assert_eq!(dropped.len(), 2, "{dropped:?}");
+        assert!(
+            dropped.iter().all(|n| !n.ends_with(".aesgcm")),
+            "{dropped:?}"
+        );
+        let p = c.plan(Target::Latest, false, &[]).unwrap();
+        assert_eq!((p.full.first, p.target_revision), (10, 20));
+        assert!(p.full.encrypted && p.deltas.iter().all(|d| d.encrypted));
     }
 
     fn p_name(c: &Catalog, rev: i64) -> String {

@@ -37,6 +37,11 @@ pub enum BackupError {
         configured_check: String,
     },
 
+    /// The object is not what the configured key and shoot vouch for: not
+    /// encrypted although a key is configured, or written for another shoot.
+    #[error("object {object} is not trusted: {problem}")]
+    Untrusted { object: String, problem: String },
+
     /// The object is encrypted and no key was given.
     #[error("object {object} is encrypted with key id {key_id}: give the key (--key-file/--key-env, or encryption in the config)")]
     KeyRequired { object: String, key_id: String },
@@ -98,6 +103,7 @@ impl BackupError {
             | BackupError::BucketMissing { .. }
             | BackupError::Corrupt { .. }
             | BackupError::WrongKey { .. }
+            | BackupError::Untrusted { .. }
             | BackupError::KeyRequired { .. }
             | BackupError::Compacted { .. }
             | BackupError::Gap { .. }
@@ -115,6 +121,14 @@ impl BackupError {
         BackupError::Config {
             field: field.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// An object the key and shoot do not vouch for (see [`BackupError::Untrusted`]).
+    pub fn untrusted(object: impl Into<String>, problem: impl Into<String>) -> Self {
+        BackupError::Untrusted {
+            object: object.into(),
+            problem: problem.into(),
         }
     }
 

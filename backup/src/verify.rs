@@ -49,7 +49,7 @@ impl VerifyReport {
 
 /// Checks a full snapshot object completely (streamed, nothing kept).
 async fn check_full(bucket: &Bucket, name: &str, key: Option<&EncryptionKey>) -> Result<()> {
-    let mut reader = ObjectReader::new(name, key);
+    let mut reader = ObjectReader::new(name, bucket.shoot(), key);
     let mut db = DbHash::default();
     let mut stream = bucket.get(name).await?;
     while let Some(bytes) = stream.next().await {

@@ -180,7 +180,8 @@ pub async fn upload_identity(
         // what goes in, under which name, and the other form's name
         let (stored, bytes, stale) = match rb.key() {
             Some(key) => {
-                let bytes = backup::codec::seal(key, &sealed_name, &data).map_err(backup_err)?;
+                let bytes =
+                    backup::codec::seal(key, shoot, &sealed_name, &data).map_err(backup_err)?;
                 (sealed_name, bytes, name)
             }
             None => (name, data, sealed_name),
@@ -198,7 +199,8 @@ pub async fn upload_identity(
 
 /// Fetches the shoot's spec and PKI from the bucket into `layout` (files 0600),
 /// opening sealed objects with the bucket's key (a sealed object wins over a
-/// plain one of the same name).
+/// plain one of the same name). With a key, a plain object is refused, and so
+/// is one sealed for another shoot.
 pub async fn download_identity(
     rb: &RingBucket,
     layout: &ShootLayout,
@@ -228,9 +230,16 @@ pub async fn download_identity(
             Some(file) => format!("pki/{file}"),
             None => name.clone(),
         };
+        if !sealed && rb.key().is_some() {
+            return Err(backup_err(backup::BackupError::untrusted(
+                format!("{} {stored}", bucket.describe()),
+                "it is not sealed, but the ring's bucket has a key: anyone who can write to the bucket could have put it there (remove it; the shoot's host seals its identity again)",
+            )));
+        }
         let mut data = bucket.get_all(&stored).await.map_err(backup_err)?;
         if sealed {
-            data = backup::codec::unseal(rb.key(), &stored, &data).map_err(|e| rb.key_err(e))?;
+            data = backup::codec::unseal(rb.key(), shoot, &stored, &data)
+                .map_err(|e| rb.key_err(e))?;
         }
         seed::pki::write_private(&layout.dir.join(rel), &data)?;
     }
@@ -536,10 +545,35 @@ mod tests {
         let objects = stored(&bucket_dir);
         assert_eq!(objects.len(), 2);
         assert!(objects.iter().all(|(p, _)| !p.ends_with(".aesgcm")));
+        // with a key, the plain objects are refused (anyone able to write
+        // to the bucket could have put them there)
+        let err = download_identity(&sealed, &elsewhere, "s1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RingError::Backup(backup::BackupError::Untrusted { problem, .. }) if problem.contains("not sealed")),
+            "{err}"
+        );
         upload_identity(&sealed, &layout, "s1").await.unwrap();
         assert!(stored(&bucket_dir)
             .iter()
             .all(|(p, _)| p.ends_with(".aesgcm")));
+
+        // s1's sealed identity copied into s2's prefix does not open as s2's
+        let (from, to) = (bucket_dir.join("s1"), bucket_dir.join("s2"));
+        std::fs::create_dir_all(to.join("identity")).unwrap();
+        for e in std::fs::read_dir(from.join("identity")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join("identity").join(e.file_name())).unwrap();
+        }
+        let err = download_identity(&sealed, &elsewhere, "s2")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RingError::Backup(backup::BackupError::Untrusted { problem, .. }) if problem.contains("sealed for shoot s1, not s2")),
+            "{err}"
+        );
+        assert!(!elsewhere.dir.join("pki/ca.key").exists());
     }
 
     #[test]

@@ -19,6 +19,7 @@ impl EncryptionHeader {
             key_id: key.id.clone(),
             key_check: key.check.clone(),
             nonce: hex(&nonce),
+            owner: None,
         };
         (header, nonce)
     }
@@ -175,12 +176,14 @@ fn seal_aad(name: &str, header: &[u8]) -> Vec<u8> {
     aad
 }
 
-/// Encrypts a small object whole (a shoot's spec or a PKI file) with AES-256-GCM.
-/// The object's `name` and the header are authenticated with it, so a sealed
-/// object cannot be passed off under another name. Layout: `RINGSEAL`, header length (u32 BE),
-/// JSON [`EncryptionHeader`], ciphertext with its tag.
-pub fn seal(key: &EncryptionKey, name: &str, plain: &[u8]) -> Result<Vec<u8>> {
-    let (header, nonce) = EncryptionHeader::new(key);
+/// Encrypts a small object of `shoot` whole (its spec or a PKI file) with
+/// AES-256-GCM. The object's `name` and the header, which names the shoot,
+/// are authenticated with it, so a sealed object cannot be passed off under
+/// another name or as another shoot's. Layout: `RINGSEAL`, header length
+/// (u32 BE), JSON [`EncryptionHeader`], ciphertext with its tag.
+pub fn seal(key: &EncryptionKey, shoot: &str, name: &str, plain: &[u8]) -> Result<Vec<u8>> {
+    let (mut header, nonce) = EncryptionHeader::new(key);
+    header.owner = Some(shoot.to_string());
     let header = serde_json::to_vec(&header)
         .map_err(|e| BackupError::corrupt(name, format!("encoding the seal header: {e}")))?;
     let sealed = key
@@ -201,9 +204,15 @@ pub fn seal(key: &EncryptionKey, name: &str, plain: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Opens what [`seal`] wrote under the same `name`: a missing or wrong key, and
-/// anything damaged or renamed, is an error saying which.
-pub fn unseal(key: Option<&EncryptionKey>, name: &str, bytes: &[u8]) -> Result<Vec<u8>> {
+/// Opens what [`seal`] wrote for the same `shoot` under the same `name`: a
+/// missing or wrong key, another shoot's object, and anything damaged or
+/// renamed, is an error saying which.
+pub fn unseal(
+    key: Option<&EncryptionKey>,
+    shoot: &str,
+    name: &str,
+    bytes: &[u8],
+) -> Result<Vec<u8>> {
     let corrupt = |problem: &str| BackupError::corrupt(name, problem);
     let rest = bytes
         .strip_prefix(SEAL_MAGIC.as_slice())
@@ -220,6 +229,21 @@ pub fn unseal(key: Option<&EncryptionKey>, name: &str, bytes: &[u8]) -> Result<V
     let (raw_header, sealed) = rest.split_at(len);
     let header: EncryptionHeader = serde_json::from_slice(raw_header)
         .map_err(|e| corrupt(&format!("the seal header is not valid: {e}")))?;
+    match header.owner.as_deref() {
+        Some(s) if s == shoot => {}
+        Some(other) => {
+            return Err(BackupError::untrusted(
+                name,
+                format!("it was sealed for shoot {other}, not {shoot} (copied from another shoot's prefix?)"),
+            ))
+        }
+        None => {
+            return Err(BackupError::untrusted(
+                name,
+                format!("it was sealed by an older Ring without naming its shoot; serve shoot {shoot} once with this Ring to seal it again"),
+            ))
+        }
+    }
     let (cipher, nonce) = header.open(key, name)?;
     cipher
         .decrypt(

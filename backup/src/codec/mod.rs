@@ -94,6 +94,10 @@ pub struct EncryptionHeader {
     pub key_check: String,
     /// The object's base nonce (hex, 12 bytes).
     pub nonce: String,
+    /// The shoot a sealed object belongs to (see [`seal`]); backup objects
+    /// name it in their [`Header`] instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// What a delta holds, known before it is written.

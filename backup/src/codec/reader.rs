@@ -37,6 +37,8 @@ enum Stage {
 /// was complete and intact.
 pub struct ObjectReader {
     name: String,
+    /// The shoot whose prefix the object is read from: its header must name it.
+    shoot: String,
     key: Option<EncryptionKey>,
     stage: Stage,
     buf: Vec<u8>,
@@ -59,10 +61,13 @@ pub struct ObjectReader {
 }
 
 impl ObjectReader {
-    /// A reader of the object `name` (for messages), with the key if one is configured.
-    pub fn new(name: &str, key: Option<&EncryptionKey>) -> Self {
+    /// A reader of the object `name` (for messages) of `shoot`, with the key
+    /// if one is configured. With a key, an object that is not encrypted is
+    /// refused; an object whose header names another shoot always is.
+    pub fn new(name: &str, shoot: &str, key: Option<&EncryptionKey>) -> Self {
         ObjectReader {
             name: name.to_string(),
+            shoot: shoot.to_string(),
             key: key.cloned(),
             stage: Stage::Magic,
             buf: Vec::new(),
@@ -251,8 +256,27 @@ impl ObjectReader {
             "none" => {}
             other => return Err(self.corrupt(format!("unknown compression {other:?}"))),
         }
-        if let Some(enc) = &h.encryption {
-            self.cipher = Some(enc.open(self.key.as_ref(), &self.name)?);
+        if h.shoot != self.shoot {
+            return Err(BackupError::untrusted(
+                &self.name,
+                format!(
+                    "it was written for shoot {}, not {} (copied from another shoot's prefix?)",
+                    h.shoot, self.shoot
+                ),
+            ));
+        }
+        match (&h.encryption, &self.key) {
+            (Some(enc), key) => self.cipher = Some(enc.open(key.as_ref(), &self.name)?),
+            (None, Some(key)) => {
+                return Err(BackupError::untrusted(
+                    &self.name,
+                    format!(
+                        "it is not encrypted, but the bucket's key {} is configured: anyone who can write to the bucket could have put it there (remove it, or restore without the key if the backup was written unencrypted)",
+                        key.id
+                    ),
+                ))
+            }
+            (None, None) => {}
         }
         Ok(())
     }
@@ -404,8 +428,13 @@ impl ObjectReader {
 }
 
 /// Decodes a whole object in memory; returns what it held and its plain bytes.
-pub fn decode(name: &str, bytes: &[u8], key: Option<&EncryptionKey>) -> Result<(Decoded, Vec<u8>)> {
-    let mut r = ObjectReader::new(name, key);
+pub fn decode(
+    name: &str,
+    shoot: &str,
+    bytes: &[u8],
+    key: Option<&EncryptionKey>,
+) -> Result<(Decoded, Vec<u8>)> {
+    let mut r = ObjectReader::new(name, shoot, key);
     let mut plain = Vec::new();
     r.feed(bytes, &mut |b| {
         plain.extend_from_slice(b);

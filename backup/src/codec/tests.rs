@@ -38,7 +38,7 @@ fn round_trips_every_combination_across_chunks() {
         for k in [None, Some(key(1))] {
             let (obj, sha) =
                 encode(header(), &data, level, k.as_ref(), Trailer::default()).unwrap();
-            let (d, plain) = decode("o", &obj, k.as_ref()).unwrap();
+            let (d, plain) = decode("o", "s", &obj, k.as_ref()).unwrap();
             assert_eq!(plain, data, "level {level}, key {k:?}");
             assert_eq!(d.sha256, sha);
             assert_eq!(d.header.delta.as_ref().unwrap().last_revision, 9);
@@ -47,7 +47,7 @@ fn round_trips_every_combination_across_chunks() {
         }
     }
     let (obj, _) = encode(header(), b"", 3, None, Trailer::default()).unwrap();
-    assert!(decode("o", &obj, None).unwrap().1.is_empty());
+    assert!(decode("o", "s", &obj, None).unwrap().1.is_empty());
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn fed_in_small_pieces_gives_the_same() {
     let data = body(CHUNK + 7);
     let k = key(2);
     let (obj, _) = encode(header(), &data, 3, Some(&k), Trailer::default()).unwrap();
-    let mut r = ObjectReader::new("o", Some(&k));
+    let mut r = ObjectReader::new("o", "s", Some(&k));
     let mut plain = Vec::new();
     for piece in obj.chunks(1000) {
         r.feed(piece, &mut |b| {
@@ -76,7 +76,7 @@ fn every_flipped_bit_is_detected() {
         for pos in (0..obj.len()).step_by(7) {
             let mut bad = obj.clone();
             bad[pos] ^= 0x10;
-            let err = decode("o", &bad, k.as_ref()).err();
+            let err = decode("o", "s", &bad, k.as_ref()).err();
             assert!(
                 err.is_some(),
                 "flip at {pos} of {} went unnoticed",
@@ -92,7 +92,7 @@ fn flipped_data_bit_reports_a_checksum_mismatch() {
     let (mut obj, _) = encode(header(), &data, 0, None, Trailer::default()).unwrap();
     let pos = obj.len() / 2;
     obj[pos] ^= 1;
-    let err = decode("o", &obj, None).unwrap_err().to_string();
+    let err = decode("o", "s", &obj, None).unwrap_err().to_string();
     assert!(err.contains("checksum mismatch"), "{err}");
 }
 
@@ -108,7 +108,7 @@ fn a_flipped_bit_after_the_header_reports_a_checksum_mismatch() {
         for pos in header_end..obj.len() {
             let mut bad = obj.clone();
             bad[pos] ^= 0x04;
-            let Err(err) = decode("o", &bad, None) else {
+            let Err(err) = decode("o", "s", &bad, None) else {
                 panic!("flip at {pos} of {} went unnoticed", obj.len());
             };
             let err = err.to_string();
@@ -126,7 +126,7 @@ fn truncation_is_reported_as_such() {
     let data = body(3 * CHUNK);
     let (obj, _) = encode(header(), &data, 0, None, Trailer::default()).unwrap();
     for cut in [3, 20, obj.len() / 2, obj.len() - 40, obj.len() - 1] {
-        let err = decode("o", &obj[..cut], None).unwrap_err().to_string();
+        let err = decode("o", "s", &obj[..cut], None).unwrap_err().to_string();
         assert!(err.contains("truncated"), "cut at {cut}: {err}");
     }
 }
@@ -134,15 +134,15 @@ fn truncation_is_reported_as_such() {
 #[test]
 fn wrong_or_missing_key_is_named() {
     let (obj, _) = encode(header(), b"secret", 3, Some(&key(4)), Trailer::default()).unwrap();
-    let err = decode("o", &obj, Some(&key(5))).unwrap_err();
+    let err = decode("o", "s", &obj, Some(&key(5))).unwrap_err();
     assert!(matches!(err, BackupError::WrongKey { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("k4") && msg.contains("k5"), "{msg}");
-    let err = decode("o", &obj, None).unwrap_err();
+    let err = decode("o", "s", &obj, None).unwrap_err();
     assert!(matches!(err, BackupError::KeyRequired { .. }), "{err}");
     // the same key under another name still decrypts
     let same = EncryptionKey::new([4; 32], Some("renamed".into()));
-    assert_eq!(decode("o", &obj, Some(&same)).unwrap().1, b"secret");
+    assert_eq!(decode("o", "s", &obj, Some(&same)).unwrap().1, b"secret");
     // the plaintext is not in the object
     assert!(!obj.windows(6).any(|w| w == b"secret"));
 }
@@ -166,30 +166,97 @@ fn sealed_objects_open_only_with_their_key_and_name() {
     let key = EncryptionKey::new([7; 32], Some("k1".into()));
     let other = EncryptionKey::new([8; 32], Some("k2".into()));
     let plain = b"-----BEGIN PRIVATE KEY-----\nsecret\n";
-    let sealed = seal(&key, "pki_ca.key", plain).unwrap();
+    let sealed = seal(&key, "s", "pki_ca.key", plain).unwrap();
     assert!(!sealed.windows(7).any(|w| w == b"PRIVATE"));
-    assert_eq!(unseal(Some(&key), "pki_ca.key", &sealed).unwrap(), plain);
-    let err = unseal(None, "pki_ca.key", &sealed).unwrap_err();
+    assert_eq!(
+        unseal(Some(&key), "s", "pki_ca.key", &sealed).unwrap(),
+        plain
+    );
+    let err = unseal(None, "s", "pki_ca.key", &sealed).unwrap_err();
     assert!(
         matches!(err, BackupError::KeyRequired { ref key_id, .. } if key_id == "k1"),
         "{err}"
     );
-    let err = unseal(Some(&other), "pki_ca.key", &sealed).unwrap_err();
+    let err = unseal(Some(&other), "s", "pki_ca.key", &sealed).unwrap_err();
     assert!(matches!(err, BackupError::WrongKey { .. }), "{err}");
-    let err = unseal(Some(&key), "pki_sa.key", &sealed).unwrap_err();
+    let err = unseal(Some(&key), "s", "pki_sa.key", &sealed).unwrap_err();
     assert!(err.to_string().contains("another name"), "{err}");
     for i in 0..sealed.len() {
         let mut bad = sealed.clone();
         bad[i] ^= 0x20;
         assert!(
-            unseal(Some(&key), "pki_ca.key", &bad).is_err(),
+            unseal(Some(&key), "s", "pki_ca.key", &bad).is_err(),
             "flipped byte {i}"
         );
     }
     for cut in 0..sealed.len() {
         assert!(
-            unseal(Some(&key), "pki_ca.key", &sealed[..cut]).is_err(),
+            unseal(Some(&key), "s", "pki_ca.key", &sealed[..cut]).is_err(),
             "cut at {cut}"
         );
     }
+}
+
+/// With a key configured, an object without encryption is refused (anyone
+/// who can write to the bucket could have made it); an object whose header
+/// names another shoot is refused with or without a key. Editing the shoot in
+/// an encrypted object's header breaks its authentication.
+#[test]
+fn plain_objects_under_a_key_and_other_shoots_objects_are_refused() {
+    let (plain, _) = encode(header(), b"data", 3, None, Trailer::default()).unwrap();
+    let err = decode("o", "s", &plain, Some(&key(1))).unwrap_err();
+    assert!(matches!(err, BackupError::Untrusted { .. }), "{err}");
+    assert!(err.to_string().contains("not encrypted"), "{err}");
+    assert_eq!(decode("o", "s", &plain, None).unwrap().1, b"data");
+
+    let (sealed, _) = encode(header(), b"data", 3, Some(&key(1)), Trailer::default()).unwrap();
+    for k in [None, Some(key(1))] {
+        let obj = if k.is_some() { &sealed } else { &plain };
+        let err = decode("o", "t", obj, k.as_ref()).unwrap_err();
+        assert!(matches!(err, BackupError::Untrusted { .. }), "{err}");
+        assert!(
+            err.to_string().contains("written for shoot s, not t"),
+            "{err}"
+        );
+    }
+    // the header says shoot "t" now (same length, the outer checksum made
+    // right again): the chunks no longer authenticate
+    let mut edited = sealed.clone();
+    let at = edited
+        .windows(11)
+        .position(|w| w == b"\"shoot\":\"s\"")
+        .unwrap();
+    edited[at + 9] = b't';
+    let n = edited.len() - 32;
+    let sum = <sha2::Sha256 as sha2::Digest>::digest(&edited[..n]);
+    edited[n..].copy_from_slice(&sum);
+    let err = decode("o", "t", &edited, Some(&key(1))).unwrap_err();
+    assert!(matches!(err, BackupError::Corrupt { .. }), "{err}");
+}
+
+/// A seal names its shoot: another shoot's seal, and one from before seals
+/// named their shoot, are refused with what to do.
+#[test]
+fn sealed_objects_open_only_as_their_shoot_s() {
+    let key = key(7);
+    let sealed = seal(&key, "s", "pki_ca.key", b"ca").unwrap();
+    let err = unseal(Some(&key), "t", "pki_ca.key", &sealed).unwrap_err();
+    assert!(matches!(err, BackupError::Untrusted { .. }), "{err}");
+    assert!(
+        err.to_string().contains("sealed for shoot s, not t"),
+        "{err}"
+    );
+
+    // a seal as Ring wrote it before: no shoot in its header
+    let field = b",\"owner\":\"s\"";
+    let at = sealed
+        .windows(field.len())
+        .position(|w| w == field)
+        .unwrap();
+    let mut old = sealed[..at].to_vec();
+    old.extend_from_slice(&sealed[at + field.len()..]);
+    let len = u32::from_be_bytes(old[8..12].try_into().unwrap()) - field.len() as u32;
+    old[8..12].copy_from_slice(&len.to_be_bytes());
+    let err = unseal(Some(&key), "s", "pki_ca.key", &old).unwrap_err();
+    assert!(err.to_string().contains("older Ring"), "{err}");
 }

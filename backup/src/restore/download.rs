@@ -21,7 +21,7 @@ pub async fn fetch_delta(
     key: Option<&EncryptionKey>,
 ) -> Result<(codec::DeltaMeta, Vec<RevisionRecord>)> {
     let bytes = bucket.get_all(name).await?;
-    let (decoded, body) = codec::decode(name, &bytes, key)?;
+    let (decoded, body) = codec::decode(name, bucket.shoot(), &bytes, key)?;
     let meta = decoded
         .header
         .delta
@@ -86,7 +86,7 @@ pub async fn download_full(
     let part = path.with_extension("part");
     let file = std::fs::File::create(&part).map_err(io_at("creating", &part))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut reader = ObjectReader::new(name, key);
+    let mut reader = ObjectReader::new(name, bucket.shoot(), key);
     let mut db = DbHash::default();
     let mut stream = bucket.get(name).await?;
     while let Some(bytes) = stream.next().await {

@@ -269,7 +269,9 @@ async fn download_step(
             ));
             Ok(Outcome::Downloaded(full))
         }
-        Err(BackupError::Corrupt { object, problem }) => {
+        Err(
+            BackupError::Corrupt { object, problem } | BackupError::Untrusted { object, problem },
+        ) => {
             let msg = format!("{object} is corrupt ({problem}): planning again without it");
             tracing::warn!("{msg}");
             progress(&msg);

@@ -7,7 +7,24 @@ use crate::{BackupError, Result};
 
 /// Chooses the objects (resolving a time target to a revision first).
 pub(super) async fn plan(opts: &RestoreOptions, excluded: &[String]) -> Result<Plan> {
-    let catalog = opts.bucket.catalog().await?;
+    let mut catalog = opts.bucket.catalog().await?;
+    let plain = match &opts.key {
+        Some(_) => catalog.retain_encrypted(),
+        None => Vec::new(),
+    };
+    if !plain.is_empty() {
+        tracing::warn!(
+            objects = ?plain,
+            "not encrypted although the bucket has a key: not trusted, left out of the restore"
+        );
+    }
+    if catalog.is_empty() && !plain.is_empty() {
+        return Err(BackupError::Catalog(format!(
+            "{} holds no encrypted backup, only {} unencrypted objects, which a bucket with a key does not trust (restore without the key if the backup was written unencrypted)",
+            opts.bucket.describe(),
+            plain.len()
+        )));
+    }
     if catalog.is_empty() {
         return Err(BackupError::Catalog(format!(
             "{} holds no backup (is the bucket URL and shoot right?)",
