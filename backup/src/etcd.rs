@@ -263,7 +263,8 @@ pub fn single_member_args(
     ]
 }
 
-/// An etcd process on loopback ports, plain HTTP; killed on drop.
+/// An etcd process on loopback ports, plain HTTP; killed on drop, and when
+/// the process that started it dies (parent-death signal).
 pub struct TempEtcd {
     child: Option<tokio::process::Child>,
     /// `http://127.0.0.1:PORT`.
@@ -290,6 +291,13 @@ impl TempEtcd {
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(logfile))
                 .kill_on_drop(true);
+            // a killed restore (ringd, ringctl, an init container) takes its
+            // etcd with it: nothing else would ever stop it
+            let parent = std::process::id();
+            // SAFETY: die_with_parent makes only async-signal-safe calls.
+            unsafe {
+                cmd.pre_exec(move || seed::process::die_with_parent(parent));
+            }
             let child = cmd.spawn().map_err(io_at("starting", etcd))?;
             let mut me = TempEtcd {
                 child: Some(child),

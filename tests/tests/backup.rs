@@ -1052,3 +1052,63 @@ async fn hosted_control_plane_is_backed_up_and_restored_into_a_new_seed() {
     assert_eq!(rv_b, rv, "resourceVersions are etcd's own revisions");
     seed_b.stop("bk-shoot").await.expect("stop");
 }
+
+/// Set for the helper process of
+/// [`a_temporary_etcd_dies_with_the_process_that_started_it`]: its dir.
+const TEMP_ETCD_HELPER: &str = "RING_TEST_TEMP_ETCD_DIR";
+
+/// The helper process's body, run by the test below as this test binary
+/// (ignored on its own): starts a temporary etcd in the given dir, says so,
+/// and waits to be killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of a_temporary_etcd_dies_with_the_process_that_started_it"]
+async fn temp_etcd_helper_process() {
+    let dir = PathBuf::from(std::env::var(TEMP_ETCD_HELPER).expect("run by the test below"));
+    let _etcd = TempEtcd::start(&etcd_bin(), &dir.join("data"), "t", &dir.join("etcd.log"))
+        .await
+        .expect("temporary etcd");
+    println!("etcd ready");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+}
+
+/// A restore killed with -9 (ringctl, ringd, an init container) takes its
+/// temporary etcd with it: nothing else would ever stop that etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_etcd_dies_with_the_process_that_started_it() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("temp-etcd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "temp_etcd_helper_process",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(TEMP_ETCD_HELPER, &dir)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("helper process");
+    let data = dir.join("data");
+    wait_for("the helper's temporary etcd", WAIT, || async {
+        (!processes_mentioning(&data).is_empty()).then_some(())
+    })
+    .await;
+    helper.start_kill().unwrap();
+    helper.wait().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut left = processes_mentioning(&data);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = processes_mentioning(&data);
+    }
+    for pid in &left {
+        // SAFETY: plain kill(2) of a pid this test's helper started
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    assert!(
+        left.is_empty(),
+        "etcd {left:?} outlived the process that started it by 10 s"
+    );
+}
