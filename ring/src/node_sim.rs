@@ -309,18 +309,7 @@ fn crashed_node_restarts_from_disk_and_catches_up_through_a_snapshot() {
 #[test]
 fn membership_change_adds_a_voter() {
     let mut sim = Sim::new(3, 11);
-    assert!(sim.run_until(600, |s| s.leader().is_some()));
-    let l = sim.leader().unwrap();
-    let mut boot = sim.propose(
-        l,
-        RingCommand::Bootstrap {
-            members: (1..=3)
-                .map(|i| (format!("m{i}"), i, format!("127.0.0.1:{i}")))
-                .collect(),
-        },
-    );
-    sim.run(20);
-    assert!(applied(&mut boot));
+    bootstrapped(&mut sim);
     // node 4 starts empty (no voters) and is added by a conf change
     sim.ids.push(4);
     sim.dirs.insert(4, tempfile::tempdir().unwrap());
