@@ -30,9 +30,7 @@ impl AdminService {
     pub fn new(shared: Arc<Shared>) -> Self {
         AdminService { shared }
     }
-}
 
-impl AdminService {
     /// The leader's name as this member knows it ("" when none is known).
     fn leader_name(&self, v: &crate::node::NodeView) -> String {
         self.shared
