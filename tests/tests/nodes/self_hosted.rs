@@ -174,7 +174,7 @@ async fn a_member_pivots_its_successor_into_pods_on_its_own_node_without_losing_
     }
 
     // in shoot m3, on node m3: m1's etcd, kube-apiserver, controller-manager, scheduler
-    whole_control_plane_in_pods(&kc("m3"), "m1", "m3").unwrap();
+    whole_control_plane_ready_in_pods(&kc("m3"), "m1", "m3").await;
     assert!(!pod_control_plane("test", "m1").is_empty());
     let row = |s: &str, a: &str, n: &str| (s.to_string(), a.to_string(), n.to_string());
     assert_eq!(
@@ -369,6 +369,19 @@ fn bootstrap_bounded(args: &[&str]) -> std::process::Output {
     out
 }
 
+/// Waits (at most 90 s) until a Ready pod of each control plane component of
+/// `shoot` runs on node `node`. A move is done once kube-apiserver answers on
+/// its target; controller-manager and scheduler pods replaced there after a
+/// back-off start right after.
+async fn whole_control_plane_ready_in_pods(kubeconfig: &Path, shoot: &str, node: &str) {
+    wait_ok(
+        &format!("{shoot}'s whole control plane Ready in pods on node {node}"),
+        Duration::from_secs(90),
+        || async { whole_control_plane_in_pods(kubeconfig, shoot, node) },
+    )
+    .await
+}
+
 /// Whether a Ready pod of each control plane component of `shoot` runs on
 /// node `node` in the shoot `kubeconfig` reaches.
 fn whole_control_plane_in_pods(kubeconfig: &Path, shoot: &str, node: &str) -> Result<(), String> {
@@ -432,7 +445,7 @@ async fn a_closed_ring_hosts_every_control_plane_in_pods_and_cold_starts_after_d
             .cloned()
             .unwrap();
         assert_eq!(p["host"], host, "{p}");
-        whole_control_plane_in_pods(&kc(host), shoot, host).unwrap();
+        whole_control_plane_ready_in_pods(&kc(host), shoot, host).await;
     }
     let row = |s: &str, n: &str| (s.to_string(), "pods".to_string(), n.to_string());
     assert_eq!(
@@ -481,7 +494,7 @@ async fn a_closed_ring_hosts_every_control_plane_in_pods_and_cold_starts_after_d
         );
     }
     for (shoot, host) in hosts {
-        whole_control_plane_in_pods(&kc(host), shoot, host).unwrap();
+        whole_control_plane_ready_in_pods(&kc(host), shoot, host).await;
         let names = kubectl(&kc(shoot), &["get", "configmaps", "-o", "name"]);
         for i in 0..5 {
             assert!(
