@@ -637,42 +637,15 @@ pub async fn ring_status(
     layout: &RingLayout,
     config: &RingConfig,
 ) -> Result<RingStatus, BootstrapError> {
-    let mut last = None;
-    // a member that knows no leader (e.g. one just reconnected after a partition)
-    // is asked last: another member may know the ring's leader
-    let mut leaderless = None;
-    for i in 0..config.members.len() {
-        match AdminClient::connect(&config.member_address(i), &layout.pki()) {
-            Ok(mut c) => match c.status().await {
-                Ok(s) => {
-                    let Some(leader) = s.leader.clone() else {
-                        leaderless.get_or_insert(s);
-                        continue;
-                    };
-                    if leader != s.member {
-                        if let Some(j) = config.members.iter().position(|m| m.name == leader) {
-                            if let Ok(mut lc) =
-                                AdminClient::connect(&config.member_address(j), &layout.pki())
-                            {
-                                if let Ok(ls) = lc.status().await {
-                                    return Ok(ls);
-                                }
-                            }
-                        }
-                    }
-                    return Ok(s);
-                }
-                Err(e) => last = Some(e),
-            },
-            Err(e) => last = Some(e),
-        }
+    if config.members.is_empty() {
+        return Err(BootstrapError::Unsupported(
+            "the ring has no members".into(),
+        ));
     }
-    if let Some(s) = leaderless {
-        return Ok(s);
-    }
-    Err(last
-        .map(BootstrapError::Ring)
-        .unwrap_or_else(|| BootstrapError::Unsupported("the ring has no members".into())))
+    let addresses: Vec<String> = (0..config.members.len())
+        .map(|i| config.member_address(i))
+        .collect();
+    Ok(AdminClient::ring_status(&addresses, &layout.pki()).await?)
 }
 
 /// Adds member `name` to the local ring in `dir`: its certificate and config

@@ -159,34 +159,42 @@ pub(crate) struct RingArgs {
 }
 
 impl RingArgs {
-    /// The address and PKI to use: explicit flags, else the local ring's.
-    pub(crate) fn target(&self) -> anyhow::Result<(String, PathBuf)> {
+    /// The addresses to ask and the PKI to use: `--address`, else every
+    /// member of the local ring in `--ring-dir` (any of them may be down).
+    pub(crate) fn targets(&self) -> anyhow::Result<(Vec<String>, PathBuf)> {
         let layout = bootstrap::RingLayout {
             dir: self.dir.dir(),
         };
         let pki = self.pki.clone().unwrap_or_else(|| layout.pki());
         if let Some(a) = &self.address {
-            return Ok((a.clone(), pki));
+            return Ok((vec![a.clone()], pki));
         }
         let config = layout
             .read_config()?
             .with_context(|| format!("no --address given and {} holds no ring; run `ringctl bootstrap` or pass --address", layout.dir.display()))?;
-        Ok((config.member_address(0), pki))
+        let addresses = (0..config.members.len())
+            .map(|i| config.member_address(i))
+            .collect();
+        Ok((addresses, pki))
     }
 
-    /// The ring's status from `--address`, else from whichever member of the local
-    /// ring answers (preferring one that knows the leader; member 1 may be dead).
+    /// A connection to the ring's leader, found through whichever target answers.
+    pub(crate) async fn leader(&self) -> anyhow::Result<ringd::client::AdminClient> {
+        let (addresses, pki) = self.targets()?;
+        Ok(ringd::client::AdminClient::connect_leader_of(&addresses, &pki).await?)
+    }
+
+    /// The status of the member at `--address`, else the ring's as whichever
+    /// member of the local ring answers sees it (preferring the leader's view).
     pub(crate) async fn status(&self) -> anyhow::Result<ringd::status::RingStatus> {
-        let (address, pki) = self.target()?;
-        if self.address.is_some() || self.pki.is_some() {
-            let mut client = ringd::client::AdminClient::connect(&address, &pki)?;
-            return Ok(client.status().await?);
+        let (addresses, pki) = self.targets()?;
+        if let [address] = &addresses[..] {
+            if self.address.is_some() {
+                let mut client = ringd::client::AdminClient::connect(address, &pki)?;
+                return Ok(client.status().await?);
+            }
         }
-        let layout = bootstrap::RingLayout {
-            dir: self.dir.dir(),
-        };
-        let config = layout.read_config()?.context("no ring in --ring-dir")?;
-        Ok(bootstrap::ring_status(&layout, &config).await?)
+        Ok(ringd::client::AdminClient::ring_status(&addresses, &pki).await?)
     }
 
     /// The local ring in `--ring-dir` (none with `--address`, or without a ring there).

@@ -50,6 +50,64 @@ impl AdminClient {
         Self::connect(leader_address, pki)
     }
 
+    /// The ring's status as seen by the first of `addresses` that answers,
+    /// preferring the leader's own view; a member that knows no leader (one
+    /// cut off, or just restarted) is used only when no other answers. The
+    /// error names every address tried and why it did not answer.
+    pub async fn ring_status(addresses: &[String], pki: &Path) -> Result<RingStatus, RingError> {
+        let mut failures = Vec::new();
+        let mut leaderless = None;
+        for address in addresses {
+            let status = match Self::connect(address, pki) {
+                Ok(mut c) => c.status().await,
+                Err(e) => Err(e),
+            };
+            let s = match status {
+                Ok(s) => s,
+                Err(e) => {
+                    failures.push(e.to_string());
+                    continue;
+                }
+            };
+            if s.leader.is_none() {
+                leaderless.get_or_insert(s);
+                continue;
+            }
+            if s.leader.as_ref() != Some(&s.member) {
+                if let Some(leader) = s.leader_address() {
+                    if let Ok(ls) = async { Self::connect(leader, pki)?.status().await }.await {
+                        return Ok(ls);
+                    }
+                }
+            }
+            return Ok(s);
+        }
+        if let Some(s) = leaderless {
+            return Ok(s);
+        }
+        Err(RingError::Transport(if failures.is_empty() {
+            "no ringd address to ask".to_string()
+        } else {
+            format!("no member answered: {}", failures.join("; "))
+        }))
+    }
+
+    /// Connects to the current leader, found through whichever of `addresses`
+    /// answers first (any member may be down).
+    pub async fn connect_leader_of(addresses: &[String], pki: &Path) -> Result<Self, RingError> {
+        let status = Self::ring_status(addresses, pki).await?;
+        let leader = status.leader.as_deref().ok_or_else(|| {
+            RingError::Transport(format!(
+                "{} answered but knows no leader (no quorum?)",
+                status.member
+            ))
+        })?;
+        let address = status.leader_address().ok_or_else(|| {
+            RingError::Transport(format!("leader {leader} is not in the member list"))
+        })?;
+        Self::connect(address, pki)
+    }
+
     /// The member's view of the ring.
     pub async fn status(&mut self) -> Result<RingStatus, RingError> {
         let reply = self

@@ -432,6 +432,22 @@ async fn killed_seed_fails_over_from_the_bucket() {
         "resourceVersion went back"
     );
 
+    // with the first member down, ringctl asks the others: status with an
+    // explicit PKI, and a migration the leader itself refuses (with why)
+    let pki_arg = pki.display().to_string();
+    let status = ringctl_in(dir, &["status", "--pki", &pki_arg, "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_ne!(status["member"], "m1", "{status}");
+    let dir_arg = dir.display().to_string();
+    let refused = expect_clean_failure(&ringctl_cmd(
+        ["migrate", "m2", "--to", "m3", "--ring-dir", &dir_arg],
+        &[],
+    ));
+    assert!(
+        refused.contains("shoot m2 is already hosted by m3"),
+        "{refused}"
+    );
+
     // m1 comes back (its service manager restarts ringd; no bootstrap, no
     // command): the ring moves m2 home by a planned migration, nothing lost
     bootstrap::start_member(&b.layout, &ring_tests::ring::ringd_bin(), "m1").unwrap();

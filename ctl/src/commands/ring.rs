@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use ringd::client::AdminClient;
-
 use crate::cli::{
     BootstrapArgs, JoinArgs, LeaveArgs, MigrateArgs, PkiInitArgs, RestoreArgs, RingArgs,
     RingDirArgs, StatusView,
@@ -105,8 +103,7 @@ pub async fn join(args: JoinArgs, format: Format) -> anyhow::Result<()> {
     init_tracing("warn");
     match (&args.member_address, &args.ring.address) {
         (Some(member_address), _) => {
-            let (address, pki) = args.ring.target()?;
-            let mut client = AdminClient::connect_leader(&address, &pki).await?;
+            let mut client = args.ring.leader().await?;
             println!("{}", client.add_member(&args.name, member_address).await?.0);
             Ok(())
         }
@@ -133,8 +130,7 @@ pub async fn join(args: JoinArgs, format: Format) -> anyhow::Result<()> {
 
 pub async fn migrate(args: MigrateArgs, format: Format) -> anyhow::Result<()> {
     init_tracing("warn");
-    let (address, pki) = args.ring.target()?;
-    let mut client = AdminClient::connect_leader(&address, &pki).await?;
+    let mut client = args.ring.leader().await?;
     let id = client.migrate(&args.shoot, &args.to).await?;
     eprintln!("migration {id}: {} to {}", args.shoot, args.to);
     let op = client
@@ -158,8 +154,7 @@ pub async fn leave(args: LeaveArgs, format: Format) -> anyhow::Result<()> {
             format!("{} left\n\n{}", args.name, ringd::status::render(&status))
         });
     }
-    let (address, pki) = args.ring.target()?;
-    let mut client = AdminClient::connect_leader(&address, &pki).await?;
+    let mut client = args.ring.leader().await?;
     println!("{}", client.remove_member(&args.name).await?);
     Ok(())
 }
