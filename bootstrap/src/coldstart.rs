@@ -91,10 +91,6 @@ async fn kill_ringd(layout: &RingLayout, member: &str) {
         "ringd",
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while layout.running_pid(member).is_some() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The ring must still place `shoot` on `member`, with no move under way.

@@ -8,6 +8,7 @@
 //! rerun resumes wherever the ring is; `ringctl down` stops the members and
 //! keeps every byte of data.
 
+pub mod bucket_key;
 mod coldstart;
 pub mod config;
 pub mod nodes;
@@ -206,6 +207,9 @@ pub struct BootstrapReport {
     /// The shoots' nodes (empty when `nodes.perMember` is 0).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<nodes::NodeReport>,
+    /// The key bootstrap generated for the bucket (a restore needs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_key: Option<PathBuf>,
 }
 
 /// Options of [`bootstrap`].
@@ -218,6 +222,9 @@ pub struct BootstrapOptions {
     pub ringd: PathBuf,
     /// Bound on the whole run.
     pub timeout: Duration,
+    /// Whether a new ring whose config names no bucket key gets one
+    /// generated (`<dir>/bucket.key`); false: `--no-bucket-key`.
+    pub generate_bucket_key: bool,
 }
 
 /// Creates the ring described by the options, or resumes / reports an existing one.
@@ -228,18 +235,7 @@ pub async fn bootstrap(
     let layout = RingLayout {
         dir: opts.dir.clone(),
     };
-    let existing = layout.read_config()?;
-    let config = match (&opts.config, existing) {
-        (Some(given), Some(stored)) if *given != stored => {
-            return Err(BootstrapError::Conflict {
-                dir: opts.dir.clone(),
-                existing: stored.name,
-            })
-        }
-        (Some(given), _) => given.clone(),
-        (None, Some(stored)) => stored,
-        (None, None) => RingConfig::self_hosted_default(),
-    };
+    let config = bucket_key::choose_config(opts, &layout)?;
     config.validate()?;
     config.check_bucket()?;
     let started = Instant::now();
@@ -303,6 +299,7 @@ pub async fn bootstrap(
         status,
         kubeconfigs,
         nodes: nodes::report(&layout, &config),
+        bucket_key: bucket_key::uses_generated_key(&config, &layout).then(|| layout.bucket_key()),
     })
 }
 
@@ -872,37 +869,97 @@ pub async fn migrate_and_wait(
     Ok(())
 }
 
+/// How a process that was asked to stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StopOutcome {
+    /// It exited after SIGTERM within the grace.
+    Exited,
+    /// It ignored SIGTERM for the whole grace and exited after SIGKILL.
+    Killed,
+    /// It was still there [`KILL_WAIT`] after SIGKILL (e.g. stuck in the
+    /// kernel on a hung mount): the operator must look at it.
+    StillRunning,
+}
+
+/// One process `down` stopped: its name, pid and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stopped {
+    pub name: String,
+    pub pid: u32,
+    pub outcome: StopOutcome,
+}
+
+/// How long a process may take to disappear after SIGKILL.
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+
 /// Sends SIGTERM to every `(name, pid)`, waits until `still_running(name)` is
-/// false for all or `grace` passed, then SIGKILLs the rest; returns the names.
+/// false for all or `grace` passed, then SIGKILLs the rest and waits (at most
+/// [`KILL_WAIT`]) until they are gone; returns how each ended.
 pub(crate) async fn stop_processes(
     running: Vec<(String, u32)>,
     still_running: impl Fn(&str) -> bool,
     grace: Duration,
     what: &str,
-) -> Vec<String> {
+) -> Vec<Stopped> {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     for (_, pid) in &running {
         let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGTERM);
     }
+    let wait_gone = |name: &str, until: Instant| {
+        let name = name.to_string();
+        let still_running = &still_running;
+        async move {
+            while still_running(&name) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            !still_running(&name)
+        }
+    };
     let deadline = Instant::now() + grace;
     let mut stopped = Vec::new();
     for (name, pid) in running {
-        while still_running(&name) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if still_running(&name) {
+        let outcome = if wait_gone(&name, deadline).await {
+            StopOutcome::Exited
+        } else {
             tracing::warn!(%name, pid, "{what} ignored SIGTERM; killing it");
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
-        stopped.push(name);
+            if wait_gone(&name, Instant::now() + KILL_WAIT).await {
+                StopOutcome::Killed
+            } else {
+                tracing::error!(%name, pid, "{what} is still there after SIGKILL");
+                StopOutcome::StillRunning
+            }
+        };
+        stopped.push(Stopped { name, pid, outcome });
     }
     stopped
 }
 
-/// Stops every member (SIGTERM, then SIGKILL after `grace`); data stays in place.
-/// Returns the members that were running.
-pub async fn down(dir: &Path, grace: Duration) -> Result<Vec<String>, BootstrapError> {
+/// What `down` stopped: the nodes first, then the members' ringds.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownReport {
+    pub nodes: Vec<Stopped>,
+    pub members: Vec<Stopped>,
+}
+
+impl DownReport {
+    /// The processes still running after SIGKILL.
+    pub fn left_running(&self) -> Vec<&Stopped> {
+        self.nodes
+            .iter()
+            .chain(&self.members)
+            .filter(|s| s.outcome == StopOutcome::StillRunning)
+            .collect()
+    }
+}
+
+/// Stops every node, then every member (SIGTERM, then SIGKILL after `grace`),
+/// and waits until they are gone; data stays in place.
+pub async fn down(dir: &Path, grace: Duration) -> Result<DownReport, BootstrapError> {
     let layout = RingLayout {
         dir: dir.to_path_buf(),
     };
@@ -913,16 +970,19 @@ pub async fn down(dir: &Path, grace: Duration) -> Result<Vec<String>, BootstrapE
         )));
     };
     // nodes first: their teardown (pods, shims, cgroups, network) needs no ringd
-    nodes::stop_all(&layout, &config, grace.max(Duration::from_secs(60))).await?;
+    let nodes = nodes::stop_all(&layout, &config, grace.max(Duration::from_secs(60))).await?;
     let running: Vec<(String, u32)> = config
         .members
         .iter()
         .filter_map(|m| layout.running_pid(&m.name).map(|p| (m.name.clone(), p)))
         .collect();
-    let stopped =
+    let members =
         stop_processes(running, |m| layout.running_pid(m).is_some(), grace, "ringd").await;
-    for m in &stopped {
-        let _ = std::fs::remove_file(layout.pid_file(m));
+    for m in members
+        .iter()
+        .filter(|m| m.outcome != StopOutcome::StillRunning)
+    {
+        let _ = std::fs::remove_file(layout.pid_file(&m.name));
     }
-    Ok(stopped)
+    Ok(DownReport { nodes, members })
 }

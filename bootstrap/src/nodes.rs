@@ -296,7 +296,7 @@ pub async fn stop_all(
     layout: &RingLayout,
     config: &RingConfig,
     grace: Duration,
-) -> Result<Vec<String>, BootstrapError> {
+) -> Result<Vec<crate::Stopped>, BootstrapError> {
     let running: Vec<(String, u32)> = members(config)
         .into_iter()
         .filter_map(|m| running_pid(layout, &m).map(|p| (m, p)))

@@ -14,7 +14,7 @@
 //! moves from its temporary processes into pods on its predecessor's node.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ringd::RingError;
@@ -125,6 +125,9 @@ pub struct RestoreOptions {
     pub ringd: PathBuf,
     /// Bound on the whole run.
     pub timeout: Duration,
+    /// The user's copy of the bucket key (`--bucket-key`): installed as the
+    /// ring's key file (`<dir>/bucket.key`) and named in its config.
+    pub bucket_key: Option<PathBuf>,
 }
 
 /// What one shoot's restore reached.
@@ -218,6 +221,28 @@ async fn restore_shoot(
     Ok(())
 }
 
+/// `config` sealing its bucket with the key file `key` (the user's copy),
+/// installed in the state dir; refused when the config names another key.
+fn with_given_key(
+    mut config: RingConfig,
+    layout: &RingLayout,
+    key: &Path,
+) -> Result<RingConfig, BootstrapError> {
+    if config.bucket_encryption.is_some() && !crate::bucket_key::uses_generated_key(&config, layout)
+    {
+        return Err(BootstrapError::Config {
+            field: "--bucket-key".into(),
+            reason: "the config names its own bucketEncryption key: give one or the other".into(),
+        });
+    }
+    crate::bucket_key::install(layout, key)?;
+    config.bucket_encryption = Some(backup::config::EncryptionConfig {
+        key_file: Some(layout.bucket_key()),
+        ..Default::default()
+    });
+    Ok(config)
+}
+
 /// Rebuilds the ring described by the options from its bucket, or resumes an
 /// interrupted restore.
 pub async fn restore(
@@ -246,11 +271,14 @@ pub async fn restore(
         }
     };
     config.bucket = Some(opts.bucket_url.clone());
+    if let Some(key) = &opts.bucket_key {
+        config = with_given_key(config, &layout, key)?;
+    }
     config.validate()?;
     let bucket = ringd::backups::RingBucket::new(
         backup::BucketConfig::url(opts.bucket_url.clone()),
         config.bucket_encryption.clone(),
-        "bucketEncryption",
+        "--bucket-key (or bucketEncryption in the config)",
     )?;
     if let Some(stored) = &stored {
         if *stored != config {

@@ -36,7 +36,7 @@ pub(crate) enum Command {
     /// Create a self-hosting ring from nothing (or resume / report an existing one).
     Bootstrap(BootstrapArgs),
     /// Stop every member of a local ring; all data stays for the next bootstrap.
-    Down(RingDirArgs),
+    Down(DownArgs),
     /// The ring's members, leader, placements, leases and operations, as one ringd sees them.
     Status(RingArgs),
     /// Create the ring's CA and certificates (members and the ringctl administrator).
@@ -116,6 +116,20 @@ pub(crate) struct RestoreArgs {
     /// Seconds the whole restore may take.
     #[arg(long, default_value_t = 600)]
     pub(crate) timeout: u64,
+    /// Your copy of the key the lost ring sealed its bucket with (the
+    /// bucket.key bootstrap generated in the lost ring dir).
+    #[arg(long = "bucket-key")]
+    pub(crate) bucket_key: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct DownArgs {
+    #[command(flatten)]
+    pub(crate) dir: RingDirArgs,
+    /// Seconds each ringd gets to stop its control planes after SIGTERM
+    /// before SIGKILL (nodes get at least 60).
+    #[arg(long, default_value_t = 60)]
+    pub(crate) grace: u64,
 }
 
 #[derive(Args, Clone)]
@@ -144,11 +158,15 @@ pub(crate) struct BootstrapArgs {
     /// Seconds the whole bootstrap may take.
     #[arg(long, default_value_t = 300)]
     pub(crate) timeout: u64,
+    /// Leave a new ring's bucket unsealed when its config names no key
+    /// (by default bootstrap generates one: <ring-dir>/bucket.key).
+    #[arg(long)]
+    pub(crate) no_bucket_key: bool,
 }
 
 #[derive(Args, Clone)]
 pub(crate) struct RingArgs {
-    /// host:port of any ringd [default: the first member of the local ring in --ring-dir].
+    /// host:port of one ringd [default: every member of the local ring in --ring-dir, in turn].
     #[arg(long, env = "RING_ADDRESS")]
     pub(crate) address: Option<String>,
     /// The ring's PKI directory (ca.crt, ringctl.crt, ringctl.key) [default: <ring-dir>/pki].

@@ -31,7 +31,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Images(cmd) => commands::images(cmd, format).await,
         Command::Manifests(args) => commands::manifests(args).await,
         Command::Bootstrap(args) => ring::bootstrap(args, format).await,
-        Command::Down(args) => ring::down(args).await,
+        Command::Down(args) => ring::down(args, format).await,
         Command::Status(args) => ring::status(args, format).await,
         Command::Pki(PkiCommand::Init(args)) => ring::pki_init(args).await,
         Command::Join(args) => ring::join(args, format).await,

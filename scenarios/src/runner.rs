@@ -387,6 +387,7 @@ impl Run<'_> {
             dir: self.layout.dir.clone(),
             ringd: self.opts.ringd.clone(),
             timeout: self.remaining().min(bootstrap_bound(self.drill)),
+            generate_bucket_key: true,
         }
     }
 }
@@ -541,6 +542,7 @@ pub async fn run(
         dir: layout.dir.clone(),
         ringd: opts.ringd.clone(),
         timeout: bootstrap_bound(drill),
+        generate_bucket_key: true,
     };
     bootstrap::bootstrap(&boot, &Quiet).await?;
     // every shoot backed up before the chaos begins

@@ -24,6 +24,16 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
     let out = ringctl_ok(&["bootstrap", "-o", "json", "--config", &config_arg], &dir);
     let report: serde_json::Value = serde_json::from_str(&out).expect("json report");
     assert_eq!(report["changed"], true);
+    // a new ring seals its bucket with a key of its own, in its state dir
+    let key = dir.join("bucket.key");
+    assert_eq!(report["bucketKey"], key.display().to_string(), "{report}");
+    let stored = std::fs::read_to_string(dir.join("ring.yaml")).unwrap();
+    assert!(
+        stored.contains(&format!("keyFile: {}", key.display())),
+        "{stored}"
+    );
+    backup::codec::EncryptionKey::parse(&std::fs::read(&key).unwrap(), "bucket.key", None)
+        .expect("bucket.key holds a key");
     let placements = report["status"]["placements"].as_array().unwrap();
     // every member hosts exactly its successor's control plane
     for (shoot, host) in [("m1", "m3"), ("m2", "m1"), ("m3", "m2")] {
@@ -113,8 +123,13 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
     assert!(down.contains("stopped m1, m2, m3, m4"), "{down}");
     let left = sandbox.wait_no_processes(std::time::Duration::from_secs(15));
     assert!(left.is_empty(), "processes left after down: {left:?}");
-    let up = ringctl_ok(&["bootstrap"], &dir);
-    assert!(up.contains("is up"), "{up}");
+    let up = ringctl_ok(&["bootstrap", "-o", "json"], &dir);
+    let up: serde_json::Value = serde_json::from_str(&up).expect("json report");
+    assert_eq!(up["changed"], true);
+    // the report after a restart knows every control plane's health
+    for p in up["status"]["placements"].as_array().unwrap() {
+        assert_eq!(p["ready"], true, "{p}");
+    }
     for shoot in ["m1", "m2", "m3"] {
         let kc = dir.join("kubeconfigs").join(format!("{shoot}.kubeconfig"));
         assert_eq!(
@@ -125,7 +140,31 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
             shoot
         );
     }
-    ringctl_ok(&["down"], &dir);
+
+    // a ringd that does not stop (frozen by SIGSTOP) is killed after the
+    // grace, and down returns once it is gone, saying so
+    let layout = bootstrap::RingLayout { dir: dir.clone() };
+    let frozen = layout.running_pid("m2").expect("m2's ringd runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(frozen as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let down = ringctl_ok(&["down", "--grace", "2"], &dir);
+    assert!(down.contains("stopped m1, m2, m3, m4"), "{down}");
+    assert!(
+        down.contains(&format!(
+            "m2 (pid {frozen}) did not exit within 2 s of SIGTERM: killed"
+        )),
+        "{down}"
+    );
+    assert_eq!(
+        layout.running_pid("m2"),
+        None,
+        "down returned before m2 was gone"
+    );
+    let left = sandbox.wait_no_processes(std::time::Duration::from_secs(15));
+    assert!(left.is_empty(), "processes left after down: {left:?}");
 }
 
 #[test]

@@ -249,6 +249,8 @@ fn full_ring_dr_drill_restores_every_shoot_from_the_bucket() {
     assert_eq!(faults.len(), 2, "{faults:?}");
     let restore = faults[1]["detail"].as_str().unwrap();
     assert!(restore.contains("restore --from-bucket"), "{faults:?}");
+    // bootstrap sealed the bucket with a key of its own; the restore needed the copy
+    assert!(restore.contains("(sealed: --bucket-key"), "{faults:?}");
     // the self-hosted ring comes back self-hosted: each control plane in pods
     // on its predecessor's node, the last place anything served it
     for (name, host) in [("dr1", "dr3"), ("dr2", "dr1"), ("dr3", "dr2")] {

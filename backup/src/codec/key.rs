@@ -100,6 +100,11 @@ impl EncryptionKey {
         }
     }
 
+    /// A new random key (a cryptographically secure generator seeded by the OS).
+    pub fn generate() -> Self {
+        EncryptionKey::new(rand::random(), None)
+    }
+
     /// The key as 64 hex digits (to hand it to a process that loads it with [`parse`](Self::parse)).
     pub fn to_hex(&self) -> String {
         hex(&self.key)

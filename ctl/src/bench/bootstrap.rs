@@ -146,6 +146,7 @@ async fn bootstrap_once(
         dir: ring_dir.clone(),
         ringd: ringd.to_path_buf(),
         timeout: Duration::from_secs(900),
+        generate_bucket_key: true,
     };
     let report = bootstrap(&opts, &Quiet).await;
     // a few seconds of steady state: controllers settle, leases renew

@@ -91,6 +91,7 @@ impl BenchRing {
             dir: layout.dir.clone(),
             ringd: ringd.to_path_buf(),
             timeout: Duration::from_secs(300),
+            generate_bucket_key: true,
         };
         BenchRing {
             _kill: KillRingOnDrop(layout.clone()),

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::cli::{
-    BootstrapArgs, JoinArgs, LeaveArgs, MigrateArgs, PkiInitArgs, RestoreArgs, RingArgs,
-    RingDirArgs, StatusView,
+    BootstrapArgs, DownArgs, JoinArgs, LeaveArgs, MigrateArgs, PkiInitArgs, RestoreArgs, RingArgs,
+    StatusView,
 };
 use crate::output::Format;
 use crate::progress::TerminalProgress;
@@ -20,6 +20,7 @@ pub async fn bootstrap(args: BootstrapArgs, format: Format) -> anyhow::Result<()
         dir: args.dir.dir(),
         ringd: ringd_exe()?,
         timeout: Duration::from_secs(args.timeout),
+        generate_bucket_key: !args.no_bucket_key,
     };
     let report = {
         let progress = TerminalProgress::default();
@@ -44,6 +45,12 @@ fn render_bootstrap(report: &bootstrap::BootstrapReport) -> String {
             path.display()
         ));
     }
+    if let Some(key) = &report.bucket_key {
+        out.push_str(&format!(
+            "\nbucket key: {} seals every backup; keep a copy off this machine: restoring the ring from its bucket needs it (ringctl restore --from-bucket URL --bucket-key COPY)\n",
+            key.display()
+        ));
+    }
     out.push_str(&format!(
         "\nstatus: ringctl status --ring-dir {dir}\nstop:   ringctl down --ring-dir {dir}\n",
         dir = report.state_dir.display()
@@ -51,19 +58,61 @@ fn render_bootstrap(report: &bootstrap::BootstrapReport) -> String {
     out
 }
 
-pub async fn down(args: RingDirArgs) -> anyhow::Result<()> {
+/// `ringctl down`: stops the nodes and members, says how each ended, and
+/// fails if any is still running after SIGKILL.
+pub async fn down(args: DownArgs, format: Format) -> anyhow::Result<()> {
     init_tracing("warn");
-    let stopped = bootstrap::down(&args.dir(), Duration::from_secs(60)).await?;
-    if stopped.is_empty() {
-        println!("no member was running");
-    } else {
-        println!(
-            "stopped {}; data kept in {}",
-            stopped.join(", "),
-            args.dir().display()
+    let dir = args.dir.dir();
+    let report = bootstrap::down(&dir, Duration::from_secs(args.grace)).await?;
+    print(&report, format, || render_down(&report, &dir, args.grace))?;
+    let left: Vec<String> = report
+        .left_running()
+        .iter()
+        .map(|s| format!("{} (pid {})", s.name, s.pid))
+        .collect();
+    if !left.is_empty() {
+        anyhow::bail!(
+            "still running after SIGKILL: {}; see `ps -o pid,stat,wchan -p PID` (a process stuck in the kernel, e.g. on a hung mount)",
+            left.join(", ")
         );
     }
     Ok(())
+}
+
+fn render_down(report: &bootstrap::DownReport, dir: &std::path::Path, grace: u64) -> String {
+    use bootstrap::StopOutcome;
+    if report.members.is_empty() {
+        return "no member was running\n".into();
+    }
+    let gone: Vec<&str> = report
+        .members
+        .iter()
+        .filter(|s| s.outcome != StopOutcome::StillRunning)
+        .map(|s| s.name.as_str())
+        .collect();
+    let mut out = format!(
+        "stopped {}; data kept in {}\n",
+        gone.join(", "),
+        dir.display()
+    );
+    for s in report.nodes.iter().chain(&report.members) {
+        match s.outcome {
+            StopOutcome::Exited => {}
+            StopOutcome::Killed => {
+                out += &format!(
+                    "{} (pid {}) did not exit within {grace} s of SIGTERM: killed\n",
+                    s.name, s.pid
+                )
+            }
+            StopOutcome::StillRunning => {
+                out += &format!(
+                    "{} (pid {}) is still running after SIGKILL\n",
+                    s.name, s.pid
+                )
+            }
+        }
+    }
+    out
 }
 
 pub async fn status(args: RingArgs, format: Format) -> anyhow::Result<()> {
@@ -169,6 +218,7 @@ pub async fn restore(args: RestoreArgs, format: Format) -> anyhow::Result<()> {
         dir: args.dir.dir(),
         ringd: ringd_exe()?,
         timeout: Duration::from_secs(args.timeout),
+        bucket_key: args.bucket_key,
     };
     let report = {
         let progress = TerminalProgress::default();

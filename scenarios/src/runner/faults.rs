@@ -320,6 +320,12 @@ impl Run<'_> {
         if let Ok(Some(net)) = bootstrap::nodes::network(&self.layout, &self.config) {
             let _ = tokio::task::spawn_blocking(move || net.remove()).await;
         }
+        // the user's copy of the bucket key, kept off the lost machine
+        let key = self.layout.bucket_key();
+        if key.exists() {
+            std::fs::copy(&key, self.bucket_key_copy())
+                .map_err(io(format!("copying {}", key.display())))?;
+        }
         std::fs::remove_dir_all(&self.layout.dir)
             .map_err(io(format!("removing {}", self.layout.dir.display())))?;
         let shoots = self.members.clone();
@@ -335,7 +341,13 @@ impl Run<'_> {
         ))
     }
 
-    /// `ringctl restore --from-bucket` of the lost ring.
+    /// Where [`lose_ring`](Self::lose_ring) keeps the user's copy of the bucket key.
+    fn bucket_key_copy(&self) -> std::path::PathBuf {
+        self.config_file.with_file_name("bucket-key-copy")
+    }
+
+    /// `ringctl restore --from-bucket` of the lost ring (with the user's copy
+    /// of the bucket key, when bootstrap generated one).
     async fn restore_from_bucket(&mut self) -> Result<String, ScenarioError> {
         let started = Instant::now();
         let log = self.config_file.with_file_name("restore.log");
@@ -353,6 +365,9 @@ impl Run<'_> {
         .arg(&self.layout.dir)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
+        if self.bucket_key_copy().exists() {
+            cmd.arg("--bucket-key").arg(self.bucket_key_copy());
+        }
         let out = tokio::time::timeout(self.remaining(), cmd.output())
             .await
             .map_err(|_| {
@@ -370,8 +385,12 @@ impl Run<'_> {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
+        let keyed = match self.bucket_key_copy().exists() {
+            true => " (sealed: --bucket-key with the user's copy of the key)",
+            false => "",
+        };
         Ok(format!(
-            "ringctl restore --from-bucket {} rebuilt the ring in {:.1}s{}",
+            "ringctl restore --from-bucket {}{keyed} rebuilt the ring in {:.1}s{}",
             self.bucket.url,
             started.elapsed().as_secs_f64(),
             pivots(&out.stdout)
