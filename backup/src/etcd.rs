@@ -263,15 +263,97 @@ pub fn single_member_args(
     ]
 }
 
-/// An etcd process on loopback ports, plain HTTP; killed on drop, and when
-/// the process that started it dies (parent-death signal).
+/// An etcd process on loopback ports, killed on drop and when the process
+/// that started it dies (parent-death signal). It speaks only TLS with client
+/// certificates, to clients and peers, from a CA made for it alone (files in
+/// a private dir next to its log, removed when it stops): another local user
+/// cannot read or write the restored data while it runs.
 pub struct TempEtcd {
     child: Option<tokio::process::Child>,
-    /// `http://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT`.
     pub url: String,
     /// Its data dir.
     pub data_dir: PathBuf,
     log: PathBuf,
+    tls: TempTls,
+}
+
+/// The throwaway PKI of a [`TempEtcd`].
+struct TempTls {
+    dir: PathBuf,
+}
+
+impl TempTls {
+    /// A CA, a serving (and peer) certificate for 127.0.0.1 and a client
+    /// certificate, in the private dir `dir` (made anew).
+    fn create(dir: &Path) -> Result<Self> {
+        let pki = |e: seed::SeedError| BackupError::config("temporary etcd TLS", e.to_string());
+        let _ = std::fs::remove_dir_all(dir);
+        seed::pki::create_private_dir(dir).map_err(pki)?;
+        let (ca, ca_key) = seed::pki::new_ca("ring temporary etcd").map_err(pki)?;
+        let leaf = |name: &str, server: bool| {
+            let spec = seed::pki::LeafSpec {
+                common_name: name,
+                organizations: &[],
+                ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+                dns_names: Vec::new(),
+                server,
+                client: true,
+            };
+            seed::pki::issue(&ca, &ca_key, &spec).map_err(pki)
+        };
+        let (server, server_key) = leaf("temporary etcd", true)?;
+        let (client, client_key) = leaf("restore", false)?;
+        let files = [
+            ("ca.crt", &ca),
+            ("server.crt", &server),
+            ("server.key", &server_key),
+            ("client.crt", &client),
+            ("client.key", &client_key),
+        ];
+        for (name, pem) in files {
+            seed::pki::write_scratch(&dir.join(name), pem.as_bytes()).map_err(pki)?;
+        }
+        Ok(TempTls {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// etcd's flags: TLS and client certificates for clients and peers.
+    fn args(&self) -> Vec<String> {
+        let f = |n: &str| self.file(n).display().to_string();
+        vec![
+            format!("--cert-file={}", f("server.crt")),
+            format!("--key-file={}", f("server.key")),
+            "--client-cert-auth=true".into(),
+            format!("--trusted-ca-file={}", f("ca.crt")),
+            format!("--peer-cert-file={}", f("server.crt")),
+            format!("--peer-key-file={}", f("server.key")),
+            "--peer-client-cert-auth=true".into(),
+            format!("--peer-trusted-ca-file={}", f("ca.crt")),
+        ]
+    }
+
+    /// How a client reaches `url` with the client certificate.
+    fn client_config(&self, url: &str) -> EtcdConfig {
+        EtcdConfig {
+            endpoints: vec![url.to_string()],
+            ca_file: Some(self.file("ca.crt")),
+            cert_file: Some(self.file("client.crt")),
+            key_file: Some(self.file("client.key")),
+            server_name: None,
+        }
+    }
+}
+
+impl Drop for TempTls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl TempEtcd {
@@ -279,14 +361,21 @@ impl TempEtcd {
     /// logging to `log`, and waits until it answers.
     pub async fn start(etcd: &Path, data_dir: &Path, name: &str, log: &Path) -> Result<Self> {
         let mut last = String::new();
+        let tls_dir = log.with_file_name(format!(
+            ".{}.tls",
+            log.file_name()
+                .map_or("etcd".into(), |n| n.to_string_lossy())
+        ));
         for _attempt in 0..3 {
+            let tls = TempTls::create(&tls_dir)?;
             let ports = free_ports(2)?;
             let (client_port, peer_port) = (ports[0], ports[1]);
-            let url = format!("http://127.0.0.1:{client_port}");
-            let peer = format!("http://127.0.0.1:{peer_port}");
+            let url = format!("https://127.0.0.1:{client_port}");
+            let peer = format!("https://127.0.0.1:{peer_port}");
             let logfile = std::fs::File::create(log).map_err(io_at("creating", log))?;
             let mut cmd = tokio::process::Command::new(etcd);
             cmd.args(single_member_args(name, data_dir, &url, &peer))
+                .args(tls.args())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(logfile))
@@ -304,6 +393,7 @@ impl TempEtcd {
                 url,
                 data_dir: data_dir.to_path_buf(),
                 log: log.to_path_buf(),
+                tls,
             };
             match me.wait_ready(Duration::from_secs(30)).await {
                 Ok(()) => return Ok(me),
@@ -331,12 +421,7 @@ impl TempEtcd {
                     ));
                 }
             }
-            if let Ok(mut c) = Client::connect(
-                [self.url.clone()],
-                Some(ConnectOptions::new().with_connect_timeout(Duration::from_secs(1))),
-            )
-            .await
-            {
+            if let Ok(mut c) = connect(&self.config()).await {
                 if tokio::time::timeout(Duration::from_secs(2), c.status())
                     .await
                     .is_ok_and(|r| r.is_ok())
@@ -358,7 +443,12 @@ impl TempEtcd {
 
     /// A client of this etcd.
     pub async fn client(&self) -> Result<Client> {
-        connect(&EtcdConfig::plain(self.url.clone())).await
+        connect(&self.config()).await
+    }
+
+    /// How to reach this etcd (its URL, CA and client certificate).
+    pub fn config(&self) -> EtcdConfig {
+        self.tls.client_config(&self.url)
     }
 
     /// The process id while it runs.

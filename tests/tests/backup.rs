@@ -1112,3 +1112,44 @@ async fn a_temporary_etcd_dies_with_the_process_that_started_it() {
         "etcd {left:?} outlived the process that started it by 10 s"
     );
 }
+
+/// A restore's temporary etcd talks only TLS with its own client
+/// certificate: a plain client, or a TLS client without the certificate,
+/// gets nothing; its throwaway PKI is private and gone once it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_etcd_answers_only_clients_with_its_certificate() {
+    use std::os::unix::fs::PermissionsExt;
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("temp-etcd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut etcd = TempEtcd::start(&etcd_bin(), &dir.join("data"), "t", &dir.join("etcd.log"))
+        .await
+        .expect("temporary etcd");
+    let mut c = etcd.client().await.expect("client with the certificate");
+    c.put("k", "v", None)
+        .await
+        .expect("a write with the certificate");
+
+    let port = etcd.url.rsplit(':').next().unwrap().to_string();
+    let plain = backup::config::EtcdConfig::plain(format!("http://127.0.0.1:{port}"));
+    let mut anonymous = etcd.config();
+    anonymous.cert_file = None;
+    anonymous.key_file = None;
+    for (what, config) in [("plain", plain), ("no client certificate", anonymous)] {
+        let answered = match backup::etcd::connect(&config).await {
+            Ok(mut c) => tokio::time::timeout(Duration::from_secs(5), c.get("k", None))
+                .await
+                .is_ok_and(|r| r.is_ok()),
+            Err(_) => false,
+        };
+        assert!(!answered, "the temporary etcd answered a {what} client");
+    }
+
+    let ca = etcd.config().ca_file.unwrap();
+    let tls_dir = ca.parent().unwrap().to_path_buf();
+    let mode = std::fs::metadata(&tls_dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", tls_dir.display());
+    etcd.stop().await;
+    drop(etcd);
+    assert!(!tls_dir.exists(), "{} left behind", tls_dir.display());
+}
