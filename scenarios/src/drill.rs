@@ -223,6 +223,17 @@ pub enum Action {
     KillMachine { target: Target },
     /// Starts a killed member's ringd again (its old control planes must stay fenced).
     RestartSeed { target: Target },
+    /// SIGSTOP of a seed's ringd (and its supervisor) for `for`, then
+    /// SIGCONT: nothing in ringd runs (no lease renewal, no fencing, no
+    /// backup of local control planes) while what it hosts keeps running. On
+    /// the self-hosted ring the pods' guards fence them at the lease deadline
+    /// and the ring fails the shoot over; the resumed ringd must not serve it
+    /// again.
+    StallRingd {
+        target: Target,
+        #[serde(with = "dur")]
+        r#for: Duration,
+    },
     /// Cuts a member off from every other member and from the runner (its link
     /// on the drill network goes down; it keeps running). Needs `ring.network:
     /// namespaces`. `heal` reconnects it.
@@ -256,6 +267,7 @@ impl Action {
             Action::KillSeed { .. } => "killSeed",
             Action::KillMachine { .. } => "killMachine",
             Action::RestartSeed { .. } => "restartSeed",
+            Action::StallRingd { .. } => "stallRingd",
             Action::Partition { .. } => "partition",
             Action::FullSnapshot { .. } => "fullSnapshot",
             Action::CorruptNewestSnapshot { .. } => "corruptNewestSnapshot",
@@ -466,6 +478,16 @@ impl Drill {
                     Target::HostOf(p) => position(*p, "target.hostOf")?,
                     _ => {}
                 },
+                Action::StallRingd { target, r#for } => {
+                    match target {
+                        Target::Member(p) => position(*p, "target.member")?,
+                        Target::HostOf(p) => position(*p, "target.hostOf")?,
+                        _ => {}
+                    }
+                    if r#for.is_zero() {
+                        return Err(bad(field("action.stallRingd.for"), "must be positive"));
+                    }
+                }
                 Action::FullSnapshot { shoot } => {
                     position(*shoot, "shoot")?;
                     if self.ring.network == NetworkKind::Namespaces {

@@ -137,6 +137,14 @@ fn bad_drills_give_errors_naming_the_field() {
                 "only an S3 bucket can be stopped",
             ),
             (
+                GOOD.replace("{heal: {}}", "{stallRingd: {target: {hostOf: 2}, for: 0s}}"),
+                "faults[1].action.stallRingd.for: must be positive",
+            ),
+            (
+                GOOD.replace("{heal: {}}", "{stallRingd: {target: {hostOf: 9}, for: 5s}}"),
+                "faults[1].action.stallRingd.target.hostOf: ring positions are 1..3",
+            ),
+            (
                 GOOD.replace("lostWrites: beyondDurable", "lostWrites: some"),
                 "unknown variant `some`",
             ),

@@ -119,6 +119,22 @@ pub fn parse_member_shoot(cmdline: &str, needle: &str) -> Option<(String, String
     (!member.is_empty() && !shoot.is_empty()).then(|| (member.to_string(), shoot.to_string()))
 }
 
+/// The ringd processes of member `member` (its supervisor and the ringd it runs).
+pub fn ringd_pids(ring_dir: &Path, member: &str) -> Vec<u32> {
+    processes_mentioning(&member_needle(ring_dir, member))
+        .into_iter()
+        .filter(|(_, comm, _)| comm == "ringd")
+        .map(|(pid, _, _)| pid)
+        .collect()
+}
+
+/// Sends `signal` to every pid (those already gone are skipped).
+pub fn signal_all(pids: &[u32], signal: Signal) {
+    for pid in pids {
+        let _ = kill(Pid::from_raw(*pid as i32), signal);
+    }
+}
+
 /// What a kill did.
 #[derive(Debug, Clone, Default)]
 pub struct Killed {

@@ -300,7 +300,7 @@ pub fn zombies(r: &RunResult) -> Vec<String> {
     for e in &r.events {
         match &e.kind {
             EventKind::Fault { action, member, .. } => match action.as_str() {
-                "killSeed" | "killMachine" => dead.extend(member.clone()),
+                "killSeed" | "killMachine" | "stallRingd" => dead.extend(member.clone()),
                 "loseRing" => dead.extend(r.members.iter().cloned()),
                 "heal" | "restoreFromBucket" => dead.clear(),
                 _ => {}

@@ -637,7 +637,9 @@ pub async fn run(
         first_fault.get_or_insert(t);
         last_fault_t = r.t();
         let member = match f.action {
-            Action::KillSeed { .. } | Action::KillMachine { .. } => r.last_killed.clone(),
+            Action::KillSeed { .. } | Action::KillMachine { .. } | Action::StallRingd { .. } => {
+                r.last_killed.clone()
+            }
             Action::Partition { .. } => r.last_partitioned.clone(),
             _ => None,
         };

@@ -114,6 +114,26 @@ fn kill_seed_drill_fails_over_from_the_bucket_and_relinks() {
     assert!(!events(&r, "loss").is_empty());
 }
 
+/// The self-hosted ring: st1's ringd frozen (SIGSTOP) for 20 s, so nothing
+/// in ringd renews, fences or reports; st2's pods on node st1 fence
+/// themselves at the lease deadline, st2 is restored as pods on node st3, the
+/// resumed st1 never serves st2 again on its own (a zombie fails the drill),
+/// and the ring moves it back. A loss point at the stall and one at resume.
+#[test]
+fn stall_ringd_drill_fences_without_ringd_and_fails_over() {
+    let _slot = ring_slot();
+    let r = check_host_of_shoot_2_killed("stall-ringd", "st", "SIGSTOP ringd st1 (hosting st2");
+    let faults = events(&r, "fault");
+    let stall = faults[0]["detail"].as_str().unwrap();
+    assert!(stall.ends_with("for 20s, then SIGCONT"), "{stall}");
+    let losses = events(&r, "loss");
+    assert_eq!(
+        losses.iter().filter(|e| e["shoot"] == "st2").count(),
+        2,
+        "{losses:?}"
+    );
+}
+
 /// A whole machine of the self-hosted ring dies (ringd, node, every pod);
 /// node km2, whose control plane died with it, keeps running km3's control
 /// plane in pods all along. Slow (about 7 minutes): CI covers the same

@@ -145,6 +145,40 @@ impl Run<'_> {
         ))
     }
 
+    /// Freezes the target's ringd (SIGSTOP) for `for`, then lets it go on
+    /// (SIGCONT). What it hosts may acknowledge writes until its guards fence
+    /// it at the lease deadline, after the first loss point: a second one is
+    /// taken when ringd resumes (the stall outlasts the lease, so the fenced
+    /// control plane acknowledged nothing after the bucket's durable revision
+    /// then; writes of a restored one are excused too, a leniency, not a miss).
+    async fn stall_ringd(
+        &mut self,
+        target: &Target,
+        r#for: Duration,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let m = self.resolve(*target, obs)?;
+        let hosted = hosted_by(obs, &m);
+        let pids = procs::ringd_pids(&self.layout.dir, &m);
+        if pids.is_empty() {
+            return Err(ScenarioError::Setup(format!("{m} runs no ringd to stop")));
+        }
+        self.last_kill_ms = now_ms();
+        procs::signal_all(&pids, nix::sys::signal::Signal::SIGSTOP);
+        self.last_killed = Some(m.clone());
+        self.record_losses(&hosted, obs).await;
+        tokio::time::sleep(r#for.min(self.remaining())).await;
+        // the pids again: a process that exited meanwhile is not signalled
+        let now = procs::ringd_pids(&self.layout.dir, &m);
+        procs::signal_all(&now, nix::sys::signal::Signal::SIGCONT);
+        self.record_losses(&hosted, obs).await;
+        Ok(format!(
+            "SIGSTOP ringd {m} (hosting {}; pids {pids:?}) for {}, then SIGCONT",
+            hosted.join(", "),
+            crate::drill::fmt_dur(r#for)
+        ))
+    }
+
     /// A killed member comes back: its nodes, then its ringd.
     async fn restart_seed(
         &mut self,
@@ -484,6 +518,7 @@ impl Run<'_> {
             Action::KillSeed { target } => self.kill_seed(target, obs).await,
             Action::KillMachine { target } => self.kill_machine(*target, obs).await,
             Action::RestartSeed { target } => self.restart_seed(target, obs).await,
+            Action::StallRingd { target, r#for } => self.stall_ringd(target, *r#for, obs).await,
             Action::Partition { target } => self.partition(target, obs).await,
             Action::FullSnapshot { shoot } => self.full_snapshot(shoot, obs).await,
             Action::CorruptNewestSnapshot { shoot } => self.corrupt_newest_snapshot(shoot),
