@@ -19,6 +19,14 @@ impl RingLayout {
     }
 }
 
+/// The bucket encryption that names `layout`'s key file.
+pub(crate) fn generated_key(layout: &RingLayout) -> EncryptionConfig {
+    EncryptionConfig {
+        key_file: Some(layout.bucket_key()),
+        ..Default::default()
+    }
+}
+
 /// `config` with the generated key file of `layout` as its bucket key, when it
 /// names none and `generate` is set.
 pub(crate) fn with_default_key(
@@ -27,10 +35,7 @@ pub(crate) fn with_default_key(
     generate: bool,
 ) -> RingConfig {
     if generate && config.bucket_encryption.is_none() {
-        config.bucket_encryption = Some(EncryptionConfig {
-            key_file: Some(layout.bucket_key()),
-            ..Default::default()
-        });
+        config.bucket_encryption = Some(generated_key(layout));
     }
     config
 }

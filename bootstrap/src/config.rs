@@ -460,6 +460,13 @@ impl RingConfig {
         format!("{}:{}", self.member_ip(i), self.ports.base as usize + 1 + i)
     }
 
+    /// `host:port` of every member's ringd, in ring order.
+    pub fn member_addresses(&self) -> Vec<String> {
+        (0..self.members.len())
+            .map(|i| self.member_address(i))
+            .collect()
+    }
+
     /// `host:port` of member `i`'s metrics.
     pub fn metrics_address(&self, i: usize) -> String {
         format!(

@@ -639,10 +639,7 @@ pub async fn ring_status(
             "the ring has no members".into(),
         ));
     }
-    let addresses: Vec<String> = (0..config.members.len())
-        .map(|i| config.member_address(i))
-        .collect();
-    Ok(AdminClient::ring_status(&addresses, &layout.pki()).await?)
+    Ok(AdminClient::ring_status(&config.member_addresses(), &layout.pki()).await?)
 }
 
 /// Adds member `name` to the local ring in `dir`: its certificate and config

@@ -236,10 +236,7 @@ fn with_given_key(
         });
     }
     crate::bucket_key::install(layout, key)?;
-    config.bucket_encryption = Some(backup::config::EncryptionConfig {
-        key_file: Some(layout.bucket_key()),
-        ..Default::default()
-    });
+    config.bucket_encryption = Some(crate::bucket_key::generated_key(layout));
     Ok(config)
 }
 

@@ -190,10 +190,7 @@ impl RingArgs {
         let config = layout
             .read_config()?
             .with_context(|| format!("no --address given and {} holds no ring; run `ringctl bootstrap` or pass --address", layout.dir.display()))?;
-        let addresses = (0..config.members.len())
-            .map(|i| config.member_address(i))
-            .collect();
-        Ok((addresses, pki))
+        Ok((config.member_addresses(), pki))
     }
 
     /// A connection to the ring's leader, found through whichever target answers.

@@ -40,14 +40,7 @@ impl AdminClient {
 
     /// Connects to the current leader, asking the member at `address` who it is.
     pub async fn connect_leader(address: &str, pki: &Path) -> Result<Self, RingError> {
-        let status = Self::connect(address, pki)?.status().await?;
-        let leader = status.leader.as_deref().ok_or_else(|| {
-            RingError::Transport(format!("ringd at {address} knows no leader (no quorum?)"))
-        })?;
-        let leader_address = status.leader_address().ok_or_else(|| {
-            RingError::Transport(format!("leader {leader} is not in the member list"))
-        })?;
-        Self::connect(leader_address, pki)
+        Self::connect_leader_of(&[address.to_string()], pki).await
     }
 
     /// The ring's status as seen by the first of `addresses` that answers,

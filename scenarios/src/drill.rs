@@ -469,21 +469,18 @@ impl Drill {
                     "cuts a member's network link: set ring.network: namespaces (needs root)",
                 ));
             }
+            let target_position = |target: &Target| match target {
+                Target::Member(p) => position(*p, "target.member"),
+                Target::HostOf(p) => position(*p, "target.hostOf"),
+                _ => Ok(()),
+            };
             match &f.action {
                 Action::KillSeed { target }
                 | Action::KillMachine { target }
                 | Action::RestartSeed { target }
-                | Action::Partition { target } => match target {
-                    Target::Member(p) => position(*p, "target.member")?,
-                    Target::HostOf(p) => position(*p, "target.hostOf")?,
-                    _ => {}
-                },
+                | Action::Partition { target } => target_position(target)?,
                 Action::StallRingd { target, r#for } => {
-                    match target {
-                        Target::Member(p) => position(*p, "target.member")?,
-                        Target::HostOf(p) => position(*p, "target.hostOf")?,
-                        _ => {}
-                    }
+                    target_position(target)?;
                     if r#for.is_zero() {
                         return Err(bad(field("action.stallRingd.for"), "must be positive"));
                     }

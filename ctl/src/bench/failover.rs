@@ -327,15 +327,11 @@ async fn leader_status(ring: &BenchRing) -> Result<RingStatus, BootstrapError> {
 
 /// The status from the leader, asked through the first member that names one.
 async fn any_leader_status(ring: &BenchRing) -> Option<RingStatus> {
-    for i in 0..ring.config.members.len() {
-        let (address, pki) = (ring.config.member_address(i), ring.layout.pki());
-        if let Ok(mut c) = AdminClient::connect_leader(&address, &pki).await {
-            if let Ok(s) = c.status().await {
-                return Some(s);
-            }
-        }
-    }
-    None
+    let addresses = ring.config.member_addresses();
+    let mut leader = AdminClient::connect_leader_of(&addresses, &ring.layout.pki())
+        .await
+        .ok()?;
+    leader.status().await.ok()
 }
 
 /// Waits (at most 60 s) until the ring knows a backup of m2 reaching `wanted`.
