@@ -218,11 +218,16 @@ impl Default for SpoolConfig {
 }
 
 impl SpoolConfig {
-    /// The spool folder of `shoot`.
-    pub fn dir_for(&self, shoot: &str) -> PathBuf {
-        self.dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("ring-backup-spool-{shoot}")))
+    /// The spool folder, which a running backup needs: deltas wait there for
+    /// the bucket, so it must be a folder that outlives a reboot (the seed's
+    /// state dir), never a temporary one picked for the user.
+    pub fn dir(&self) -> Result<&Path> {
+        self.dir.as_deref().ok_or_else(|| {
+            BackupError::config(
+                "spool.dir",
+                "say where deltas wait for the bucket (ringctl backup start: --state-dir, or spool.dir in --config); a temporary folder is never chosen, a reboot may empty it",
+            )
+        })
     }
 }
 
@@ -581,5 +586,17 @@ retention: {policy: keepLast, count: 3}
             .unwrap_err()
             .to_string()
             .contains("does not exist"));
+    }
+
+    #[test]
+    fn a_backup_spools_only_where_it_is_told() {
+        let mut spool = SpoolConfig::default();
+        let err = spool.dir().unwrap_err().to_string();
+        assert!(
+            err.contains("spool.dir") && err.contains("--state-dir"),
+            "{err}"
+        );
+        spool.dir = Some("/var/lib/ring/spool/m1".into());
+        assert_eq!(spool.dir().unwrap(), Path::new("/var/lib/ring/spool/m1"));
     }
 }

@@ -168,7 +168,7 @@ impl Backup {
         config.validate()?;
         let encoding = encoding(&config)?;
         let spool = Spool::open(
-            &config.spool.dir_for(&config.shoot),
+            config.spool.dir()?,
             config.spool.memory_bytes,
             config.spool.max_bytes,
         )?;
