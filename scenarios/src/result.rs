@@ -68,6 +68,9 @@ pub enum EventKind {
         to: String,
         step: String,
         detail: String,
+        /// What a finished failover said clients may have lost (revisions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        may_lose_revisions: Option<i64>,
     },
     /// The members with control-plane processes of a shoot changed.
     Serving { shoot: String, members: Vec<String> },
@@ -114,6 +117,10 @@ pub struct ShootFigures {
     pub rpo_revisions: Option<i64>,
     /// Age of the newest durable delta when the control plane was lost.
     pub rpo_secs: Option<f64>,
+    /// What the ring itself said clients may have lost, in revisions, over
+    /// the shoot's finished failovers (`None`: no failover said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_may_lose_revisions: Option<i64>,
 }
 
 /// One acknowledged write.
@@ -289,8 +296,9 @@ pub fn verdict(expect: &Expectations, r: &RunResult) -> Vec<String> {
 
 /// Killed members that started a control plane again before the ring healed
 /// them (a `heal` or `restoreFromBucket` fault) or moved that control plane
-/// there by a planned migration (a returned member's successor coming home):
-/// a zombie must never serve.
+/// there: by a planned migration (a returned member's successor coming home)
+/// or by a failover that chose the returned member (the shoot's new host
+/// died too). A zombie must never serve.
 pub fn zombies(r: &RunResult) -> Vec<String> {
     let mut dead: BTreeSet<String> = BTreeSet::new();
     // (member, shoot) the ring itself moved back after the kill
@@ -307,7 +315,7 @@ pub fn zombies(r: &RunResult) -> Vec<String> {
             },
             EventKind::Operation {
                 kind, shoot, to, ..
-            } if kind == "migration" => {
+            } if kind == "migration" || kind == "failover" => {
                 moved_back.insert((to.as_str(), shoot.as_str()));
             }
             EventKind::Serving { shoot, members } => {
@@ -326,6 +334,24 @@ pub fn zombies(r: &RunResult) -> Vec<String> {
         }
     }
     out
+}
+
+/// What the ring's finished failovers of `shoot` said clients may have lost,
+/// added up (`None`: none said).
+pub fn ring_may_lose(events: &[Event], shoot: &str) -> Option<i64> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Operation {
+                kind,
+                shoot: s,
+                step,
+                may_lose_revisions,
+                ..
+            } if kind == "failover" && s == shoot && step == "Done" => *may_lose_revisions,
+            _ => None,
+        })
+        .fold(None, |sum, n| Some(sum.unwrap_or(0) + n))
 }
 
 #[cfg(test)]
@@ -414,6 +440,7 @@ mod tests {
                 lost_examples: vec![],
                 rpo_revisions: None,
                 rpo_secs: None,
+                ring_may_lose_revisions: None,
             }],
             double_serving: vec![],
             converged_secs: Some(3.0),
@@ -444,27 +471,61 @@ mod tests {
         ];
         assert!(zombies(&r).is_empty(), "{:?}", zombies(&r));
         // without a heal: back on a1 only once the ring moves it there
-        let op = |t: f64, shoot: &str| Event {
+        let op = |t: f64, kind: &str, shoot: &str, (from, to): (&str, &str)| Event {
             t,
             kind: EventKind::Operation {
                 id: 7,
-                kind: "migration".into(),
+                kind: kind.into(),
                 shoot: shoot.into(),
-                from: "a3".into(),
-                to: "a1".into(),
+                from: from.into(),
+                to: to.into(),
                 step: "Pending".into(),
                 detail: String::new(),
+                may_lose_revisions: None,
             },
         };
         let mut returned = r.clone();
-        returned.events[5] = op(20.0, "a2");
+        returned.events[5] = op(20.0, "migration", "a2", ("a3", "a1"));
         assert!(zombies(&returned).is_empty(), "{:?}", zombies(&returned));
-        returned.events[5] = op(20.0, "a3"); // another shoot's move is no licence
+        // another shoot's move is no licence
+        returned.events[5] = op(20.0, "migration", "a3", ("a3", "a1"));
+        assert_eq!(zombies(&returned).len(), 1);
+        // a failover the ring made onto the returned member licenses it (the
+        // shoot's new host died in turn); a failover away from it does not
+        returned.events[5] = op(20.0, "failover", "a2", ("a3", "a1"));
+        assert!(zombies(&returned).is_empty(), "{:?}", zombies(&returned));
+        returned.events[5] = op(20.0, "failover", "a2", ("a1", "a3"));
         assert_eq!(zombies(&returned).len(), 1);
         r.events.insert(4, ev(7.0, serving(&["a1"])));
         let z = zombies(&r);
         assert_eq!(z.len(), 1, "{z:?}");
         assert!(z[0].starts_with("killed member a1 started shoot a2's control plane again at 7.0s"));
+    }
+
+    #[test]
+    fn the_ring_s_may_lose_figures_add_up_over_finished_failovers_of_a_shoot() {
+        let op = |kind: &str, shoot: &str, step: &str, n: Option<i64>| Event {
+            t: 1.0,
+            kind: EventKind::Operation {
+                id: 1,
+                kind: kind.into(),
+                shoot: shoot.into(),
+                from: "a1".into(),
+                to: "a3".into(),
+                step: step.into(),
+                detail: String::new(),
+                may_lose_revisions: n,
+            },
+        };
+        let events = [
+            op("failover", "a2", "Done", Some(4)),
+            op("failover", "a2", "Done", Some(7)),
+            op("failover", "a2", "Restoring", Some(100)),
+            op("migration", "a2", "Done", Some(100)),
+            op("failover", "a3", "Done", Some(100)),
+        ];
+        assert_eq!(ring_may_lose(&events, "a2"), Some(11));
+        assert_eq!(ring_may_lose(&events[2..4], "a2"), None);
     }
 
     #[test]
