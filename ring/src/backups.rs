@@ -48,15 +48,34 @@ pub enum BackupPlan {
     },
 }
 
+/// What a backup next to the workload last recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SidecarReport {
+    /// The newest durable revision and when it was stored (unix ms), if any.
+    pub durable: Option<(u64, u64)>,
+    /// The newest revision it saw the shoot's etcd at, if recorded.
+    pub etcd_revision: Option<u64>,
+}
+
 /// The progress of a backup that runs next to the workload.
 #[async_trait::async_trait]
 pub trait SidecarProgress: Send + Sync {
-    /// The newest durable revision and when it was stored (unix ms), if any.
-    async fn durable(&self) -> Result<Option<(u64, u64)>, RingError>;
+    /// What the backup recorded last.
+    async fn report(&self) -> Result<SidecarReport, RingError>;
 }
 
 /// How often the progress of a backup next to the workload is read.
-const SIDECAR_POLL: Duration = Duration::from_secs(2);
+const SIDECAR_POLL: Duration = Duration::from_secs(1);
+
+/// Shoot → the newest revision its backup saw etcd at (shared with the tasks
+/// that follow each backup).
+type SeenRevisions = std::sync::Arc<Mutex<BTreeMap<String, u64>>>;
+
+fn set_seen(seen: &SeenRevisions, shoot: &str, revision: u64) {
+    let mut all = seen.lock().unwrap_or_else(|p| p.into_inner());
+    let r = all.entry(shoot.to_string()).or_default();
+    *r = (*r).max(revision);
+}
 
 /// The ring's bucket as this member uses it: where it is, and the key that seals
 /// what goes in (loaded once, so a bad key stops ringd at start, not a failover).
@@ -250,9 +269,21 @@ pub async fn download_identity(
 #[derive(Default)]
 pub struct Backups {
     running: Mutex<BTreeMap<String, CancellationToken>>,
+    seen: SeenRevisions,
 }
 
 impl Backups {
+    /// The newest revision the backup of `shoot` saw its etcd at, while it
+    /// runs: the member's heartbeat carries it to the leader, so a failover
+    /// can say how far beyond the bucket clients may have written.
+    pub fn seen_revision(&self, shoot: &str) -> Option<u64> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(shoot)
+            .copied()
+    }
+
     /// Whether a backup of `shoot` runs (or was started and not stopped).
     pub fn running(&self, shoot: &str) -> bool {
         self.running
@@ -280,7 +311,7 @@ impl Backups {
         let token = stop.child_token();
         running.insert(shoot.to_string(), token.clone());
         let span = tracing::info_span!("backup", %shoot);
-        let (rb, shoot) = (rb.clone(), shoot.to_string());
+        let (rb, shoot, seen) = (rb.clone(), shoot.to_string(), self.seen.clone());
         tokio::spawn(
             async move {
                 let identity = match &plan {
@@ -290,10 +321,16 @@ impl Backups {
                 if !store_identity(&rb, identity, &shoot, &token).await {
                     return;
                 }
+                let follow = Follow {
+                    shoot,
+                    token,
+                    report,
+                    seen,
+                };
                 match plan {
-                    BackupPlan::Here(source) => run_backup(source, rb, shoot, token, report).await,
+                    BackupPlan::Here(source) => run_backup(source, rb, follow).await,
                     BackupPlan::NextToWorkload { progress, .. } => {
-                        follow_sidecar(progress, shoot, token, report).await
+                        follow_sidecar(progress, follow).await
                     }
                 }
             }
@@ -303,6 +340,10 @@ impl Backups {
 
     /// Stops backing up `shoot`.
     pub fn stop(&self, shoot: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(shoot);
         if let Some(t) = self
             .running
             .lock()
@@ -339,15 +380,42 @@ async fn store_identity(
     }
 }
 
-/// The continuous full + delta backup of one shoot until `token` stops it.
-async fn run_backup(
-    source: BackupSource,
-    rb: RingBucket,
+/// Where a running backup's progress goes: the ring (durable revisions, as
+/// `ReportBackup` commands) and this member (the revision etcd was seen at).
+struct Follow {
     shoot: String,
     token: CancellationToken,
     report: mpsc::Sender<RingCommand>,
-) {
-    let mut config = backup::BackupConfig::new(shoot.clone(), source.etcd, rb.config.clone());
+    seen: SeenRevisions,
+}
+
+impl Follow {
+    /// Queues a report of `revision` durable since `at_ms`; false when the
+    /// queue is full (the next report carries a newer revision).
+    fn durable(&self, revision: u64, at_ms: u64) -> bool {
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.shoot)
+            .map(|&revision| crate::state::SeenRevision {
+                revision,
+                at_ms: crate::now_ms(),
+            });
+        let cmd = RingCommand::ReportBackup {
+            shoot: self.shoot.clone(),
+            revision,
+            at_ms,
+            seen,
+        };
+        self.report.try_send(cmd).is_ok()
+    }
+}
+
+/// The continuous full + delta backup of one shoot until `token` stops it.
+async fn run_backup(source: BackupSource, rb: RingBucket, follow: Follow) {
+    let mut config =
+        backup::BackupConfig::new(follow.shoot.clone(), source.etcd, rb.config.clone());
     config.spool.dir = Some(source.spool_dir);
     // A failover replays every delta since the newest full snapshot, one
     // revision at a time: a new full snapshot every 2000 revisions keeps
@@ -360,75 +428,72 @@ async fn run_backup(
             return;
         }
     };
-    let reporter = tokio::spawn(
-        report_progress(runner.progress(), shoot, token.clone(), report).in_current_span(),
-    );
-    if let Err(e) = runner.run(token.clone()).await {
+    let token = follow.token.clone();
+    let reporter = tokio::spawn(report_progress(runner.progress(), follow).in_current_span());
+    if let Err(e) = runner.run(token).await {
         tracing::error!(error = %e, "backup stopped");
     }
     reporter.abort();
 }
 
-/// Sends each new durable revision a backup next to the workload reports.
-async fn follow_sidecar(
-    progress: std::sync::Arc<dyn SidecarProgress>,
-    shoot: String,
-    token: CancellationToken,
-    report: mpsc::Sender<RingCommand>,
-) {
+/// Sends each new durable revision a backup next to the workload reports,
+/// and keeps the revision it saw etcd at.
+async fn follow_sidecar(progress: std::sync::Arc<dyn SidecarProgress>, follow: Follow) {
     let mut last = 0;
     loop {
-        match progress.durable().await {
-            Ok(Some((revision, at_ms))) if revision > last => {
-                let cmd = RingCommand::ReportBackup {
-                    shoot: shoot.clone(),
-                    revision,
-                    at_ms,
-                };
-                if report.try_send(cmd).is_ok() {
-                    last = revision;
+        match progress.report().await {
+            Ok(r) => {
+                if let Some(seen) = r.etcd_revision {
+                    set_seen(&follow.seen, &follow.shoot, seen);
+                }
+                if let Some((revision, at_ms)) = r.durable.filter(|(rev, _)| *rev > last) {
+                    if follow.durable(revision, at_ms) {
+                        last = revision;
+                    }
                 }
             }
-            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot read the backup's progress"),
         }
         tokio::select! {
             biased;
-            _ = token.cancelled() => return,
+            _ = follow.token.cancelled() => return,
             _ = tokio::time::sleep(SIDECAR_POLL) => {}
         }
     }
 }
 
-/// Sends each new durable revision to the ring, at most one report a second.
+/// Keeps the revision etcd was seen at as it changes, and sends each new
+/// durable revision to the ring, at most one report a second.
 async fn report_progress(
     mut progress: tokio::sync::watch::Receiver<backup::Progress>,
-    shoot: String,
-    token: CancellationToken,
-    report: mpsc::Sender<RingCommand>,
+    follow: Follow,
 ) {
     let mut last = 0;
+    let mut next_report = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             biased;
-            _ = token.cancelled() => return,
+            _ = follow.token.cancelled() => return,
             r = progress.changed() => if r.is_err() { return },
+            _ = tick.tick() => {}
         }
         let p = progress.borrow_and_update().clone();
-        if p.durable_revision <= last {
+        set_seen(&follow.seen, &follow.shoot, p.etcd_revision.max(0) as u64);
+        let now = tokio::time::Instant::now();
+        if p.durable_revision <= last || now < next_report {
             continue;
         }
-        last = p.durable_revision;
-        let cmd = RingCommand::ReportBackup {
-            shoot: shoot.clone(),
-            revision: p.durable_revision as u64,
-            at_ms: p.durable_at_ms as u64,
-        };
         // a full queue drops this report: the next one carries a newer revision
-        if report.try_send(cmd).is_err() {
-            tracing::debug!(revision = last, "backup report dropped (queue full)");
+        if follow.durable(p.durable_revision as u64, p.durable_at_ms as u64) {
+            last = p.durable_revision;
+            next_report = now + Duration::from_secs(1);
+        } else {
+            tracing::debug!(
+                revision = p.durable_revision,
+                "backup report dropped (queue full)"
+            );
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

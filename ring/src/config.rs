@@ -67,6 +67,10 @@ pub struct Timing {
     /// self-hosted ring) before the ring moves the shoot a failover took from
     /// it back by a planned migration; 0 leaves that to an operator.
     pub relink_after_ms: u64,
+    /// An operation that takes no step for this long ends as failed, with
+    /// the reason (a target that hangs or keeps crashing mid-step); the
+    /// leader then chooses again. Nothing waits for ever.
+    pub operation_deadline_ms: u64,
 }
 
 impl Default for Timing {
@@ -79,6 +83,7 @@ impl Default for Timing {
             lease_ms: 6000,
             lease_margin_ms: 500,
             relink_after_ms: 60_000,
+            operation_deadline_ms: 600_000,
         }
     }
 }
@@ -106,6 +111,12 @@ impl Timing {
             return Err(bad(
                 "timing.leaseMarginMs",
                 "must be less than a third of leaseMs",
+            ));
+        }
+        if t.operation_deadline_ms < 10 * (t.lease_ms + t.failure_window_ms) {
+            return Err(bad(
+                "timing.operationDeadlineMs",
+                "must be at least ten times leaseMs + failureWindowMs (a move needs a few leases and restores take time)",
             ));
         }
         Ok(())
@@ -385,6 +396,10 @@ members:
             (
                 format!("{GOOD}timing: {{ leaseMs: 100 }}\n"),
                 "timing.leaseMs",
+            ),
+            (
+                format!("{GOOD}timing: {{ operationDeadlineMs: 20000 }}\n"),
+                "timing.operationDeadlineMs",
             ),
             (
                 format!("{GOOD}seed: {{ stateDir: /s, kubernetes: {{ ring: demo, etcdStorage: lots }} }}\n"),

@@ -4,18 +4,22 @@
 
 use std::collections::BTreeMap;
 
-use crate::state::{MemberState, OperationStep, RingCommand, RingState};
+use crate::state::{MemberState, OperationStep, RingCommand, RingState, SeenRevision};
 
 /// Timing the decisions depend on (milliseconds).
 #[derive(Debug, Clone, Copy)]
 pub struct DecisionTiming {
     /// Silence after which a member is declared down.
     pub failure_window_ms: u64,
-    /// Added to the old lease's end before a replacement may start (clock skew).
+    /// How long a lease lasts from the moment its holder sent the renewal.
+    pub lease_ms: u64,
+    /// Added to the old lease's end before a replacement may start.
     pub lease_margin_ms: u64,
     /// How long a member back from the dead must be up before the shoot a
     /// failover took from it moves back (0: never by itself).
     pub relink_after_ms: u64,
+    /// An open operation that took no step for this long fails.
+    pub operation_deadline_ms: u64,
 }
 
 /// What the leader knows beyond the replicated state.
@@ -28,6 +32,32 @@ pub struct LeaderView<'a> {
     pub leader: &'a str,
     /// Member name → when its last health report arrived.
     pub last_report_ms: &'a BTreeMap<String, u64>,
+    /// Shoot → when this leader last applied a committed renewal of its
+    /// lease, on this leader's clock (its monotonic record of the moment,
+    /// expressed in the frame of `now_ms` when the view was made). No other
+    /// host's clock enters the decision when an old lease is over.
+    pub lease_seen_ms: &'a BTreeMap<String, u64>,
+    /// Shoot → the revision its host last reported its etcd at, with when
+    /// (the failover carries it: what clients may have lost).
+    pub revisions: &'a BTreeMap<String, SeenRevision>,
+}
+
+/// A holder's clock may run this much slower than the leader's over one lease
+/// (1/50: 2 %, far above real clock drift): the leader waits that much longer.
+pub const LEASE_DRIFT_DIVISOR: u64 = 50;
+
+impl LeaderView<'_> {
+    /// When, on this leader's clock, every lease on `shoot` it saw committed
+    /// has surely ended, margin included. A holder measures its lease from
+    /// the moment it sent the renewal, before the leader applied it, on its
+    /// own monotonic clock; so this bound holds whatever the two hosts' wall
+    /// clocks say (the holder's `expires_at_ms` is never compared here).
+    pub fn old_lease_over_at(&self, shoot: &str, t: &DecisionTiming) -> u64 {
+        let seen_end = self.lease_seen_ms.get(shoot).map_or(0, |seen| {
+            seen + t.lease_ms + t.lease_ms / LEASE_DRIFT_DIVISOR
+        });
+        seen_end + t.lease_margin_ms
+    }
 }
 
 impl LeaderView<'_> {
@@ -93,6 +123,22 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             });
             continue;
         }
+        let idle_ms = view.now_ms.saturating_sub(op.updated_at_ms);
+        if idle_ms >= t.operation_deadline_ms {
+            out.push(RingCommand::AdvanceOperation {
+                id: op.id,
+                step: OperationStep::Failed,
+                detail: format!(
+                    "no step for {} s in {:?} (timing.operationDeadlineMs); last: {}",
+                    idle_ms / 1000,
+                    op.step,
+                    op.detail
+                ),
+                at_ms: view.now_ms,
+                outcome: None,
+            });
+            continue;
+        }
         if op.is_migration() && op.step == OperationStep::Pending && is_down(op.source()) {
             out.push(RingCommand::AdvanceOperation {
                 id: op.id,
@@ -104,10 +150,9 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             continue;
         }
         if op.step == OperationStep::WaitingForLeaseExpiry {
-            let crate::state::OperationKind::Failover { not_before_ms, .. } = &op.kind else {
-                continue;
-            };
-            if view.now_ms >= *not_before_ms {
+            // this leader's own bound, not the proposer's `not_before_ms`:
+            // a leader elected since may have a clock far from the old one's
+            if view.now_ms >= view.old_lease_over_at(op.shoot(), t) {
                 out.push(RingCommand::AdvanceOperation {
                     id: op.id,
                     step: OperationStep::Pending,
@@ -145,12 +190,21 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             continue;
         };
         *load.entry(to).or_default() += 1;
-        let lease_end = p.lease.as_ref().map_or(0, |l| l.expires_at_ms);
         out.push(RingCommand::StartFailover {
             shoot: p.shoot.clone(),
             to: to.to_string(),
             at_ms: view.now_ms,
-            not_before_ms: lease_end.max(view.now_ms) + t.lease_margin_ms,
+            not_before_ms: view
+                .old_lease_over_at(&p.shoot, t)
+                .max(view.now_ms + t.lease_margin_ms),
+            // the freshest of the heartbeat this leader heard and the one
+            // the ring holds (a leader that died with the host took its
+            // heartbeats along)
+            seen: view
+                .revisions
+                .get(&p.shoot)
+                .copied()
+                .max(state.backups.get(&p.shoot).and_then(|b| b.seen)),
         });
     }
     if out.is_empty() {

@@ -5,8 +5,10 @@ use crate::state::{OperationKind, RingState};
 
 const T: DecisionTiming = DecisionTiming {
     failure_window_ms: 3_000,
+    lease_ms: 6_000,
     lease_margin_ms: 500,
     relink_after_ms: 30_000,
+    operation_deadline_ms: 600_000,
 };
 
 fn ring(names: &[&str]) -> RingState {
@@ -27,6 +29,11 @@ fn ring(names: &[&str]) -> RingState {
     .unwrap();
     s
 }
+
+/// No lease renewal seen (the default of most tables).
+static NONE: BTreeMap<String, u64> = BTreeMap::new();
+/// No etcd revision reported.
+static NO_REVISIONS: BTreeMap<String, crate::state::SeenRevision> = BTreeMap::new();
 
 fn reports(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
     pairs.iter().map(|(n, t)| (n.to_string(), *t)).collect()
@@ -60,6 +67,8 @@ fn nothing_happens_while_everyone_reports() {
         leader_since_ms: 0,
         leader: "a",
         last_report_ms: &r,
+        lease_seen_ms: &NONE,
+        revisions: &NO_REVISIONS,
     };
     assert!(decide(&s, &view, &T).is_empty());
 }
@@ -73,6 +82,8 @@ fn silence_is_counted_from_leadership_not_from_zero() {
         leader_since_ms: 9_000,
         leader: "a",
         last_report_ms: &r,
+        lease_seen_ms: &NONE,
+        revisions: &NO_REVISIONS,
     };
     assert!(decide(&s, &view, &T).is_empty());
 }
@@ -87,6 +98,8 @@ fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
         expires_at_ms: 12_000,
     })
     .unwrap();
+    // the leader applied that renewal at 6 s (its clock)
+    let seen = BTreeMap::from([("c".to_string(), 6_000)]);
     // b hosts c's control plane; b goes silent.
     let r = reports(&[("b", 5_000), ("c", 9_900)]);
     let view = LeaderView {
@@ -94,6 +107,8 @@ fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
         leader_since_ms: 0,
         leader: "a",
         last_report_ms: &r,
+        lease_seen_ms: &seen,
+        revisions: &NO_REVISIONS,
     };
     let cmds = settle(&mut s, &view);
     assert!(matches!(&cmds[0], RingCommand::MarkDown { member, .. } if member == "b"));
@@ -101,21 +116,187 @@ fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
     assert_eq!(s.placements["c"].host, "a");
     assert_eq!(s.placements["c"].epoch, 2);
     let op = s.open_operation("c").unwrap();
+    // seen + lease + drift (6000 / 50) + margin
     assert!(
-        matches!(&op.kind, OperationKind::Failover { from, to, not_before_ms: 12_500, .. } if from == "b" && to == "a")
+        matches!(&op.kind, OperationKind::Failover { from, to, not_before_ms: 12_620, .. } if from == "b" && to == "a"),
+        "{op:?}"
     );
     assert_eq!(op.step, OperationStep::WaitingForLeaseExpiry);
 
-    // after the lease (plus margin) the operation becomes pending
+    // after the lease (plus drift and margin) the operation becomes pending
     let r = reports(&[("b", 5_000), ("c", 12_400)]);
-    let later = LeaderView {
-        now_ms: 12_500,
+    for (now_ms, pending) in [(12_619, false), (12_620, true)] {
+        let later = LeaderView {
+            now_ms,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+            lease_seen_ms: &seen,
+            revisions: &NO_REVISIONS,
+        };
+        settle(&mut s, &later);
+        let step = s.open_operation("c").unwrap().step;
+        assert_eq!(step == OperationStep::Pending, pending, "at {now_ms}");
+    }
+}
+
+/// An operation whose target takes no step (hangs, or crashes mid-step again
+/// and again) ends as failed when the deadline passes, with the reason; a
+/// failover is then started again on another member, passing the one that
+/// got stuck over. Nothing waits for ever.
+#[test]
+fn an_operation_without_a_step_until_the_deadline_fails_and_the_leader_chooses_again() {
+    let mut s = ring(&["a", "b", "c", "d"]);
+    let r = reports(&[("a", 9_900), ("b", 1_000), ("c", 9_900), ("d", 9_900)]);
+    let view = |now_ms, r| LeaderView {
+        now_ms,
         leader_since_ms: 0,
         leader: "a",
-        last_report_ms: &r,
+        last_report_ms: r,
+        lease_seen_ms: &NONE,
+        revisions: &NO_REVISIONS,
     };
-    settle(&mut s, &later);
-    assert_eq!(s.open_operation("c").unwrap().step, OperationStep::Pending);
+    // b dies: c's control plane goes to a (b's predecessor), which restores
+    settle(&mut s, &view(10_000, &r));
+    let op = s.open_operation("c").unwrap().clone();
+    assert_eq!(op.target(), "a");
+    s.apply(&RingCommand::AdvanceOperation {
+        id: op.id,
+        step: OperationStep::Restoring,
+        detail: "a restores c".into(),
+        at_ms: 11_000,
+        outcome: None,
+    })
+    .unwrap();
+    // a keeps reporting, but the restore never ends
+    let deadline = 11_000 + T.operation_deadline_ms;
+    let r = reports(&[
+        ("a", deadline),
+        ("b", 1_000),
+        ("c", deadline),
+        ("d", deadline),
+    ]);
+    assert!(settle(&mut s, &view(deadline - 1, &r)).is_empty());
+    settle(&mut s, &view(deadline, &r));
+    let failed = s.operations.iter().find(|o| o.id == op.id).unwrap();
+    assert_eq!(failed.step, OperationStep::Failed);
+    assert!(
+        failed.detail.starts_with(
+            "no step for 600 s in Restoring (timing.operationDeadlineMs); last: a restores c"
+        ),
+        "{}",
+        failed.detail
+    );
+    let again = s.open_operation("c").expect("a new failover of c");
+    assert_ne!(again.target(), "a", "the stuck target is passed over");
+}
+
+/// A failover carries the newest revision the dead host's etcd was heard
+/// at: from this leader's heartbeats, or, when this leader is new (the old
+/// one died with the host and took the heartbeats along), from the ring's
+/// backup record; the fresher of the two wins.
+#[test]
+fn a_failover_carries_the_freshest_etcd_revision_heard_from_the_old_host() {
+    use crate::state::SeenRevision;
+    let seen = |revision, at_ms| Some(SeenRevision { revision, at_ms });
+    // (heartbeat heard by this leader, revision in the ring's record) -> carried
+    let cases = [
+        (
+            "new leader: the ring's record",
+            None,
+            seen(120, 8_000),
+            seen(120, 8_000),
+        ),
+        (
+            "heartbeat fresher",
+            seen(130, 9_500),
+            seen(120, 8_000),
+            seen(130, 9_500),
+        ),
+        (
+            "record fresher",
+            seen(110, 7_000),
+            seen(120, 8_000),
+            seen(120, 8_000),
+        ),
+        ("nothing heard", None, None, None),
+    ];
+    for (name, heartbeat, recorded, want) in cases {
+        let mut s = ring(&["a", "b", "c"]);
+        s.apply(&RingCommand::ReportBackup {
+            shoot: "c".into(),
+            revision: 100,
+            at_ms: 7_900,
+            seen: recorded,
+        })
+        .unwrap();
+        let revisions: BTreeMap<String, SeenRevision> = heartbeat
+            .into_iter()
+            .map(|h| ("c".to_string(), h))
+            .collect();
+        let r = reports(&[("b", 5_000), ("c", 9_900)]);
+        let view = LeaderView {
+            now_ms: 10_000,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+            lease_seen_ms: &NONE,
+            revisions: &revisions,
+        };
+        settle(&mut s, &view);
+        let op = s.open_operation("c").expect("a failover of c");
+        let OperationKind::Failover { seen, .. } = &op.kind else {
+            panic!("{name}: {op:?}");
+        };
+        assert_eq!(*seen, want, "{name}");
+    }
+}
+
+/// The holder's wall clock (its `expires_at_ms`) never shortens the wait:
+/// only when this leader applied the holder's last renewal counts, on the
+/// leader's own clock. b's clock runs 5 s behind (its lease says it ends at
+/// 7 s), or 5 s ahead (17 s); either way the replacement waits until the
+/// lease b measured from its renewal surely ended. A leader that took the
+/// state in at 9 s (a restart, a snapshot) counts every lease from then.
+#[test]
+fn an_old_lease_ends_by_the_leader_s_record_not_the_holder_s_clock() {
+    // (holder's expires_at_ms, seen by this leader at, now, pending?)
+    let cases = [
+        ("holder 5 s behind, too early", 7_000, 6_000, 12_000, false),
+        ("holder 5 s behind, over", 7_000, 6_000, 12_620, true),
+        ("holder 5 s ahead, over", 17_000, 6_000, 12_620, true),
+        ("state taken in at 9 s", 12_000, 9_000, 12_620, false),
+        ("state taken in at 9 s, over", 12_000, 9_000, 15_620, true),
+    ];
+    for (name, expires_at_ms, seen_at, now_ms, pending) in cases {
+        let mut s = ring(&["a", "b", "c"]);
+        s.apply(&RingCommand::RenewLease {
+            shoot: "c".into(),
+            holder: "b".into(),
+            epoch: 1,
+            expires_at_ms,
+        })
+        .unwrap();
+        let seen = BTreeMap::from([("c".to_string(), seen_at)]);
+        let r = reports(&[("b", 5_000), ("c", now_ms)]);
+        let view = |now_ms| LeaderView {
+            now_ms,
+            leader_since_ms: 0,
+            leader: "a",
+            last_report_ms: &r,
+            lease_seen_ms: &seen,
+            revisions: &NO_REVISIONS,
+        };
+        settle(&mut s, &view(10_000));
+        assert_eq!(
+            s.open_operation("c").map(|o| o.step),
+            Some(OperationStep::WaitingForLeaseExpiry),
+            "{name}"
+        );
+        settle(&mut s, &view(now_ms));
+        let step = s.open_operation("c").unwrap().step;
+        assert_eq!(step == OperationStep::Pending, pending, "{name}");
+    }
 }
 
 #[test]
@@ -129,6 +310,8 @@ fn returning_member_is_marked_up_but_keeps_no_placement() {
             leader_since_ms: 0,
             leader: "a",
             last_report_ms: &r,
+            lease_seen_ms: &NONE,
+            revisions: &NO_REVISIONS,
         },
     );
     assert_eq!(s.member("b").unwrap().state, MemberState::Down);
@@ -140,6 +323,8 @@ fn returning_member_is_marked_up_but_keeps_no_placement() {
             leader_since_ms: 0,
             leader: "a",
             last_report_ms: &r,
+            lease_seen_ms: &NONE,
+            revisions: &NO_REVISIONS,
         },
     );
     assert_eq!(s.member("b").unwrap().state, MemberState::Up);
@@ -161,6 +346,8 @@ fn failover_whose_target_dies_is_failed_and_redone_elsewhere() {
             leader_since_ms: 0,
             leader: "a",
             last_report_ms: &r,
+            lease_seen_ms: &NONE,
+            revisions: &NO_REVISIONS,
         },
     );
     assert_eq!(s.placements["d"].host, "b");
@@ -173,6 +360,8 @@ fn failover_whose_target_dies_is_failed_and_redone_elsewhere() {
             leader_since_ms: 0,
             leader: "a",
             last_report_ms: &r,
+            lease_seen_ms: &NONE,
+            revisions: &NO_REVISIONS,
         },
     );
     let failed: Vec<_> = s
@@ -198,6 +387,8 @@ fn a_target_that_refused_a_failover_is_passed_over_for_a_while() {
         leader_since_ms: 0,
         leader: "a",
         last_report_ms: r,
+        lease_seen_ms: &NONE,
+        revisions: &NO_REVISIONS,
     };
     settle(&mut s, &view(10_000, &r));
     let op = s.open_operation("d").cloned().expect("failover of d");
@@ -229,6 +420,8 @@ fn no_target_without_healthy_members_other_than_the_dead() {
             leader_since_ms: 0,
             leader: "a",
             last_report_ms: &r,
+            lease_seen_ms: &NONE,
+            revisions: &NO_REVISIONS,
         },
     );
     // b and c down; a is the only healthy member: c's shoot (hosted by b) moves to a,
@@ -284,6 +477,8 @@ fn view_at<'a>(now_ms: u64, r: &'a BTreeMap<String, u64>) -> LeaderView<'a> {
         leader_since_ms: 0,
         leader: "a",
         last_report_ms: r,
+        lease_seen_ms: &NONE,
+        revisions: &NO_REVISIONS,
     }
 }
 

@@ -155,6 +155,18 @@ impl LocalRing {
 
     /// Starts `ringd --config` for member `i` in its own process group, logging to its log file.
     pub fn spawn(&self, ringd: &Path, i: usize) -> Result<Child, RingError> {
+        self.spawn_with_env(ringd, i, &[])
+    }
+
+    /// [`LocalRing::spawn`] with extra environment variables for the member
+    /// (tests run one member under `faketime` this way: its ringd and every
+    /// process it starts see a skewed clock).
+    pub fn spawn_with_env(
+        &self,
+        ringd: &Path,
+        i: usize,
+        env: &[(&str, &str)],
+    ) -> Result<Child, RingError> {
         let m = &self.members[i];
         let io = |source| RingError::Io {
             what: format!("starting {} for {}", ringd.display(), m.name),
@@ -173,6 +185,7 @@ impl LocalRing {
                 "RUST_LOG",
                 "info,raft=warn,h2=warn,tower=warn,kube_client=off",
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

@@ -34,6 +34,8 @@ pub struct Metrics {
     finished: Family<[(&'static str, &'static str); 2], Counter<u64, AtomicU64>>,
     rpo_revisions: Family<[(&'static str, String); 1], Gauge>,
     rpo_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+    may_lose_revisions: Family<[(&'static str, String); 1], Gauge>,
+    may_lose_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
 }
 
 fn step_histogram() -> Histogram {
@@ -69,6 +71,8 @@ impl Metrics {
             finished: Family::default(),
             rpo_revisions: Family::default(),
             rpo_seconds: Family::default(),
+            may_lose_revisions: Family::default(),
+            may_lose_seconds: Family::default(),
         };
         root.register("is_leader", "1 on the Raft leader", m.is_leader.clone());
         root.register("term", "Raft term", m.term.clone());
@@ -139,6 +143,16 @@ impl Metrics {
             "Age of the newest durable backup when the last failover of a shoot began",
             m.rpo_seconds.clone(),
         );
+        root.register(
+            "failover_may_lose_revisions",
+            "Revisions clients lost at least in the last failover of a shoot this member restored: the old host's etcd as last heard, beyond what the restore reached (writes after that report come on top)",
+            m.may_lose_revisions.clone(),
+        );
+        root.register(
+            "failover_may_lose_seconds",
+            "The span of those revisions: from the newest durable backup to the old host's last report",
+            m.may_lose_seconds.clone(),
+        );
         Metrics {
             registry: root,
             ..m
@@ -173,6 +187,15 @@ impl Metrics {
         let label = [("shoot", shoot.to_string())];
         self.rpo_revisions.get_or_create(&label).set(revisions);
         self.rpo_seconds.get_or_create(&label).set(seconds);
+    }
+
+    /// Records what clients may have lost in a failover of `shoot`.
+    pub fn may_lose(&self, shoot: &str, revisions: i64, seconds: Option<f64>) {
+        let label = [("shoot", shoot.to_string())];
+        self.may_lose_revisions.get_or_create(&label).set(revisions);
+        if let Some(s) = seconds {
+            self.may_lose_seconds.get_or_create(&label).set(s);
+        }
     }
 
     /// Counts a fencing.

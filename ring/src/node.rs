@@ -4,7 +4,7 @@
 //! tests drive several cores over a simulated network. `NodeTask` owns one core
 //! in a single task and connects it to the runtime.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,24 @@ pub struct NodeView {
     /// Entries in the log after the last snapshot.
     pub log_entries: usize,
     pub snapshot_index: u64,
+    /// Shoot → when this node last applied a committed lease renewal of it,
+    /// on this node's monotonic clock (see [`LeaseSeen`]).
+    pub lease_seen: Arc<LeaseSeen>,
+}
+
+/// When this node last applied a committed lease renewal of each shoot, on
+/// its own monotonic clock. A holder measures its lease from the moment it
+/// sent the renewal, which is before any member applied it: so the lease
+/// ends, in real time, before `seen + lease` (plus drift), whatever the
+/// wall clocks of the two hosts say. Renewals this node never saw one by one
+/// (the state it started with, a snapshot it received) count as seen when
+/// it took that state in.
+pub type LeaseSeen = BTreeMap<String, Instant>;
+
+/// Every shoot of `state` as seen now (a state taken in whole).
+fn all_seen_now(state: &RingState) -> Arc<LeaseSeen> {
+    let now = Instant::now();
+    Arc::new(state.placements.keys().map(|s| (s.clone(), now)).collect())
 }
 
 /// raft-rs's RawNode, the durable store and the ring state machine.
@@ -84,6 +102,7 @@ pub struct RaftCore {
     last_compacted: u64,
     last_leader_contact: Option<Instant>,
     compact_pending: bool,
+    lease_seen: Arc<LeaseSeen>,
 }
 
 fn raft_err(e: impl std::fmt::Display) -> RingError {
@@ -122,6 +141,7 @@ impl RaftCore {
         };
         config.validate().map_err(raft_err)?;
         let raw = RawNode::new(&config, store.clone(), logger).map_err(raft_err)?;
+        let lease_seen = all_seen_now(&state);
         Ok(RaftCore {
             raw,
             store,
@@ -133,6 +153,7 @@ impl RaftCore {
             last_compacted: applied,
             last_leader_contact: None,
             compact_pending: false,
+            lease_seen,
         })
     }
 
@@ -305,6 +326,7 @@ impl RaftCore {
             serde_json::from_slice(&snap.data)
                 .map_err(|e| RingError::Storage(format!("received a corrupted snapshot: {e}")))?,
         );
+        self.lease_seen = all_seen_now(&self.state);
         self.applied = snap.get_metadata().index;
         self.last_compacted = self.applied;
         Ok(())
@@ -361,7 +383,12 @@ impl RaftCore {
         };
         // Apply to a scratch copy only when someone else holds the current state.
         let result = match Arc::make_mut(&mut self.state).apply(&proposal.command) {
-            Ok(()) => ApplyResult::Applied { index },
+            Ok(()) => {
+                if let RingCommand::RenewLease { shoot, .. } = &proposal.command {
+                    Arc::make_mut(&mut self.lease_seen).insert(shoot.clone(), Instant::now());
+                }
+                ApplyResult::Applied { index }
+            }
             Err(reason) => {
                 tracing::debug!(index, %reason, command = ?proposal.command, "command rejected");
                 ApplyResult::Rejected { index, reason }
@@ -412,6 +439,7 @@ impl RaftCore {
             last_leader_contact: self.last_leader_contact,
             log_entries: self.store.entry_count(),
             snapshot_index: self.store.snapshot_index(),
+            lease_seen: self.lease_seen.clone(),
         }
     }
 }

@@ -173,6 +173,7 @@ fn backup(rev: u64) -> RingCommand {
         shoot: "s".into(),
         revision: rev,
         at_ms: rev,
+        seen: None,
     }
 }
 

@@ -41,6 +41,7 @@ fn backup(shoot: &str) -> RingCommand {
         shoot: shoot.into(),
         revision: 7,
         at_ms: 2_000,
+        seen: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn a_member_proposes_only_for_what_it_hosts_or_executes() {
             to: "c".into(),
             at_ms: 1,
             not_before_ms: 1,
+            seen: None,
         },
         RingCommand::StartMigration {
             shoot: "b".into(),

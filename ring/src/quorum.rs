@@ -120,6 +120,7 @@ pub(crate) async fn report_health(shared: Arc<Shared>, stop: CancellationToken) 
                 shoot: s.clone(),
                 ready: h.ready,
                 detail: h.detail.clone(),
+                revision: shared.backups.seen_revision(s).unwrap_or(0),
             })
             .collect();
         if v.leader_id == v.id {
@@ -158,8 +159,10 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
     let t = shared.timing();
     let timing = DecisionTiming {
         failure_window_ms: t.failure_window_ms,
+        lease_ms: t.lease_ms,
         lease_margin_ms: t.lease_margin_ms,
         relink_after_ms: t.relink_after_ms,
+        operation_deadline_ms: t.operation_deadline_ms,
     };
     let mut leader_since: Option<(u64, u64)> = None; // (term, since)
     let mut last_round = Instant::now();
@@ -189,11 +192,15 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
             .iter()
             .map(|(k, (at, _))| (k.clone(), *at))
             .collect();
+        let lease_seen = seen_in_wall_clock(&v.lease_seen, now);
+        let revisions = reported_revisions(&shared, &v.state);
         let view = LeaderView {
             now_ms: now,
             leader_since_ms: since,
             leader: shared.name(),
             last_report_ms: &reports,
+            lease_seen_ms: &lease_seen,
+            revisions: &revisions,
         };
         for cmd in decide(&v.state, &view, &timing) {
             tracing::info!(?cmd, "leader decision");
@@ -202,6 +209,41 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
     }
+}
+
+/// Shoot → the etcd revision its current host last reported, and when.
+fn reported_revisions(
+    shared: &Shared,
+    state: &crate::state::RingState,
+) -> BTreeMap<String, crate::state::SeenRevision> {
+    let reports = lock(&shared.reports);
+    state
+        .placements
+        .values()
+        .filter_map(|p| {
+            let (at_ms, shoots) = reports.get(&p.host)?;
+            let h = shoots
+                .iter()
+                .find(|h| h.shoot == p.shoot && h.revision > 0)?;
+            let seen = crate::state::SeenRevision {
+                revision: h.revision,
+                at_ms: *at_ms,
+            };
+            Some((p.shoot.clone(), seen))
+        })
+        .collect()
+}
+
+/// The node's monotonic record of lease renewals, in the frame of `now_ms`
+/// (this member's wall clock read once for this decision): only intervals
+/// measured here enter it, never another host's clock.
+fn seen_in_wall_clock(seen: &crate::node::LeaseSeen, now_ms: u64) -> BTreeMap<String, u64> {
+    seen.iter()
+        .map(|(shoot, at)| {
+            let ago = at.elapsed().as_millis() as u64;
+            (shoot.clone(), now_ms.saturating_sub(ago))
+        })
+        .collect()
 }
 
 /// Proposes the commands background work queues (backup progress), one at a

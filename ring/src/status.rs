@@ -173,7 +173,15 @@ pub fn render(s: &RingStatus) -> String {
     if s.operations.is_empty() {
         out.push_str("\nno operations\n");
     } else {
-        let mut t = table(&["OP", "KIND", "SHOOT", "TARGET", "STEP", "DETAIL"]);
+        let mut t = table(&[
+            "OP",
+            "KIND",
+            "SHOOT",
+            "TARGET",
+            "STEP",
+            "LOST (HEARD)",
+            "DETAIL",
+        ]);
         for o in &s.operations {
             t.add_row(vec![
                 o.id.to_string(),
@@ -186,10 +194,24 @@ pub fn render(s: &RingStatus) -> String {
                 o.shoot().to_string(),
                 o.target().to_string(),
                 format!("{:?}", o.step),
+                may_lose(o),
                 o.detail.clone(),
             ]);
         }
         out.push_str(&format!("\n{t}\n"));
     }
     out
+}
+
+/// What a finished failover says clients lost at least ("-" otherwise): the
+/// revisions past the restore the old host was heard at, and their span.
+fn may_lose(o: &Operation) -> String {
+    let Some(out) = o.outcome.as_ref() else {
+        return "-".into();
+    };
+    match (out.may_lose_revisions, out.may_lose_ms) {
+        (Some(n), Some(ms)) => format!("≥{n} rev/{:.1}s", ms as f64 / 1000.0),
+        (Some(n), None) => format!("≥{n} rev"),
+        _ => "-".into(),
+    }
 }

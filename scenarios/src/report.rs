@@ -19,6 +19,12 @@ fn short(s: &str, n: usize) -> String {
     format!("{}…", &s[..cut])
 }
 
+/// What the ring's failovers said clients lost at least ("-": none said).
+fn may_lose(s: &crate::result::ShootFigures) -> String {
+    s.ring_may_lose_revisions
+        .map_or("-".into(), |n| format!(">={n} rev"))
+}
+
 /// One line per event worth reading on a terminal (faults, leaders, operation steps).
 fn event_line(kind: &EventKind) -> Option<String> {
     Some(match kind {
@@ -34,6 +40,7 @@ fn event_line(kind: &EventKind) -> Option<String> {
             to,
             step,
             detail,
+            ..
         } => {
             format!(
                 "{kind} {id} of {shoot} {from}->{to}: {step} {}",
@@ -89,8 +96,8 @@ pub fn summary(r: &RunResult) -> String {
     }
     out.push('\n');
     out.push_str(&format!(
-        "  {:<8} {:>7} {:>8} {:>7} {:>7} {:>5} {:>13} {:>14}\n",
-        "SHOOT", "RTO", "OUTAGES", "ACKED", "FAILED", "LOST", "LOST>DURABLE", "RPO"
+        "  {:<8} {:>7} {:>8} {:>7} {:>7} {:>5} {:>13} {:>14} {:>10}\n",
+        "SHOOT", "RTO", "OUTAGES", "ACKED", "FAILED", "LOST", "LOST>DURABLE", "RPO", "RING SAID"
     ));
     for s in &r.shoots {
         let rpo = match (s.rpo_revisions, s.rpo_secs) {
@@ -99,7 +106,7 @@ pub fn summary(r: &RunResult) -> String {
             _ => "-".into(),
         };
         out.push_str(&format!(
-            "  {:<8} {:>7} {:>8} {:>7} {:>7} {:>5} {:>13} {:>14}\n",
+            "  {:<8} {:>7} {:>8} {:>7} {:>7} {:>5} {:>13} {:>14} {:>10}\n",
             s.shoot,
             secs(s.rto_secs),
             s.outages.len(),
@@ -107,7 +114,8 @@ pub fn summary(r: &RunResult) -> String {
             s.failed_writes,
             s.lost_writes,
             s.lost_beyond_durable,
-            rpo
+            rpo,
+            may_lose(s)
         ));
     }
     out.push_str(&format!(
@@ -231,6 +239,7 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 to,
                 step,
                 detail,
+                ..
             } = &e.kind
             {
                 if *shoot != sh.shoot {
@@ -306,10 +315,10 @@ pub fn html(r: &RunResult) -> String {
     }
     h.push_str("<h2>Timeline</h2>\n<p>Per shoot: green = API answered, red = it did not; the thin bars show which member ran its control plane (two bars at once = double serving); ◆ = a failover or migration step (hover for details). Dashed red lines are faults.</p>\n");
     h.push_str(&timeline_svg(r));
-    h.push_str("<h2>Figures</h2>\n<table><tr><th>shoot</th><th>RTO</th><th>outages</th><th>acknowledged writes</th><th>failed writes</th><th>lost (had to survive)</th><th>lost (newer than durable)</th><th>RPO (revisions)</th><th>RPO (age of newest durable delta)</th></tr>\n");
+    h.push_str("<h2>Figures</h2>\n<table><tr><th>shoot</th><th>RTO</th><th>outages</th><th>acknowledged writes</th><th>failed writes</th><th>lost (had to survive)</th><th>lost (newer than durable)</th><th>RPO (revisions)</th><th>RPO (age of newest durable delta)</th><th>lost as the ring heard it (at least)</th></tr>\n");
     for s in &r.shoots {
         h.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
             esc(&s.shoot),
             secs(s.rto_secs),
             s.outages.len(),
@@ -319,6 +328,7 @@ pub fn html(r: &RunResult) -> String {
             s.lost_beyond_durable,
             s.rpo_revisions.map_or("-".into(), |v| v.to_string()),
             s.rpo_secs.map_or("-".into(), |v| format!("{v:.1}s")),
+            esc(&may_lose(s)),
         ));
     }
     h.push_str("</table>\n");
@@ -411,6 +421,7 @@ mod tests {
                         to: "ks3".into(),
                         step: "Done".into(),
                         detail: "restored revision 300".into(),
+                        may_lose_revisions: Some(5),
                     },
                 },
             ],
@@ -426,6 +437,7 @@ mod tests {
                 lost_examples: vec![],
                 rpo_revisions: Some(3),
                 rpo_secs: Some(0.4),
+                ring_may_lose_revisions: Some(5),
             }],
             double_serving: vec![DoubleServing {
                 t: 12.0,
@@ -456,9 +468,10 @@ mod tests {
             .collect();
         assert_eq!(
             row,
-            ["ks2", "14.0s", "1", "100", "20", "0", "1", "3", "rev/0.4s"]
+            ["ks2", "14.0s", "1", "100", "20", "0", "1", "3", "rev/0.4s", ">=5", "rev"]
         );
         assert!(s.contains("3 rev/0.4s"));
+        assert!(s.contains("RING SAID"), "{s}");
         assert!(s.contains("double serving: 1 times"));
         assert!(s.contains("FAILED: shoot ks2: RTO 99.0s"));
         assert!(s.lines().count() <= 30, "fits one screen");

@@ -246,6 +246,10 @@ impl Observer {
                                             to: o.target().into(),
                                             step,
                                             detail: o.detail.clone(),
+                                            may_lose_revisions: o
+                                                .outcome
+                                                .as_ref()
+                                                .and_then(|x| x.may_lose_revisions),
                                         },
                                     });
                                 }
@@ -779,6 +783,7 @@ pub async fn run(
                 .iter()
                 .filter_map(|(_, a)| *a)
                 .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a)))),
+            ring_may_lose_revisions: crate::result::ring_may_lose(&observed.events, shoot),
         });
     }
     let mut events = observed.events;

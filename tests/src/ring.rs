@@ -23,6 +23,28 @@ pub fn ringd_bin() -> PathBuf {
     path
 }
 
+/// The environment that runs a process (and every process it starts that
+/// reads the clock through libc, as ringd and ring-agent do) with its wall
+/// and monotonic clocks shifted by `offset` (libfaketime's syntax, e.g.
+/// "-5s"), or a panic telling how to install Debian's `faketime`.
+pub fn faketime(offset: &str) -> [(&'static str, String); 2] {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("faketime/libfaketimeMT.so.1"))
+    .find(|p| p.exists())
+    .unwrap_or_else(|| {
+        panic!("libfaketime is missing: run scripts/setup (it installs Debian's faketime)")
+    });
+    [
+        ("LD_PRELOAD", lib.to_string_lossy().into_owned()),
+        ("FAKETIME", offset.to_string()),
+    ]
+}
+
 /// One member's process and files.
 pub struct MemberProc {
     pub name: String,
@@ -53,9 +75,14 @@ impl RingFixture {
     /// Writes the PKI and the configs of `n` members named m1..mn; members listed
     /// in `with_seed` host control planes (a local seed in the sandbox).
     pub fn new(n: usize, with_seed: &[&str]) -> Self {
+        Self::with_timing(n, with_seed, Timing::default())
+    }
+
+    /// [`RingFixture::new`] with the members' timing.
+    pub fn with_timing(n: usize, with_seed: &[&str], timing: Timing) -> Self {
         let sandbox = Sandbox::new();
-        let layout = LocalRing::write(sandbox.path(), n, with_seed, Timing::default())
-            .expect("local ring files");
+        let layout =
+            LocalRing::write(sandbox.path(), n, with_seed, timing).expect("local ring files");
         let members = layout
             .members
             .iter()
@@ -79,12 +106,20 @@ impl RingFixture {
 
     /// Starts member `i` (0-based).
     pub fn start(&mut self, i: usize) {
+        self.start_with_env(i, &[]);
+    }
+
+    /// Starts member `i` with extra environment variables (e.g. [`faketime`]).
+    pub fn start_with_env(&mut self, i: usize, env: &[(&str, &str)]) {
         assert!(
             self.members[i].child.is_none(),
             "{} already runs",
             self.members[i].name
         );
-        let child = self.layout.spawn(&ringd_bin(), i).expect("start ringd");
+        let child = self
+            .layout
+            .spawn_with_env(&ringd_bin(), i, env)
+            .expect("start ringd");
         self.members[i].child = Some(child);
     }
 

@@ -339,6 +339,66 @@ async fn target_crash_mid_migration_resumes_and_completes() {
     ringctl_in(dir, &["down"]);
 }
 
+/// What a failover says clients lost holds against what they wrote: it knew
+/// the old host's etcd revision from its last report (at least the writes
+/// the ring had seen durable before), reports everything from the restored
+/// revision up to that one as lost, and every late write in that range is
+/// indeed gone (every one up to the restored revision is there).
+fn honest_loss_report(
+    kubeconfig: &std::path::Path,
+    done: &ringd::state::Operation,
+    durable_rv: u64,
+    late: &[(String, i64)],
+) {
+    let ringd::state::OperationKind::Failover {
+        seen: Some(seen), ..
+    } = &done.kind
+    else {
+        panic!("the failover knew no revision of m1's etcd: {done:?}");
+    };
+    assert!(seen.revision >= durable_rv, "{seen:?} < {durable_rv}");
+    let outcome = done
+        .outcome
+        .as_ref()
+        .expect("a finished failover's figures");
+    let reached = outcome.restored_revision;
+    assert_eq!(
+        outcome.may_lose_revisions,
+        Some((seen.revision as i64).max(durable_rv as i64) - reached).map(|n| n.max(0)),
+        "{outcome:?}"
+    );
+    assert!(outcome.may_lose_ms.is_some(), "{outcome:?}");
+    assert!(
+        done.detail.contains("revisions past the restore are lost"),
+        "{}",
+        done.detail
+    );
+    let names = kubectl(
+        kubeconfig,
+        &[
+            "get",
+            "configmaps",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ],
+    );
+    let present: Vec<&str> = names.split_whitespace().collect();
+    for (name, rv) in late {
+        let there = present.contains(&name.as_str());
+        if *rv <= reached {
+            assert!(
+                there,
+                "{name}@{rv} is gone though the restore reached {reached}"
+            );
+        } else if *rv <= seen.revision as i64 {
+            assert!(
+                !there,
+                "{name}@{rv} is there though the restore reached only {reached}"
+            );
+        }
+    }
+}
+
 /// kill -9 of the seed hosting a shoot's control plane in a 3-member ring: the
 /// ring restores it on another member from the bucket alone, the original
 /// kubeconfig answers, and every write the ring knew to be durable is there.
@@ -389,6 +449,23 @@ async fn killed_seed_fails_over_from_the_bucket() {
         },
     )
     .await;
+    // writes right before the kill: the bucket may not have them yet
+    let late: Vec<(String, i64)> = (0..5)
+        .map(|i| {
+            let name = format!("late-{i}");
+            let out = kubectl(
+                kubeconfig,
+                &[
+                    "create",
+                    "configmap",
+                    &name,
+                    "-o",
+                    "jsonpath={.metadata.resourceVersion}",
+                ],
+            );
+            (name, out.trim().parse().unwrap())
+        })
+        .collect();
     // the control plane of m2 runs on m1: kill m1's seed (ringd and what it runs)
     b.kill("m1").await;
 
@@ -417,6 +494,8 @@ async fn killed_seed_fails_over_from_the_bucket() {
     for i in 0..20 {
         kubectl(kubeconfig, &["get", "configmap", &format!("before-{i}")]);
     }
+    eprintln!("failover: {}", done.detail);
+    honest_loss_report(kubeconfig, &done, last_rv, &late);
     let fresh = kubectl(
         kubeconfig,
         &[

@@ -12,6 +12,9 @@ use ringd::state::{MemberState, OperationStep};
 
 const START: Duration = Duration::from_secs(30);
 
+#[path = "ringd/skew.rs"]
+mod skew;
+
 /// Commits a probe through member `i`, retrying until `timeout`; returns when it committed.
 async fn commit_via(ring: &RingFixture, i: usize, timeout: Duration) -> Instant {
     let mut client = ring.client(i);

@@ -160,6 +160,14 @@ impl Backup {
         }
         if let Some(h) = resp.header() {
             rec.etcd_revision = rec.etcd_revision.max(h.revision());
+            // published at once, not at the next delta: whoever follows the
+            // backup learns how far etcd got beyond what is durable
+            let seen = rec.etcd_revision;
+            self.progress.send_if_modified(|p| {
+                let newer = p.etcd_revision < seen;
+                p.etcd_revision = p.etcd_revision.max(seen);
+                newer
+            });
         }
         let events = resp.events();
         if events.is_empty() {

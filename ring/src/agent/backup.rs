@@ -100,13 +100,15 @@ async fn cancel_at_fence(mut lease: watch::Receiver<u64>, run: CancellationToken
     }
 }
 
-/// Records each new durable revision in `backup-status`, at most once a second.
+/// Records each new durable revision, and the revision etcd was seen at, in
+/// `backup-status`, at most once a second (ringd reads both: the durable one
+/// for the ring's backup pointer, the other for what a failover may lose).
 async fn report(
     cluster: Cluster,
     mut progress: watch::Receiver<::backup::Progress>,
     run: CancellationToken,
 ) {
-    let mut last = 0;
+    let mut last = (0, 0);
     loop {
         tokio::select! {
             biased;
@@ -114,16 +116,17 @@ async fn report(
             r = progress.changed() => if r.is_err() { return },
         }
         let p = progress.borrow_and_update().clone();
-        if p.durable_revision <= last {
+        if (p.durable_revision, p.etcd_revision) == last || p.durable_revision == 0 {
             continue;
         }
         let data = BTreeMap::from([
             ("revision", p.durable_revision.to_string()),
             ("atMs", p.durable_at_ms.to_string()),
+            ("etcdRevision", p.etcd_revision.to_string()),
             ("error", String::new()),
         ]);
         match cluster.patch_configmap(BACKUP_STATUS, data).await {
-            Ok(()) => last = p.durable_revision,
+            Ok(()) => last = (p.durable_revision, p.etcd_revision),
             Err(e) => tracing::warn!(error = %e, "cannot record backup progress"),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -20,7 +20,7 @@ use seed::kubernetes::agent::{self, LeaseRecord, PodBackup, Wiring};
 use seed::{Component, KubernetesSeed, KubernetesSeedConfig, Seed, ShootLayout};
 
 use super::{record, Executor, Mover, Objects, TargetFacts, WRITERS};
-use crate::backups::{BackupPlan, RingBucket, SidecarProgress};
+use crate::backups::{BackupPlan, RingBucket, SidecarProgress, SidecarReport};
 use crate::RingError;
 
 /// Why planned migrations are refused without a bucket.
@@ -384,12 +384,15 @@ struct SeedProgress {
 
 #[async_trait]
 impl SidecarProgress for SeedProgress {
-    async fn durable(&self) -> Result<Option<(u64, u64)>, RingError> {
+    async fn report(&self) -> Result<SidecarReport, RingError> {
         let p = self.seed.backup_progress(&self.shoot).await?;
         if let Some(e) = p.as_ref().and_then(|p| p.error.as_ref()) {
             tracing::warn!(shoot = %self.shoot, error = %e, "the backup sidecar reports an error");
         }
-        Ok(p.map(|p| (p.revision, p.at_ms)))
+        Ok(SidecarReport {
+            durable: p.as_ref().map(|p| (p.revision, p.at_ms)),
+            etcd_revision: p.and_then(|p| p.etcd_revision),
+        })
     }
 }
 

@@ -189,6 +189,7 @@ pub(super) fn failover_state(step: Option<OperationStep>) -> RingState {
             to: "c".into(),
             at_ms: 1,
             not_before_ms: 1,
+            seen: None,
         },
     );
     if let Some(step) = step {

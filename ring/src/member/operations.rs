@@ -331,6 +331,7 @@ pub(crate) fn outcome(
         rpo_revisions: rpo.0,
         rpo_ms: rpo.1,
         objects: progress.verified.clone().unwrap_or_default(),
+        ..Outcome::default()
     }
 }
 

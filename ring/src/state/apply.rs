@@ -20,7 +20,8 @@ impl RingState {
                 to,
                 at_ms,
                 not_before_ms,
-            } => self.start_failover(shoot, to, *at_ms, *not_before_ms),
+                seen,
+            } => self.start_failover(shoot, to, *at_ms, *not_before_ms, *seen),
             RingCommand::StartMigration { shoot, to, at_ms } => {
                 self.start_migration(shoot, to, *at_ms)
             }
@@ -40,7 +41,8 @@ impl RingState {
                 shoot,
                 revision,
                 at_ms,
-            } => self.report_backup(shoot, *revision, *at_ms),
+                seen,
+            } => self.report_backup(shoot, *revision, *at_ms, *seen),
             RingCommand::AddMember { name, id, address } => self.add_member(name, *id, address),
             RingCommand::RemoveMember { name } => self.remove_member(name),
             RingCommand::Probe { .. } => Ok(()),
@@ -152,6 +154,7 @@ impl RingState {
         to: &str,
         at_ms: u64,
         not_before_ms: u64,
+        seen: Option<SeenRevision>,
     ) -> Result<(), Rejection> {
         if let Some(op) = self.open_operation(shoot) {
             return Err(format!("operation {} already moves shoot {shoot}", op.id));
@@ -165,7 +168,7 @@ impl RingState {
             .ok_or_else(|| format!("no shoot {shoot}"))?;
         let from = std::mem::replace(&mut p.host, to.to_string());
         p.epoch += 1;
-        let old_lease_end = p.lease.take().map_or(0, |l| l.expires_at_ms);
+        p.lease = None;
         let epoch = p.epoch;
         let id = self.next_operation_id;
         self.next_operation_id += 1;
@@ -176,7 +179,8 @@ impl RingState {
                 from,
                 to: to.to_string(),
                 epoch,
-                not_before_ms: not_before_ms.max(old_lease_end),
+                not_before_ms,
+                seen,
             },
             OperationStep::WaitingForLeaseExpiry,
             "waiting for the old host's lease to expire".into(),
@@ -330,7 +334,13 @@ impl RingState {
     /// of the shoot is open, the pointer keeps what the ring knew when it
     /// began: the failover's RPO is measured against it, and reports in that
     /// window come from the new host's restored data.
-    fn report_backup(&mut self, shoot: &str, revision: u64, at_ms: u64) -> Result<(), Rejection> {
+    fn report_backup(
+        &mut self,
+        shoot: &str,
+        revision: u64,
+        at_ms: u64,
+        seen: Option<SeenRevision>,
+    ) -> Result<(), Rejection> {
         if self
             .open_operation(shoot)
             .is_some_and(|o| matches!(o.kind, OperationKind::Failover { .. }))
@@ -343,9 +353,15 @@ impl RingState {
             .or_insert(BackupPointer {
                 revision: 0,
                 at_ms: 0,
+                seen: None,
             });
         if revision >= entry.revision {
-            *entry = BackupPointer { revision, at_ms };
+            let seen = seen.max(entry.seen).filter(|s| s.revision >= revision);
+            *entry = BackupPointer {
+                revision,
+                at_ms,
+                seen,
+            };
         }
         Ok(())
     }

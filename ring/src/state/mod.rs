@@ -102,9 +102,25 @@ pub enum OperationKind {
         to: String,
         /// The epoch the target serves under.
         epoch: u64,
-        /// No replacement may start before this (old lease end plus margin).
+        /// When the proposing leader expected the old host's lease to be
+        /// over (plus margin), on its own clock; shown in status. Whichever
+        /// leader moves the operation on judges by its own monotonic record
+        /// of the renewals it applied ([`crate::decide::LeaderView::old_lease_over_at`]).
         not_before_ms: u64,
+        /// The newest revision the old host's etcd was heard at (its last
+        /// health report to the leader that began the failover), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seen: Option<SeenRevision>,
     },
+}
+
+/// The revision a host reported its etcd at, and when it was heard
+/// (ms since the Unix epoch, the leader's clock). Ordered by revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeenRevision {
+    pub revision: u64,
+    pub at_ms: u64,
 }
 
 /// A long-running operation recorded step by step, so a new leader resumes it.
@@ -150,6 +166,17 @@ pub struct Outcome {
     /// Age of the newest durable backup the ring knew of when the failover began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpo_ms: Option<u64>,
+    /// What clients lost at least (failovers): the revisions between what
+    /// the restore reached and the newest revision the old host's etcd was
+    /// heard at (or the ring knew durable, if higher); writes the old host
+    /// acknowledged after its last report come on top. `None`: no report of
+    /// the old host's etcd reached the ring (unknown, never 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_lose_revisions: Option<i64>,
+    /// The span those revisions cover (failovers): from the newest durable
+    /// backup the ring knew to when the old host was last heard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_lose_ms: Option<u64>,
     /// Objects per resource type that were verified after the move.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub objects: std::collections::BTreeMap<String, u64>,
@@ -262,6 +289,12 @@ pub enum Role {
 pub struct BackupPointer {
     pub revision: u64,
     pub at_ms: u64,
+    /// The newest revision the reporting host's backup had seen its etcd at
+    /// (and when, by the host's clock), with the report: what a failover
+    /// knows of the host even when the leader that heard its heartbeats died
+    /// with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen: Option<SeenRevision>,
 }
 
 /// The replicated state of the ring.
@@ -309,6 +342,9 @@ pub enum RingCommand {
         to: String,
         at_ms: u64,
         not_before_ms: u64,
+        /// The old host's etcd revision as it last reported it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seen: Option<SeenRevision>,
     },
     /// Planned move of `shoot` to member `to` (`ringctl migrate`).
     StartMigration {
@@ -334,6 +370,9 @@ pub enum RingCommand {
         shoot: String,
         revision: u64,
         at_ms: u64,
+        /// The revision its backup had seen etcd at when it reported.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seen: Option<SeenRevision>,
     },
     /// Adds a member at the end of the ring order (its Raft conf change travels separately).
     AddMember {

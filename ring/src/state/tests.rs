@@ -39,6 +39,7 @@ fn fail_b_over_to_c(s: &mut RingState) {
         to: "c".into(),
         at_ms: 5_000,
         not_before_ms: 6_000,
+        seen: None,
     })
     .unwrap();
 }
@@ -104,11 +105,12 @@ fn failover_bumps_epoch_fences_old_host_and_waits_for_lease_end() {
     );
     let op = s.open_operation("b").unwrap().clone();
     assert_eq!(op.step, OperationStep::WaitingForLeaseExpiry);
-    // never before the old lease's end, whatever the proposer said
+    // the proposer's estimate, as proposed: the holder's wall clock
+    // (expires_at_ms) is never taken for the wait (decide.rs judges it)
     assert!(matches!(
         op.kind,
         OperationKind::Failover {
-            not_before_ms: 9_000,
+            not_before_ms: 6_000,
             epoch: 2,
             ..
         }
@@ -138,7 +140,8 @@ fn failover_bumps_epoch_fences_old_host_and_waits_for_lease_end() {
             shoot: "b".into(),
             to: "c".into(),
             at_ms: 6_000,
-            not_before_ms: 0
+            not_before_ms: 0,
+            seen: None,
         })
         .is_err());
     advance(
@@ -182,6 +185,7 @@ fn failover_to_a_down_member_is_refused() {
             to: "c".into(),
             at_ms: 1,
             not_before_ms: 1,
+            seen: None,
         })
         .unwrap_err();
     assert!(err.contains("not an up member"));
@@ -196,6 +200,7 @@ fn finished_operations_are_bounded() {
             to: "c".into(),
             at_ms: i,
             not_before_ms: i,
+            seen: None,
         })
         .unwrap();
         s.apply(&RingCommand::AdvanceOperation {
@@ -236,12 +241,14 @@ fn membership_and_backup_pointers() {
         shoot: "a".into(),
         revision: 10,
         at_ms: 1,
+        seen: None,
     })
     .unwrap();
     s.apply(&RingCommand::ReportBackup {
         shoot: "a".into(),
         revision: 5,
         at_ms: 2,
+        seen: None,
     })
     .unwrap();
     assert_eq!(s.backups["a"].revision, 10);
@@ -259,6 +266,7 @@ fn a_failover_keeps_the_durable_revision_known_when_it_began() {
         shoot: "b".into(),
         revision,
         at_ms,
+        seen: None,
     };
     s.apply(&report(739, 4_000)).unwrap();
     fail_b_over_to_c(&mut s);

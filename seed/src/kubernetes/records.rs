@@ -26,6 +26,8 @@ pub struct BackupProgress {
     pub revision: u64,
     /// When that was recorded (unix ms).
     pub at_ms: u64,
+    /// The newest revision the sidecar saw etcd at, if it recorded one.
+    pub etcd_revision: Option<u64>,
     /// The sidecar's last error, if its last attempt failed.
     pub error: Option<String>,
 }
@@ -169,6 +171,7 @@ impl KubernetesSeed {
         Ok(num("revision").map(|revision| BackupProgress {
             revision,
             at_ms: num("atMs").unwrap_or(0),
+            etcd_revision: num("etcdRevision"),
             error: data.get("error").filter(|e| !e.is_empty()).cloned(),
         }))
     }

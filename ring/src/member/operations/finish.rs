@@ -7,7 +7,9 @@ use std::sync::Arc;
 use super::{outcome, Progress};
 use crate::executor::{Mover, Objects};
 use crate::shared::Shared;
-use crate::state::{Operation, OperationStep, RingCommand};
+use crate::state::{
+    BackupPointer, Operation, OperationKind, OperationStep, RingCommand, SeenRevision,
+};
 use crate::{now_ms, RingError};
 
 /// Counts the objects of a shoot restored from the bucket: they must add up
@@ -62,6 +64,10 @@ pub(super) async fn complete(
     {
         shared.metrics().rpo(shoot, lost, age as f64 / 1000.0);
     }
+    if let Some(n) = outcome.may_lose_revisions {
+        let span = outcome.may_lose_ms.map(|ms| ms as f64 / 1000.0);
+        shared.metrics().may_lose(shoot, n, span);
+    }
     shared.set_hosted(shoot, true, "serving".into());
     mover.finish_move(shoot, op.id);
     Ok(())
@@ -105,25 +111,176 @@ fn failover_outcome(
             (r.total_seconds * 1000.0) as u64
         });
     let state = shared.node().view().state;
-    let (rpo, figures) = match state.backups.get(shoot) {
-        Some(b) => {
-            let lost = (b.revision as i64 - reached).max(0);
-            let age = op.created_at_ms.saturating_sub(b.at_ms);
-            (
-                format!(
-                    "the ring last knew revision {} durable ({age} ms before the failover began); {lost} revisions lost",
-                    b.revision
-                ),
-                (Some(lost), Some(age)),
-            )
-        }
-        None => ("no backup progress had been reported".into(), (None, None)),
+    let durable = state.backups.get(shoot);
+    let seen = match &op.kind {
+        OperationKind::Failover { seen, .. } => *seen,
+        OperationKind::Migration { .. } => None,
     };
+    let loss = FailoverLoss::new(op, durable, seen, reached);
     let objects: u64 = progress.verified.as_ref().map_or(0, |o| o.values().sum());
     let detail = format!(
-        "serving on {} at epoch {}; restored revision {reached} from the bucket ({objects} objects); {rpo}",
+        "serving on {} at epoch {}; restored revision {reached} from the bucket ({objects} objects); {}",
         shared.name(),
         op.epoch(),
+        loss.describe(op.source()),
     );
-    (detail, outcome(reached, restore_ms, progress, figures))
+    let mut figures = outcome(
+        reached,
+        restore_ms,
+        progress,
+        (loss.lost, loss.durable_age_ms),
+    );
+    figures.may_lose_revisions = loss.may_lose_revisions;
+    figures.may_lose_ms = loss.may_lose_ms;
+    (detail, figures)
+}
+
+/// What a failover lost, as far as the ring can tell: the revisions it knew
+/// durable that the restore did not reach (`lost`), and what clients lost
+/// beyond that: every revision past the restore up to the newest one the old
+/// host's etcd was heard at (they existed there and are gone), plus any write
+/// it acknowledged after that report (which the ring cannot count).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FailoverLoss {
+    durable: Option<BackupPointer>,
+    seen: Option<SeenRevision>,
+    pub lost: Option<i64>,
+    pub durable_age_ms: Option<u64>,
+    pub may_lose_revisions: Option<i64>,
+    pub may_lose_ms: Option<u64>,
+}
+
+impl FailoverLoss {
+    /// The loss of failover `op`, which restored revision `reached`.
+    pub fn new(
+        op: &Operation,
+        durable: Option<&BackupPointer>,
+        seen: Option<SeenRevision>,
+        reached: i64,
+    ) -> Self {
+        let lost = durable.map(|b| (b.revision as i64 - reached).max(0));
+        // unknown without a report of the old host's etcd: never a 0 that
+        // would read as "nothing may be lost"
+        let newest = seen.map(|s| s.revision.max(durable.map_or(0, |b| b.revision)));
+        FailoverLoss {
+            durable: durable.cloned(),
+            seen,
+            lost,
+            durable_age_ms: durable.map(|b| op.created_at_ms.saturating_sub(b.at_ms)),
+            may_lose_revisions: newest.map(|n| (n as i64 - reached).max(0)),
+            may_lose_ms: match (seen, durable) {
+                (Some(s), Some(b)) => Some(s.at_ms.saturating_sub(b.at_ms)),
+                _ => None,
+            },
+        }
+    }
+
+    /// The report's words; `host` is the member that died.
+    pub fn describe(&self, host: &str) -> String {
+        let known = match (&self.durable, self.lost, self.durable_age_ms) {
+            (Some(b), Some(lost), Some(age)) => format!(
+                "the ring last knew revision {} durable ({age} ms before the failover began); {lost} revisions lost",
+                b.revision
+            ),
+            _ => "no backup progress had been reported".into(),
+        };
+        let clients = match (self.seen, self.may_lose_revisions) {
+            (Some(s), Some(n)) => {
+                let span = self.may_lose_ms.map_or(String::new(), |ms| {
+                    format!(", {:.1} s after the newest durable backup", ms as f64 / 1000.0)
+                });
+                format!(
+                    "{n} revisions past the restore are lost ({host}'s etcd was at revision {} when last heard{span}); writes it acknowledged after that report may be lost too",
+                    s.revision
+                )
+            }
+            _ => format!(
+                "how far {host}'s etcd got beyond the bucket is unknown (no report of its revision reached the ring): any write acknowledged after the newest durable backup may be lost"
+            ),
+        };
+        format!("{known}; {clients}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{OperationKind, OperationStep};
+
+    fn failover(created_at_ms: u64) -> Operation {
+        Operation::new(
+            7,
+            OperationKind::Failover {
+                shoot: "m2".into(),
+                from: "m1".into(),
+                to: "m3".into(),
+                epoch: 2,
+                not_before_ms: 0,
+                seen: None,
+            },
+            OperationStep::Pending,
+            String::new(),
+            created_at_ms,
+        )
+    }
+
+    #[test]
+    fn a_failover_reports_what_clients_may_have_lost_beyond_the_bucket() {
+        let op = failover(10_000);
+        let durable = BackupPointer {
+            revision: 100,
+            at_ms: 8_000,
+            seen: None,
+        };
+        let seen = |revision, at_ms| Some(SeenRevision { revision, at_ms });
+        // (durable, seen, reached) -> (lost, may lose revisions, may lose ms)
+        let cases = [
+            (
+                "heard beyond the bucket",
+                Some(&durable),
+                seen(112, 9_400),
+                100,
+                (Some(0), Some(12), Some(1_400)),
+            ),
+            (
+                "restore short of the durable",
+                Some(&durable),
+                seen(112, 9_400),
+                95,
+                (Some(5), Some(17), Some(1_400)),
+            ),
+            (
+                "heard before the newest backup",
+                Some(&durable),
+                seen(90, 7_000),
+                100,
+                (Some(0), Some(0), Some(0)),
+            ),
+            (
+                "never heard",
+                Some(&durable),
+                None,
+                100,
+                (Some(0), None, None),
+            ),
+            ("nothing known", None, None, 100, (None, None, None)),
+        ];
+        for (name, durable, seen, reached, want) in cases {
+            let l = FailoverLoss::new(&op, durable, seen, reached);
+            assert_eq!(
+                (l.lost, l.may_lose_revisions, l.may_lose_ms),
+                want,
+                "{name}"
+            );
+        }
+        let l = FailoverLoss::new(&op, Some(&durable), seen(112, 9_400), 100);
+        let words = l.describe("m1");
+        assert!(words.contains("0 revisions lost"), "{words}");
+        assert!(
+            words.contains("12 revisions past the restore are lost (m1's etcd was at revision 112 when last heard, 1.4 s after the newest durable backup); writes it acknowledged after that report may be lost too"),
+            "{words}"
+        );
+        let unknown = FailoverLoss::new(&op, Some(&durable), None, 100).describe("m1");
+        assert!(unknown.contains("is unknown"), "{unknown}");
+    }
 }
