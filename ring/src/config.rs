@@ -83,7 +83,7 @@ impl Default for Timing {
             lease_ms: 6000,
             lease_margin_ms: 500,
             relink_after_ms: 60_000,
-            operation_deadline_ms: 600_000,
+            operation_deadline_ms: 1_200_000,
         }
     }
 }

@@ -8,7 +8,7 @@ const T: DecisionTiming = DecisionTiming {
     lease_ms: 6_000,
     lease_margin_ms: 500,
     relink_after_ms: 30_000,
-    operation_deadline_ms: 600_000,
+    operation_deadline_ms: 1_200_000,
 };
 
 fn ring(names: &[&str]) -> RingState {
@@ -182,7 +182,7 @@ fn an_operation_without_a_step_until_the_deadline_fails_and_the_leader_chooses_a
     assert_eq!(failed.step, OperationStep::Failed);
     assert!(
         failed.detail.starts_with(
-            "no step for 600 s in Restoring (timing.operationDeadlineMs); last: a restores c"
+            "no step for 1200 s in Restoring (timing.operationDeadlineMs); last: a restores c"
         ),
         "{}",
         failed.detail

@@ -134,6 +134,11 @@ pub enum RingError {
     /// A supervised ringd exited saying that starting it again cannot help.
     #[error("{0}")]
     Exited(String),
+
+    /// A step of an operation took longer than its deadline and was given
+    /// up (tried again, within the operation's retry budget).
+    #[error("{step} took longer than {secs} s: given up")]
+    StepTimeout { step: &'static str, secs: u64 },
 }
 
 impl RingError {
@@ -141,7 +146,10 @@ impl RingError {
     pub fn is_retryable(&self) -> bool {
         match self {
             RingError::Seed(e) => e.is_retryable(),
-            RingError::Io { .. } | RingError::Transport(_) | RingError::StoreLocked(_) => true,
+            RingError::Io { .. }
+            | RingError::Transport(_)
+            | RingError::StoreLocked(_)
+            | RingError::StepTimeout { .. } => true,
             RingError::Propose(e) => e.is_retryable(),
             RingError::Config { .. } => false,
             RingError::Backup(e) => e.is_retryable(),

@@ -27,6 +27,29 @@ pub(crate) const MAX_ATTEMPTS: u32 = 30;
 /// How long a started control plane may take to answer ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The longest one step may take before it is given up (and counted as a
+/// failed attempt): restoring a large etcd from the bucket gets the most.
+/// Below the leader's operation deadline (20 min by default).
+fn step_deadline(step: &Step) -> Duration {
+    match step {
+        Step::Target(TargetAction::Fetch | TargetAction::Restore) => Duration::from_secs(15 * 60),
+        _ => Duration::from_secs(5 * 60),
+    }
+}
+
+/// `work` within `deadline`, or a retryable [`RingError::StepTimeout`].
+async fn bounded<F>(step: &'static str, deadline: Duration, work: F) -> Result<(), RingError>
+where
+    F: std::future::Future<Output = Result<(), RingError>>,
+{
+    tokio::time::timeout(deadline, work)
+        .await
+        .unwrap_or(Err(RingError::StepTimeout {
+            step,
+            secs: deadline.as_secs(),
+        }))
+}
+
 /// What the executing member measured of an operation so far (in memory: after
 /// a restart the figures cover only what ran since).
 #[derive(Debug, Default)]
@@ -116,11 +139,14 @@ pub(crate) async fn run_step(
 ) {
     let began = Instant::now();
     tracing::info!(step = step.name(), "operation step");
-    let result = match &step {
-        Step::Source(a) => source_step(shared, mover, op, *a).await,
-        Step::Target(a) => target_step(shared, mover, op, *a, ledger).await,
-        Step::BeginRestore => begin_restore(shared, op).await,
+    let work = async {
+        match &step {
+            Step::Source(a) => source_step(shared, mover, op, *a).await,
+            Step::Target(a) => target_step(shared, mover, op, *a, ledger).await,
+            Step::BeginRestore => begin_restore(shared, op).await,
+        }
     };
+    let result = bounded(step.name(), step_deadline(&step), work).await;
     let took = began.elapsed();
     lock(ledger).entry(op.id).or_default().step_ended = Some(Instant::now());
     if let Step::Target(a) = &step {
@@ -345,6 +371,42 @@ mod tests {
             restored: true,
             running,
         }
+    }
+
+    /// A step that never ends is given up at its deadline with a retryable
+    /// error (the operation's retry budget then decides); one that ends in
+    /// time keeps its own result.
+    #[tokio::test]
+    async fn a_step_past_its_deadline_is_given_up_as_a_retryable_failure() {
+        let deadline = Duration::from_secs(1);
+        let hung = bounded("verify", deadline, std::future::pending()).await;
+        match hung {
+            Err(
+                e @ RingError::StepTimeout {
+                    step: "verify",
+                    secs: 1,
+                },
+            ) => {
+                assert!(e.is_retryable());
+                assert_eq!(e.to_string(), "verify took longer than 1 s: given up");
+            }
+            other => panic!("{other:?}"),
+        }
+        let done = bounded("verify", deadline, async { Ok(()) }).await;
+        assert!(done.is_ok());
+        let failed = bounded("verify", deadline, async {
+            Err(RingError::Verification("count".into()))
+        })
+        .await;
+        assert!(matches!(failed, Err(RingError::Verification(_))));
+        assert_eq!(
+            step_deadline(&Step::Target(TargetAction::Restore)),
+            Duration::from_secs(900)
+        );
+        assert_eq!(
+            step_deadline(&Step::Target(TargetAction::Verify)),
+            Duration::from_secs(300)
+        );
     }
 
     #[test]
