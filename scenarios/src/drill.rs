@@ -176,6 +176,10 @@ pub enum When {
     /// A failover started after the newest kill (killSeed, killMachine, loseRing) reached this
     /// step (or a later one).
     FailoverStep(Step),
+    /// The target of a failover started after the newest kill runs the
+    /// restored control plane while the move is still open (started, being
+    /// verified): its health report names the shoot.
+    TargetServes,
     /// Every member hosts its successor again and every control plane is ready.
     Converged,
 }

@@ -73,6 +73,7 @@ impl Run<'_> {
             let s = obs.status();
             let ok = s.as_ref().is_some_and(|s| match when {
                 When::FailoverStep(step) => failover_reached(s, self.last_kill_ms, step),
+                When::TargetServes => target_serves(s, self.last_kill_ms),
                 When::Converged => converged(s, &self.members),
             });
             if ok {
@@ -554,4 +555,19 @@ pub(super) fn pivots(report: &[u8]) -> String {
         true => String::new(),
         false => format!("; then moved {}", moves.join(", ")),
     }
+}
+
+/// Whether the target of a failover started after `since_ms` (as
+/// [`failover_reached`] counts them) runs the shoot's control plane while
+/// the move is still `Restoring`: the shoot's placement is on the target and
+/// the target's health report names the shoot (it serves only once started).
+pub fn target_serves(s: &ringd::status::RingStatus, since_ms: u64) -> bool {
+    s.operations.iter().any(|o| {
+        !o.is_migration()
+            && o.created_at_ms + 1000 >= since_ms
+            && o.step == ringd::state::OperationStep::Restoring
+            && s.placements
+                .iter()
+                .any(|p| p.shoot == o.shoot() && p.host == o.target() && p.ready.is_some())
+    })
 }

@@ -100,6 +100,53 @@ fn failover_steps_count_once_reached_and_only_after_the_fault() {
 }
 
 #[test]
+fn a_target_serves_once_its_report_names_the_shoot_of_an_open_failover() {
+    let op = |step: &str| -> Operation {
+        serde_json::from_value(serde_json::json!({
+            "id": 1, "kind": "failover", "shoot": "a2", "from": "a1", "to": "a3",
+            "epoch": 2, "not_before_ms": 0, "step": step, "detail": "",
+            "createdAtMs": 10_000, "updatedAtMs": 10_000,
+        }))
+        .unwrap()
+    };
+    // (placement host, reported ready, step, since) -> serves?
+    let cases = [
+        (
+            "started, verifying",
+            "a3",
+            Some(false),
+            "Restoring",
+            9_000,
+            true,
+        ),
+        ("not started yet", "a3", None, "Restoring", 9_000, false),
+        (
+            "on another host",
+            "a1",
+            Some(true),
+            "Restoring",
+            9_000,
+            false,
+        ),
+        ("done already", "a3", Some(true), "Done", 9_000, false),
+        (
+            "an older failover",
+            "a3",
+            Some(true),
+            "Restoring",
+            20_000,
+            false,
+        ),
+    ];
+    for (name, host, ready, step, since, want) in cases {
+        let mut s = status(&[("a2", host)], true);
+        s.placements[0].ready = ready;
+        s.operations.push(op(step));
+        assert_eq!(faults::target_serves(&s, since), want, "{name}");
+    }
+}
+
+#[test]
 fn a_restore_report_names_each_move_into_pods_once() {
     let report = serde_json::json!({"steps": [
         ["restore dr1 from the bucket onto dr3", 1.1],
