@@ -71,10 +71,24 @@ const SIDECAR_POLL: Duration = Duration::from_secs(1);
 /// that follow each backup).
 type SeenRevisions = std::sync::Arc<Mutex<BTreeMap<String, u64>>>;
 
+/// Raises the revision `shoot`'s backup saw etcd at (called at every watch
+/// response under load: the shoot's name is copied only the first time).
 fn set_seen(seen: &SeenRevisions, shoot: &str, revision: u64) {
     let mut all = seen.lock().unwrap_or_else(|p| p.into_inner());
-    let r = all.entry(shoot.to_string()).or_default();
-    *r = (*r).max(revision);
+    match all.get_mut(shoot) {
+        Some(r) => *r = (*r).max(revision),
+        None => {
+            all.insert(shoot.to_string(), revision);
+        }
+    }
+}
+
+/// The revision `shoot`'s backup saw etcd at, if it saw one.
+fn get_seen(seen: &SeenRevisions, shoot: &str) -> Option<u64> {
+    seen.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(shoot)
+        .copied()
 }
 
 /// The ring's bucket as this member uses it: where it is, and the key that seals
@@ -277,11 +291,7 @@ impl Backups {
     /// runs: the member's heartbeat carries it to the leader, so a failover
     /// can say how far beyond the bucket clients may have written.
     pub fn seen_revision(&self, shoot: &str) -> Option<u64> {
-        self.seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(shoot)
-            .copied()
+        get_seen(&self.seen, shoot)
     }
 
     /// Whether a backup of `shoot` runs (or was started and not stopped).
@@ -393,15 +403,10 @@ impl Follow {
     /// Queues a report of `revision` durable since `at_ms`; false when the
     /// queue is full (the next report carries a newer revision).
     fn durable(&self, revision: u64, at_ms: u64) -> bool {
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&self.shoot)
-            .map(|&revision| crate::state::SeenRevision {
-                revision,
-                at_ms: crate::now_ms(),
-            });
+        let seen = get_seen(&self.seen, &self.shoot).map(|revision| crate::state::SeenRevision {
+            revision,
+            at_ms: crate::now_ms(),
+        });
         let cmd = RingCommand::ReportBackup {
             shoot: self.shoot.clone(),
             revision,
