@@ -178,7 +178,7 @@ pub struct Sealed {
 
 impl Sealed {
     /// The object header of this delta.
-    pub fn header(&self, shoot: &str, created_ms: i64) -> Header {
+    pub fn header(&self, shoot: &str, created_ms: i64, epoch: u64) -> Header {
         Header {
             format: crate::codec::FORMAT,
             kind: Kind::Delta,
@@ -188,6 +188,7 @@ impl Sealed {
             encryption: None,
             full: None,
             delta: Some(self.meta.clone()),
+            epoch,
         }
     }
 }

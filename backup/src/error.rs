@@ -62,6 +62,15 @@ pub enum BackupError {
     #[error("{0}")]
     Catalog(String),
 
+    /// A newer epoch writes the shoot's backups: this writer was fenced.
+    #[error("epoch {newer} of shoot {shoot} began at revision {from_revision} in the bucket, so this backup at epoch {epoch} is stale (its host was fenced or replaced); it stops writing")]
+    Superseded {
+        shoot: String,
+        epoch: u64,
+        newer: u64,
+        from_revision: i64,
+    },
+
     /// Restoring failed.
     #[error("restore: {0}")]
     Restore(String),
@@ -108,6 +117,7 @@ impl BackupError {
             | BackupError::Compacted { .. }
             | BackupError::Gap { .. }
             | BackupError::Catalog(_)
+            | BackupError::Superseded { .. }
             | BackupError::Restore(_)
             | BackupError::Verify(_)
             | BackupError::MissingBinary { .. }

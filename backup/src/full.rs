@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use crate::bucket::{Bucket, PART_SIZE};
-use crate::catalog::object_name;
+use crate::catalog::object_name_in_epoch;
 use crate::codec::{
     EncryptionKey, FullMeta, FullTrailer, HashKv, Header, Kind, ObjectWriter, Trailer,
 };
@@ -45,6 +45,9 @@ pub struct Encoding {
     /// zstd level; 0 stores uncompressed.
     pub level: i32,
     pub key: Option<EncryptionKey>,
+    /// The ring epoch the writer serves at, recorded in every object's name
+    /// and header (0: outside a ring).
+    pub epoch: u64,
 }
 
 /// Takes a full snapshot of the etcd behind `client` and stores it in `bucket`
@@ -82,7 +85,8 @@ async fn take_in_span(
         let endpoint = endpoint.to_string();
         tokio::spawn(async move { etcd::hash_kv(&mut c, &endpoint, base).await })
     };
-    let name = object_name(
+    let name = object_name_in_epoch(
+        encoding.epoch,
         Kind::Full,
         base,
         base,
@@ -99,6 +103,7 @@ async fn take_in_span(
                 etcd_version: status.version.clone(),
                 cluster_id: status.cluster_id,
             },
+            encoding.epoch,
         ),
         encoding.level,
         encoding.key.as_ref(),
@@ -137,7 +142,7 @@ async fn take_in_span(
 }
 
 /// The header of a full snapshot described by `meta`.
-pub(crate) fn header(shoot: &str, time_ms: i64, meta: FullMeta) -> Header {
+pub(crate) fn header(shoot: &str, time_ms: i64, meta: FullMeta, epoch: u64) -> Header {
     Header {
         format: crate::codec::FORMAT,
         kind: Kind::Full,
@@ -147,6 +152,7 @@ pub(crate) fn header(shoot: &str, time_ms: i64, meta: FullMeta) -> Header {
         encryption: None,
         full: Some(meta),
         delta: None,
+        epoch,
     }
 }
 

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::bucket::{Bucket, PART_SIZE};
-use crate::catalog::object_name;
+use crate::catalog::object_name_in_epoch;
 use crate::codec::{FullMeta, FullTrailer, Kind, ObjectWriter, Trailer};
 use crate::error::io_at;
 use crate::full::{Encoding, FullSnapshot};
@@ -36,7 +36,8 @@ pub async fn store_file(
 ) -> Result<FullSnapshot> {
     let started = std::time::Instant::now();
     let time_ms = now_ms();
-    let name = object_name(
+    let name = object_name_in_epoch(
+        encoding.epoch,
         Kind::Full,
         snap.revision,
         snap.revision,
@@ -49,7 +50,7 @@ pub async fn store_file(
         etcd_version: String::new(),
         cluster_id: 0,
     };
-    let header = crate::full::header(shoot, time_ms, meta);
+    let header = crate::full::header(shoot, time_ms, meta, encoding.epoch);
     let mut writer = ObjectWriter::new(header, encoding.level, encoding.key.as_ref())?;
     let mut file = std::fs::File::open(path).map_err(io_at("opening", path))?;
     let mut upload = bucket.upload(&name).await?;
@@ -142,6 +143,7 @@ mod tests {
         let encoding = Encoding {
             level: 3,
             key: Some(key.clone()),
+            epoch: 0,
         };
         let stored = store_file(&bucket, "s1", &encoding, &file, snap)
             .await

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::bucket::Bucket;
-use crate::catalog::object_name;
+use crate::catalog::{object_name_in_epoch, Catalog};
 use crate::codec::{self, EncryptionKey, Kind, Trailer};
 use crate::config::BackupConfig;
 use crate::delta::{Batch, Sealed};
@@ -127,10 +127,12 @@ pub async fn run(config: BackupConfig, shutdown: CancellationToken) -> Result<()
     Backup::new(config)?.run(shutdown).await
 }
 
-/// Takes one full snapshot now (`ringctl backup snapshot`).
-pub async fn snapshot_once(config: &BackupConfig) -> Result<FullSnapshot> {
+/// Takes one full snapshot now (`ringctl backup snapshot`; a migration's
+/// final snapshot, written at the source's ring `epoch`; 0 outside a ring).
+pub async fn snapshot_once(config: &BackupConfig, epoch: u64) -> Result<FullSnapshot> {
     config.validate()?;
-    let encoding = encoding(config)?;
+    let mut encoding = encoding(config)?;
+    encoding.epoch = epoch;
     let bucket = Bucket::open(&config.bucket, &config.shoot, true)?;
     let client = etcd::connect(&config.etcd).await?;
     full::take(
@@ -152,6 +154,7 @@ pub fn encoding(config: &BackupConfig) -> Result<Encoding> {
             .as_ref()
             .map(EncryptionKey::load)
             .transpose()?,
+        epoch: 0,
     })
 }
 
@@ -190,6 +193,14 @@ impl Backup {
         self
     }
 
+    /// Writes every object as the host of ring epoch `epoch` (see
+    /// `catalog`): a new epoch starts its own chain with a full snapshot, and
+    /// the backup stops once a newer epoch writes to the bucket.
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.encoding.epoch = epoch;
+        self
+    }
+
     /// The metrics (shared; encode them any time).
     pub fn metrics(&self) -> Metrics {
         self.metrics.clone()
@@ -209,7 +220,7 @@ impl Backup {
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let stop_uploads = CancellationToken::new();
         let uploader = tokio::spawn(upload_loop(
-            self.config.shoot.clone(),
+            (self.config.shoot.clone(), self.encoding.epoch),
             self.bucket.clone(),
             self.spool.clone(),
             self.metrics.clone(),
@@ -318,9 +329,18 @@ impl Backup {
         etcd_revision: i64,
         force_full: bool,
     ) -> Result<Option<Chain>> {
-        let catalog = self.bucket.catalog().await?;
-        if let Some(stored) = catalog.latest_revision() {
-            // What the bucket holds is durable already.
+        let mut catalog = self.bucket.catalog().await?;
+        if self.encoding.key.is_some() {
+            // under a key, only what the key authenticates counts
+            catalog.retain_encrypted();
+        }
+        // What the bucket holds is durable already (in a ring: what this
+        // epoch stored; a new epoch's first full snapshot comes next).
+        let stored = match self.encoding.epoch {
+            0 => catalog.latest_revision(),
+            epoch => catalog.latest_revision_of(epoch),
+        };
+        if let Some(stored) = stored {
             self.metrics
                 .stored_before(stored, catalog.newest_full().map(|f| (f.first, f.time_ms)));
             self.progress.send_modify(|p| {
@@ -333,13 +353,13 @@ impl Backup {
         let Some(newest_full) = catalog.newest_full() else {
             return Ok(None);
         };
-        if force_full {
+        if force_full || !self.continues_in_epoch(&catalog)? {
             return Ok(None);
         }
         let latest = catalog
             .latest_revision()
             .unwrap_or(0)
-            .max(self.spool.last_revision().unwrap_or(0));
+            .max(self.spool.last_revision(self.encoding.epoch).unwrap_or(0));
         if etcd_revision < latest {
             return Err(BackupError::Catalog(format!(
                 "etcd at {endpoint} is at revision {etcd_revision}, but {} already holds revisions up to {latest}: this is not the etcd backed up there (restored to an earlier point?); back it up under another bucket prefix",
@@ -363,6 +383,28 @@ impl Backup {
             last_full_revision: newest_full.first,
             last_hash_ms: now_ms(),
         }))
+    }
+
+    /// Whether this backup's chain continues what the bucket holds: always
+    /// outside a ring; in a ring only within its own epoch (a new epoch's
+    /// history begins with its own full snapshot, whatever an older one
+    /// uploaded after the new host took over). A newer epoch in the bucket
+    /// means this writer is stale: a permanent error, it stops.
+    fn continues_in_epoch(&self, catalog: &Catalog) -> Result<bool> {
+        let epoch = self.encoding.epoch;
+        let newest = catalog.newest_epoch();
+        if epoch == 0 {
+            return Ok(true);
+        }
+        if newest > epoch {
+            return Err(BackupError::Superseded {
+                shoot: self.config.shoot.clone(),
+                epoch,
+                newer: newest,
+                from_revision: catalog.epoch_start(newest).unwrap_or(0),
+            });
+        }
+        Ok(catalog.latest_revision_of(epoch).is_some())
     }
 
     async fn take_full(&self, client: &Client) -> Result<FullSnapshot> {
@@ -431,14 +473,15 @@ impl Backup {
 
     fn encode_delta(&self, sealed: &Sealed, now: i64) -> Result<Pending> {
         let (bytes, _sha) = codec::encode(
-            sealed.header(&self.config.shoot, now),
+            sealed.header(&self.config.shoot, now, self.encoding.epoch),
             &sealed.body,
             self.encoding.level,
             self.encoding.key.as_ref(),
             Trailer::default(),
         )?;
         Ok(Pending {
-            name: object_name(
+            name: object_name_in_epoch(
+                self.encoding.epoch,
                 Kind::Delta,
                 sealed.meta.first_revision,
                 sealed.meta.last_revision,
@@ -453,9 +496,11 @@ impl Backup {
     }
 }
 
-/// Uploads spooled deltas in order, retrying with backoff, until `stop`.
+/// Uploads spooled deltas of `shoot` in order, retrying with backoff, until
+/// `stop`. Only objects of this backup's `epoch` count as durable progress
+/// (a spool may still hold an earlier epoch's, uploaded for the record).
 async fn upload_loop(
-    shoot: String,
+    (shoot, epoch): (String, u64),
     bucket: Bucket,
     spool: Arc<Spool>,
     metrics: Metrics,
@@ -492,7 +537,7 @@ async fn upload_loop(
         match result {
             Ok(()) => {
                 spool.pop_front();
-                delta_stored(&p, &spool, &metrics, &progress);
+                delta_stored(&p, epoch, &spool, &metrics, &progress);
                 tracing::debug!(parent: &span, object = %p.name, bytes = p.bytes.len(), "delta stored");
                 if let Some(since) = failing_since.take() {
                     tracing::info!(parent: &span, bucket = %bucket.describe(), down_for = ?since.elapsed(), "uploads succeed again");
@@ -514,12 +559,25 @@ async fn upload_loop(
     }
 }
 
-/// A delta reached the bucket: metrics and progress.
-fn delta_stored(p: &Pending, spool: &Spool, metrics: &Metrics, progress: &watch::Sender<Progress>) {
+/// A delta reached the bucket: metrics and progress (what another epoch
+/// wrote is not this backup's durable progress).
+fn delta_stored(
+    p: &Pending,
+    epoch: u64,
+    spool: &Spool,
+    metrics: &Metrics,
+    progress: &watch::Sender<Progress>,
+) {
     let now = now_ms();
-    metrics.delta_stored(p.last_revision, p.bytes.len() as u64, now);
     let stats = spool.stats();
     metrics.pending(stats.objects, stats.bytes, stats.on_disk);
+    let ours = crate::catalog::parse_name(&p.name, 0).is_none_or(|e| e.epoch == epoch);
+    if !ours {
+        tracing::info!(object = %p.name, epoch, "an earlier epoch's spooled delta stored for the record");
+        progress.send_modify(|pr| pr.pending = stats.objects);
+        return;
+    }
+    metrics.delta_stored(p.last_revision, p.bytes.len() as u64, now);
     progress.send_modify(|pr| {
         pr.durable_revision = pr.durable_revision.max(p.last_revision);
         pr.durable_at_ms = now;
@@ -533,6 +591,26 @@ mod record;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spool kept from an earlier epoch's hosting is uploaded, but what it
+    /// reaches is not the new epoch's durable revision (the ring would take
+    /// revisions this etcd never had for backed up).
+    #[test]
+    fn only_this_epochs_deltas_count_as_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(dir.path(), 1 << 20, 1 << 20).unwrap();
+        let (metrics, progress) = (Metrics::new("s"), watch::channel(Progress::default()).0);
+        let pending = |epoch, last| Pending {
+            name: object_name_in_epoch(epoch, Kind::Delta, last - 9, last, 1, true, false),
+            bytes: Bytes::from_static(b"x"),
+            last_revision: last,
+            oldest_ms: 1,
+        };
+        delta_stored(&pending(1, 600), 3, &spool, &metrics, &progress);
+        assert_eq!(progress.borrow().durable_revision, 0, "epoch 1's delta");
+        delta_stored(&pending(3, 490), 3, &spool, &metrics, &progress);
+        assert_eq!(progress.borrow().durable_revision, 490, "epoch 3's delta");
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_and_resets() {

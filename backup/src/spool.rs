@@ -42,6 +42,13 @@ impl Slot {
         }
     }
 
+    fn name(&self) -> &str {
+        match self {
+            Slot::Memory(p) => &p.name,
+            Slot::Disk { name, .. } => name,
+        }
+    }
+
     /// (last revision, oldest event's arrival)
     fn revision_and_age(&self) -> (i64, i64) {
         match self {
@@ -182,11 +189,12 @@ impl Spool {
         self.pushed.notified().await
     }
 
-    /// The newest revision pending, if anything is.
-    pub fn last_revision(&self) -> Option<i64> {
+    /// The newest revision pending of objects written at `epoch`, if any.
+    pub fn last_revision(&self, epoch: u64) -> Option<i64> {
         self.lock()
             .queue
             .iter()
+            .filter(|s| parse_name(s.name(), 0).is_some_and(|e| e.epoch == epoch))
             .map(|s| s.revision_and_age().0)
             .max()
     }

@@ -82,6 +82,11 @@ pub async fn verify(bucket: &Bucket, key: Option<&EncryptionKey>) -> Result<Veri
         unknown: catalog.unknown.clone(),
         ..Default::default()
     };
+    for s in &catalog.superseded {
+        report
+            .notes
+            .push(format!("not checked, never restored: {}", s.reason()));
+    }
     if catalog.is_empty() {
         report
             .problems

@@ -150,11 +150,21 @@ impl RingAdmin for AdminService {
         let id = state
             .next_member_id
             .max(state.members.iter().map(|m| m.id).max().unwrap_or(0) + 1);
+        let epoch = match self.shared.bucket() {
+            Some(bucket) => bucket.first_epoch(&r.name).await.map_err(|e| {
+                Status::unavailable(format!(
+                    "cannot read the epochs of shoot {} in the ring's bucket: {e}",
+                    r.name
+                ))
+            })?,
+            None => 1,
+        };
         self.shared.directory.insert(&r.name, id, &r.address);
         let cmd = RingCommand::AddMember {
             name: r.name.clone(),
             id,
             address: r.address,
+            epoch,
         };
         self.shared
             .node

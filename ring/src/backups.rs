@@ -132,6 +132,19 @@ impl RingBucket {
         })
     }
 
+    /// The epoch a new placement of `shoot` starts at: above every epoch
+    /// its objects in the bucket were written at, so a ring bootstrapped
+    /// again on this bucket, or restored from it, never writes as a host the
+    /// bucket already saw (its backups would be taken for a fenced host's).
+    pub async fn first_epoch(&self, shoot: &str) -> Result<u64, RingError> {
+        let bucket = backup::Bucket::open(&self.config, shoot, true).map_err(backup_err)?;
+        let mut catalog = bucket.catalog().await.map_err(backup_err)?;
+        if self.key.is_some() {
+            catalog.retain_encrypted();
+        }
+        Ok(catalog.newest_epoch() + 1)
+    }
+
     /// The key objects are sealed with, if any.
     pub fn key(&self) -> Option<&EncryptionKey> {
         self.key.as_ref()
@@ -282,7 +295,8 @@ pub async fn download_identity(
 /// The continuous backups this member runs.
 #[derive(Default)]
 pub struct Backups {
-    running: Mutex<BTreeMap<String, CancellationToken>>,
+    /// Per shoot: what stops its backup, and the epoch it writes at.
+    running: Mutex<BTreeMap<String, (CancellationToken, u64)>>,
     seen: SeenRevisions,
 }
 
@@ -294,33 +308,35 @@ impl Backups {
         get_seen(&self.seen, shoot)
     }
 
-    /// Whether a backup of `shoot` runs (or was started and not stopped).
-    pub fn running(&self, shoot: &str) -> bool {
+    /// The epoch the backup of `shoot` writes at, if it runs (or was
+    /// started and not stopped).
+    pub fn running(&self, shoot: &str) -> Option<u64> {
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(shoot)
-            .is_some_and(|t| !t.is_cancelled())
+            .filter(|(t, _)| !t.is_cancelled())
+            .map(|(_, epoch)| *epoch)
     }
 
-    /// Starts backing up `shoot` unless that runs already: identity first, then
-    /// the continuous full + delta loop (or, next to the workload, following
-    /// its progress); the progress goes to `report`.
+    /// Starts backing up `shoot` at `epoch` unless that runs already:
+    /// identity first, then the continuous full + delta loop (or, next to
+    /// the workload, following its progress); the progress goes to `report`.
     pub fn ensure(
         &self,
         plan: BackupPlan,
         rb: &RingBucket,
-        shoot: &str,
+        (shoot, epoch): (&str, u64),
         stop: &CancellationToken,
         report: mpsc::Sender<RingCommand>,
     ) {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if running.get(shoot).is_some_and(|t| !t.is_cancelled()) {
+        if running.get(shoot).is_some_and(|(t, _)| !t.is_cancelled()) {
             return;
         }
         let token = stop.child_token();
-        running.insert(shoot.to_string(), token.clone());
-        let span = tracing::info_span!("backup", %shoot);
+        running.insert(shoot.to_string(), (token.clone(), epoch));
+        let span = tracing::info_span!("backup", %shoot, epoch);
         let (rb, shoot, seen) = (rb.clone(), shoot.to_string(), self.seen.clone());
         tokio::spawn(
             async move {
@@ -338,7 +354,7 @@ impl Backups {
                     seen,
                 };
                 match plan {
-                    BackupPlan::Here(source) => run_backup(source, rb, follow).await,
+                    BackupPlan::Here(source) => run_backup(source, rb, epoch, follow).await,
                     BackupPlan::NextToWorkload { progress, .. } => {
                         follow_sidecar(progress, follow).await
                     }
@@ -360,7 +376,7 @@ impl Backups {
             .unwrap_or_else(|p| p.into_inner())
             .remove(shoot)
         {
-            t.cancel();
+            t.0.cancel();
         }
     }
 }
@@ -418,7 +434,7 @@ impl Follow {
 }
 
 /// The continuous full + delta backup of one shoot until `token` stops it.
-async fn run_backup(source: BackupSource, rb: RingBucket, follow: Follow) {
+async fn run_backup(source: BackupSource, rb: RingBucket, epoch: u64, follow: Follow) {
     let mut config =
         backup::BackupConfig::new(follow.shoot.clone(), source.etcd, rb.config.clone());
     config.spool.dir = Some(source.spool_dir);
@@ -427,7 +443,7 @@ async fn run_backup(source: BackupSource, rb: RingBucket, follow: Follow) {
     // that part of the RTO to a couple of seconds.
     config.schedule.full_after_revisions = 2000;
     let runner = match backup::Backup::new(config) {
-        Ok(r) => r.with_key(rb.key.clone()),
+        Ok(r) => r.with_key(rb.key.clone()).with_epoch(epoch),
         Err(e) => {
             tracing::error!(error = %e, "cannot back up");
             return;

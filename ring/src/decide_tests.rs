@@ -25,6 +25,7 @@ fn ring(names: &[&str]) -> RingState {
                 )
             })
             .collect(),
+        epochs: Default::default(),
     })
     .unwrap();
     s

@@ -334,6 +334,7 @@ fn membership_change_adds_a_voter() {
                 name: "m4".into(),
                 id: 4,
                 address: "127.0.0.1:4".into(),
+                epoch: 0,
             },
             Some(tx),
         )
@@ -355,6 +356,7 @@ fn bootstrapped(sim: &mut Sim) -> u64 {
             members: (1..=3)
                 .map(|i| (format!("m{i}"), i, format!("127.0.0.1:{i}")))
                 .collect(),
+            epochs: Default::default(),
         },
     );
     sim.run(20);

@@ -51,7 +51,10 @@ fn backup(shoot: &str) -> RingCommand {
 fn a_member_proposes_only_for_what_it_hosts_or_executes() {
     let (s, op) = ring_with_migration();
     let leader_only = [
-        RingCommand::Bootstrap { members: vec![] },
+        RingCommand::Bootstrap {
+            members: vec![],
+            epochs: Default::default(),
+        },
         RingCommand::MarkDown {
             member: "a".into(),
             at_ms: 1,
@@ -76,6 +79,7 @@ fn a_member_proposes_only_for_what_it_hosts_or_executes() {
             name: "d".into(),
             id: 4,
             address: "127.0.0.1:4".into(),
+            epoch: 0,
         },
         RingCommand::RemoveMember { name: "a".into() },
     ];

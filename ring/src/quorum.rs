@@ -88,20 +88,45 @@ pub(crate) async fn bootstrap(shared: Arc<Shared>, stop: CancellationToken) {
             return;
         }
         if v.role == StateRole::Leader {
-            match shared
-                .propose(RingCommand::Bootstrap {
-                    members: members.clone(),
-                })
-                .await
-            {
-                Ok(_) => tracing::info!("ring bootstrapped"),
-                Err(e) => tracing::debug!(error = %e, "bootstrap proposal"),
+            match first_epochs(&shared, &members).await {
+                Ok(epochs) => match shared
+                    .propose(RingCommand::Bootstrap {
+                        members: members.clone(),
+                        epochs,
+                    })
+                    .await
+                {
+                    Ok(_) => tracing::info!("ring bootstrapped"),
+                    Err(e) => tracing::debug!(error = %e, "bootstrap proposal"),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the bucket's epochs; bootstrap waits")
+                }
             }
         }
         if !pause(&stop, Duration::from_millis(200)).await {
             return;
         }
     }
+}
+
+/// The first epoch of each shoot whose bucket already holds objects (a ring
+/// bootstrapped again on its bucket, or restored from it).
+async fn first_epochs(
+    shared: &Shared,
+    members: &[(String, u64, String)],
+) -> Result<std::collections::BTreeMap<String, u64>, crate::RingError> {
+    let mut epochs = std::collections::BTreeMap::new();
+    let Some(bucket) = shared.bucket() else {
+        return Ok(epochs);
+    };
+    for (name, _, _) in members {
+        let epoch = bucket.first_epoch(name).await?;
+        if epoch > 1 {
+            epochs.insert(name.clone(), epoch);
+        }
+    }
+    Ok(epochs)
 }
 
 /// Reports the health of what this member serves to the leader, every heartbeat.

@@ -21,6 +21,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+#[path = "backup/epochs.rs"]
+mod epochs;
+
 const WAIT: Duration = Duration::from_secs(60);
 
 /// key -> (value, create revision, mod revision, version, lease)
@@ -76,12 +79,19 @@ struct Running {
 }
 
 fn start(config: BackupConfig) -> Running {
+    start_in_epoch(config, 0)
+}
+
+/// A backup writing as the host of ring epoch `epoch` (0: outside a ring).
+fn start_in_epoch(config: BackupConfig, epoch: u64) -> Running {
     // RUST_LOG=backup=debug shows what the backup does.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let b = backup::Backup::new(config).expect("backup config");
+    let b = backup::Backup::new(config)
+        .expect("backup config")
+        .with_epoch(epoch);
     let (progress, metrics) = (b.progress(), b.metrics());
     let stop = CancellationToken::new();
     let task = tokio::spawn(b.run(stop.clone()));
@@ -799,7 +809,7 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
     let (_, url) = variant("fallback");
     let mut newer = cfg.clone();
     newer.bucket = BucketConfig::url(url.clone());
-    let snap = backup::snapshot_once(&newer).await.unwrap();
+    let snap = backup::snapshot_once(&newer, 0).await.unwrap();
     flip_middle_byte(&shoot_dir("fallback").join(&snap.name), 0x10);
     let opts = latest(&url, "r-fallback");
     let report = restore(&opts).await.unwrap();

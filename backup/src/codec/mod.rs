@@ -145,6 +145,14 @@ pub struct Header {
     pub full: Option<FullMeta>,
     #[serde(default)]
     pub delta: Option<DeltaMeta>,
+    /// The ring epoch of the host that wrote it (0: not recorded); the
+    /// object's name must say the same.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// What a full snapshot learned while it was written.

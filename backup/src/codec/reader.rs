@@ -239,6 +239,23 @@ impl ObjectReader {
         Ok(())
     }
 
+    /// The epoch in the object's name must be the one its header records
+    /// (authenticated when sealed): a renamed object cannot join or leave an
+    /// epoch's history.
+    fn check_epoch(&self, h: &Header) -> Result<()> {
+        let named = crate::catalog::parse_name(&self.name, 0).map(|e| e.epoch);
+        match named {
+            Some(epoch) if epoch != h.epoch => Err(BackupError::untrusted(
+                &self.name,
+                format!(
+                    "its name says epoch {epoch}, but it was written at epoch {} (renamed?)",
+                    h.epoch
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn start(&mut self, h: &Header) -> Result<()> {
         if h.format != FORMAT {
             return Err(BackupError::Catalog(format!(
@@ -256,6 +273,7 @@ impl ObjectReader {
             "none" => {}
             other => return Err(self.corrupt(format!("unknown compression {other:?}"))),
         }
+        self.check_epoch(h)?;
         if h.shoot != self.shoot {
             return Err(BackupError::untrusted(
                 &self.name,

@@ -17,6 +17,7 @@ fn header() -> Header {
             last_revision: 9,
             ..Default::default()
         }),
+        epoch: 0,
     }
 }
 
@@ -259,4 +260,27 @@ fn sealed_objects_open_only_as_their_shoot_s() {
     old[8..12].copy_from_slice(&len.to_be_bytes());
     let err = unseal(Some(&key), "s", "pki_ca.key", &old).unwrap_err();
     assert!(err.to_string().contains("older Ring"), "{err}");
+}
+
+/// An object keeps the epoch it was written at: read under a name that
+/// claims another epoch (or none), it is refused as renamed.
+#[test]
+fn an_object_renamed_into_another_epoch_is_refused() {
+    use crate::catalog::{object_name_in_epoch, Kind as K};
+    let mut h = header();
+    h.epoch = 3;
+    let key = key(2);
+    let (obj, _) = encode(h, &body(100), 1, Some(&key), Trailer::default()).unwrap();
+    let named = |epoch| object_name_in_epoch(epoch, K::Delta, 2, 9, 1_700_000_000_000, true, true);
+    assert!(decode(&named(3), "s", &obj, Some(&key)).is_ok());
+    for epoch in [4, 0] {
+        let err = decode(&named(epoch), "s", &obj, Some(&key)).unwrap_err();
+        assert!(matches!(err, BackupError::Untrusted { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&format!(
+                "its name says epoch {epoch}, but it was written at epoch 3"
+            )),
+            "{err}"
+        );
+    }
 }

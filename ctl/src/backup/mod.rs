@@ -87,7 +87,7 @@ async fn serve_metrics(b: &backup::Backup, addr: &str, stop: CancellationToken) 
 /// `ringctl backup snapshot`
 async fn snapshot(args: EtcdArgs, format: Format) -> Result<()> {
     let config: BackupConfig = args.config()?;
-    let snap = backup::snapshot_once(&config).await?;
+    let snap = backup::snapshot_once(&config, 0).await?;
     print(&snap, format, || render::snapshot(&config.shoot, &snap))
 }
 

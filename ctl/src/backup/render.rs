@@ -42,7 +42,15 @@ pub fn snapshot(shoot: &str, snap: &backup::full::FullSnapshot) -> String {
 
 /// The catalog as a table.
 pub fn catalog(bucket: &str, c: &Catalog) -> String {
-    let mut t = table(&["KIND", "REVISIONS", "TIME", "SIZE", "ENCRYPTED", "NAME"]);
+    let mut t = table(&[
+        "KIND",
+        "REVISIONS",
+        "EPOCH",
+        "TIME",
+        "SIZE",
+        "ENCRYPTED",
+        "NAME",
+    ]);
     let mut all: Vec<_> = c.entries().collect();
     all.sort_by_key(|e| (e.first, e.kind));
     for e in all {
@@ -54,6 +62,11 @@ pub fn catalog(bucket: &str, c: &Catalog) -> String {
         t.add_row(vec![
             e.kind.to_string(),
             revs,
+            if e.epoch > 0 {
+                e.epoch.to_string()
+            } else {
+                "-".into()
+            },
             rfc3339(e.time_ms),
             size(e.size),
             if e.encrypted { "yes" } else { "no" }.into(),
@@ -67,6 +80,9 @@ pub fn catalog(bucket: &str, c: &Catalog) -> String {
         c.deltas.len(),
         c.latest_revision().map_or("-".into(), |r| r.to_string())
     ));
+    for s in &c.superseded {
+        out.push_str(&format!("superseded (never restored): {}\n", s.reason()));
+    }
     for g in c.gaps() {
         out.push_str(&format!(
             "gap: revisions {}..={} are in no object (after {})\n",

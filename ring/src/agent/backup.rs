@@ -18,6 +18,8 @@ use crate::{now_ms, RingError};
 
 /// Wait after a failed run before the next one.
 const RETRY: Duration = Duration::from_secs(5);
+/// How often a running backup checks the Lease's epoch.
+const EPOCH_POLL: Duration = Duration::from_secs(2);
 
 /// Runs backups with `config` and deltas spooled in `spool_dir`, while the
 /// lease read from `lease` holds, until `stop`. Progress goes to `cluster`
@@ -42,28 +44,69 @@ pub async fn run(
         if !wait_for_lease(&mut lease, &stop).await {
             return Ok(());
         }
-        tracing::info!(shoot = %config.shoot, "lease valid: backing up");
-        let runner = ::backup::Backup::new(config.clone())?;
+        let epoch = match cluster.lease_epoch().await {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the lease's epoch; trying again");
+                if !sleep_or_stop(RETRY, &stop).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        tracing::info!(shoot = %config.shoot, epoch, "lease valid: backing up");
+        let runner = ::backup::Backup::new(config.clone())?.with_epoch(epoch);
         let run = stop.child_token();
         let reporter = tokio::spawn(report(cluster.clone(), runner.progress(), run.clone()));
         let fence = tokio::spawn(cancel_at_fence(lease.clone(), run.clone()));
+        let new_epoch = tokio::spawn(cancel_on_new_epoch(cluster.clone(), epoch, run.clone()));
         let res = runner.run(run.clone()).await;
         run.cancel();
-        let _ = (reporter.await, fence.await);
+        let _ = (reporter.await, fence.await, new_epoch.await);
         if let Err(e) = res {
             tracing::error!(error = %e, "backup stopped; retrying");
             let data = BTreeMap::from([("error", e.to_string())]);
             let _ = cluster.patch_configmap(BACKUP_STATUS, data).await;
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(RETRY) => {}
+            if !sleep_or_stop(RETRY, &stop).await {
+                return Ok(());
             }
         } else if !stop.is_cancelled() {
             tracing::warn!("lease lapsed: backups stopped until it is renewed");
         }
         if stop.is_cancelled() {
             return Ok(());
+        }
+    }
+}
+
+/// Sleeps `d`; false when `stop` came first.
+async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Cancels `run` once the Lease records an epoch other than `epoch` (the
+/// shoot came back to this seed under a new one): the next run writes at it.
+async fn cancel_on_new_epoch(cluster: Cluster, epoch: u64, run: CancellationToken) {
+    loop {
+        if !sleep_or_stop(EPOCH_POLL, &run).await {
+            return;
+        }
+        match cluster.lease_epoch().await {
+            Ok(now) if now != epoch => {
+                tracing::info!(
+                    epoch,
+                    now,
+                    "the lease's epoch changed: backups restart at it"
+                );
+                run.cancel();
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the lease's epoch"),
         }
     }
 }

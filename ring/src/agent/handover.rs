@@ -56,7 +56,7 @@ async fn pending(cluster: &Cluster) -> Result<Option<u64>, RingError> {
 
 /// Takes and records operation `op`'s final snapshot; how long to wait next.
 async fn answer(cluster: &Cluster, config: &::backup::BackupConfig, op: u64) -> Duration {
-    let (data, wait) = match take(config, op).await {
+    let (data, wait) = match take(cluster, config, op).await {
         Ok(record) => match serde_json::to_string(&record) {
             Ok(json) => (
                 BTreeMap::from([("taken", json), ("error", String::new())]),
@@ -77,9 +77,15 @@ async fn answer(cluster: &Cluster, config: &::backup::BackupConfig, op: u64) -> 
 }
 
 /// The final snapshot: a full snapshot at etcd's revision, which must not
-/// move while it streams (the writers are stopped), its `HashKV` and objects.
-async fn take(config: &::backup::BackupConfig, op: u64) -> Result<HandoverRecord, RingError> {
-    let snap = ::backup::snapshot_once(config).await?;
+/// move while it streams (the writers are stopped), its `HashKV` and objects;
+/// written at the epoch the Lease records (the source's).
+async fn take(
+    cluster: &Cluster,
+    config: &::backup::BackupConfig,
+    op: u64,
+) -> Result<HandoverRecord, RingError> {
+    let epoch = cluster.lease_epoch().await?;
+    let snap = ::backup::snapshot_once(config, epoch).await?;
     if snap.revision_after != snap.base_revision {
         return Err(RingError::Verification(format!(
             "etcd's revision moved from {} to {} while the final snapshot streamed: something still writes",

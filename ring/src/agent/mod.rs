@@ -74,6 +74,14 @@ impl Cluster {
         Ok(lease.map_or(0, |l| agent::fence_at_ms(l.metadata.annotations.as_ref())))
     }
 
+    /// The epoch on the Lease: the one the holder serves at (0 when there
+    /// is no Lease yet).
+    pub async fn lease_epoch(&self) -> Result<u64, RingError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lease = call("reading the lease", api.get_opt(agent::LEASE)).await?;
+        Ok(lease.map_or(0, |l| agent::epoch(l.metadata.annotations.as_ref())))
+    }
+
     /// The data of ConfigMap `name` (empty when it does not exist).
     pub async fn configmap(&self, name: &str) -> Result<BTreeMap<String, String>, RingError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);

@@ -320,7 +320,7 @@ impl Mover for KubernetesExecutor {
         })
     }
 
-    async fn restore_handover(&self, shoot: &str) -> Result<(), RingError> {
+    async fn restore_handover(&self, shoot: &str, epoch: u64) -> Result<(), RingError> {
         let bucket = self.migration_bucket()?;
         let op = handover::claimed(&self.layout(shoot)).ok_or_else(|| {
             RingError::Migrate(migrate::MigrateError::Handover {
@@ -328,7 +328,7 @@ impl Mover for KubernetesExecutor {
                 message: "no migration claimed the fetched handover".into(),
             })
         })?;
-        super::kubernetes_restore::restore_handover(self, shoot, op, bucket).await
+        super::kubernetes_restore::restore_handover(self, shoot, (op, epoch), bucket).await
     }
 
     async fn restore_bucket(

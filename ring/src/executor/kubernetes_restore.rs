@@ -55,7 +55,7 @@ pub(super) async fn restore(
 pub(super) async fn restore_handover(
     ex: &KubernetesExecutor,
     shoot: &str,
-    op: u64,
+    (op, epoch): (u64, u64),
     bucket: &RingBucket,
 ) -> Result<(), RingError> {
     let layout = ex.layout(shoot);
@@ -65,19 +65,20 @@ pub(super) async fn restore_handover(
             message: "the fetched final snapshot or its info is missing or incomplete".into(),
         })
     })?;
-    store_final_snapshot(bucket, &layout, shoot, &info).await?;
+    store_final_snapshot(bucket, &layout, (shoot, epoch), &info).await?;
     let (report, objects, hash) = restore_in_pod(ex, shoot, op, Some(info.revision)).await?;
     check_against_source(shoot, &info, &report, &objects, hash)?;
     record::write(&record::path(&layout), op, &report, Some(&objects))?;
     Ok(())
 }
 
-/// Stores the fetched final snapshot as a full snapshot in the bucket, unless
-/// one at its revision is there already.
+/// Stores the fetched final snapshot as a full snapshot in the bucket, the
+/// first object of the migration's `epoch`, unless one at its revision is
+/// there already.
 async fn store_final_snapshot(
     rb: &RingBucket,
     layout: &seed::ShootLayout,
-    shoot: &str,
+    (shoot, epoch): (&str, u64),
     info: &SnapshotInfo,
 ) -> Result<(), RingError> {
     let bucket = backup::Bucket::open(&rb.config, shoot, false)?;
@@ -91,6 +92,7 @@ async fn store_final_snapshot(
     let encoding = backup::full::Encoding {
         level: backup::config::Compression::default().level,
         key: rb.key().cloned(),
+        epoch,
     };
     let snap = backup::full_file::FileSnapshot {
         revision: info.revision,

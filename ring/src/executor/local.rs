@@ -192,7 +192,7 @@ impl Mover for LocalExecutor {
         })
     }
 
-    async fn restore_handover(&self, shoot: &str) -> Result<(), RingError> {
+    async fn restore_handover(&self, shoot: &str, _epoch: u64) -> Result<(), RingError> {
         let spec = self.spec(shoot)?;
         let etcdctl = self.bins().find("etcdctl")?;
         handover::restore(&self.layout(shoot), &spec, &etcdctl).await?;

@@ -159,8 +159,10 @@ pub trait Mover: Send + Sync {
     fn handover_path(&self, shoot: &str, rel: &str) -> Result<PathBuf, RingError> {
         Ok(handover::safe_path(&self.shoot_layout(shoot), rel)?)
     }
-    /// Restores the fetched final snapshot into the shoot's etcd.
-    async fn restore_handover(&self, shoot: &str) -> Result<(), RingError>;
+    /// Restores the fetched final snapshot into the shoot's etcd, for the
+    /// migration's new `epoch` (a copy that goes into the bucket begins that
+    /// epoch's history there).
+    async fn restore_handover(&self, shoot: &str, epoch: u64) -> Result<(), RingError>;
     /// Restores `shoot` from the bucket for failover `op` and records the report.
     async fn restore_bucket(
         &self,

@@ -65,6 +65,9 @@ pub struct ShootSeen {
     pub last_health: Option<Instant>,
     /// The continuous backup runs.
     pub backup_running: bool,
+    /// The epoch the running backup writes its objects at (`None`: not
+    /// known). A backup of an older epoch than the placement's is restarted.
+    pub backup_epoch: Option<u64>,
     /// The seed keeps data (or workloads) of this shoot (observed on
     /// release rounds, the only ones that look at it).
     pub has_data: bool,
@@ -126,7 +129,7 @@ pub enum Duty {
     /// Probe its health (for the leader's report).
     CheckHealth { shoot: String },
     /// Run the continuous backup of a control plane that serves here.
-    StartBackup { shoot: String },
+    StartBackup { shoot: String, epoch: u64 },
     /// Stop the continuous backup (the control plane no longer serves here).
     StopBackup { shoot: String },
     /// Renew (or acquire) the lease on `shoot` for `epoch` through the quorum.
@@ -170,7 +173,7 @@ impl Duty {
             Duty::Start { shoot, .. }
             | Duty::Fence { shoot, .. }
             | Duty::CheckHealth { shoot }
-            | Duty::StartBackup { shoot }
+            | Duty::StartBackup { shoot, .. }
             | Duty::StopBackup { shoot }
             | Duty::RenewLease { shoot, .. }
             | Duty::Report { shoot, .. }
@@ -227,7 +230,7 @@ pub fn duties(state: &RingState, me: &str, observed: &Observed, now: Instant) ->
         if !drives {
             serving_duties(state, me, shoot, &seen, observed, now, &mut out);
         }
-        backup_duty(shoot, &seen, observed, &mut out);
+        backup_duty(state, me, shoot, &seen, observed, &mut out);
         if observed.release_due {
             release_duty(state, me, shoot, &seen, observed, &mut out);
         }
@@ -438,17 +441,36 @@ fn serving_duties(
     }
 }
 
-/// A backup runs exactly while the control plane serves here (and a bucket is set).
-fn backup_duty(shoot: &str, seen: &ShootSeen, observed: &Observed, out: &mut Vec<Duty>) {
+/// A backup runs exactly while the control plane serves here (and a bucket
+/// is set), writing at the epoch of the placement here; one of an older
+/// epoch (the shoot came back here under a new one) is stopped and started
+/// again at the new epoch.
+fn backup_duty(
+    state: &RingState,
+    me: &str,
+    shoot: &str,
+    seen: &ShootSeen,
+    observed: &Observed,
+    out: &mut Vec<Duty>,
+) {
     if emitted(out, shoot, |d| matches!(d, Duty::Fence { .. })) {
         return; // fencing stops the backup first
     }
+    let epoch = state
+        .placements
+        .get(shoot)
+        .filter(|p| p.host == me)
+        .map(|p| p.epoch);
     let want = seen.serving && observed.seed.bucket;
+    let stale = seen.backup_epoch.zip(epoch).is_some_and(|(b, p)| b < p);
     if want && !seen.backup_running {
-        out.push(Duty::StartBackup {
-            shoot: shoot.to_string(),
-        });
-    } else if !want && seen.backup_running {
+        if let Some(epoch) = epoch {
+            out.push(Duty::StartBackup {
+                shoot: shoot.to_string(),
+                epoch,
+            });
+        }
+    } else if seen.backup_running && (!want || stale) {
         out.push(Duty::StopBackup {
             shoot: shoot.to_string(),
         });

@@ -159,7 +159,28 @@ fn serving_follows_the_lease() {
                 ..checked.clone()
             }),
             Some(fresh),
-            vec![Duty::StartBackup { shoot: "b".into() }],
+            vec![Duty::StartBackup {
+                shoot: "b".into(),
+                epoch: 1,
+            }],
+        ),
+        (
+            "a backup writing at the placement's epoch goes on",
+            Some(ShootSeen {
+                backup_epoch: Some(1),
+                ..checked.clone()
+            }),
+            Some(fresh),
+            vec![],
+        ),
+        (
+            "a backup writing at an older epoch than the placement's: stop it (the next round starts it at the new one)",
+            Some(ShootSeen {
+                backup_epoch: Some(0),
+                ..checked.clone()
+            }),
+            Some(fresh),
+            vec![Duty::StopBackup { shoot: "b".into() }],
         ),
         (
             "a backup left running after serving stopped: stop it",

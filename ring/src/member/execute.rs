@@ -26,7 +26,7 @@ impl MemberLoop {
             Duty::Start { shoot, epoch } => self.start(shoot, epoch),
             Duty::Fence { shoot, reason } => self.fence(&shoot, &reason).await,
             Duty::CheckHealth { shoot } => self.check_health(shoot),
-            Duty::StartBackup { shoot } => self.start_backup(&shoot),
+            Duty::StartBackup { shoot, epoch } => self.start_backup(&shoot, epoch),
             Duty::StopBackup { shoot } => self.shared.backups.stop(&shoot),
             Duty::RenewLease { shoot, epoch } => self.renew_lease(shoot, epoch),
             Duty::Report { shoot, detail } => self.shared.set_hosted_detail(&shoot, detail),
@@ -116,7 +116,7 @@ impl MemberLoop {
         });
     }
 
-    fn start_backup(&self, shoot: &str) {
+    fn start_backup(&self, shoot: &str, epoch: u64) {
         let (Some(bucket), Ok(mover)) = (self.shared.bucket(), self.executor.mover()) else {
             return;
         };
@@ -124,7 +124,7 @@ impl MemberLoop {
             Ok(plan) => self.shared.backups.ensure(
                 plan,
                 bucket,
-                shoot,
+                (shoot, epoch),
                 &self.shared.stop,
                 self.shared.commands.clone(),
             ),

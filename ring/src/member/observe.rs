@@ -37,7 +37,8 @@ impl MemberLoop {
             seen.lease_retry_at = h.lease_retry;
         }
         for (shoot, seen) in observed.shoots.iter_mut() {
-            seen.backup_running = self.shared.backups.running(shoot);
+            seen.backup_epoch = self.shared.backups.running(shoot);
+            seen.backup_running = seen.backup_epoch.is_some();
             if release_due && seen.has_data {
                 seen.released = self.released(shoot);
             }

@@ -312,7 +312,7 @@ async fn target_step(
             };
             fetch::fetch(shared, mover, op, from).await
         }
-        TargetAction::Restore => mover.restore_handover(shoot).await,
+        TargetAction::Restore => mover.restore_handover(shoot, epoch).await,
         TargetAction::AcquireLease => shared.renew_lease(shoot, epoch).await,
         TargetAction::Start => {
             shared

@@ -6,7 +6,7 @@ impl RingState {
     /// Applies `cmd`; a rejected command changes nothing.
     pub fn apply(&mut self, cmd: &RingCommand) -> Result<(), Rejection> {
         match cmd {
-            RingCommand::Bootstrap { members } => self.bootstrap(members),
+            RingCommand::Bootstrap { members, epochs } => self.bootstrap(members, epochs),
             RingCommand::MarkDown { member, at_ms } => self.mark_down(member, *at_ms),
             RingCommand::MarkUp { member, at_ms } => self.mark_up(member, *at_ms),
             RingCommand::RenewLease {
@@ -43,14 +43,23 @@ impl RingState {
                 at_ms,
                 seen,
             } => self.report_backup(shoot, *revision, *at_ms, *seen),
-            RingCommand::AddMember { name, id, address } => self.add_member(name, *id, address),
+            RingCommand::AddMember {
+                name,
+                id,
+                address,
+                epoch,
+            } => self.add_member(name, *id, address, *epoch),
             RingCommand::RemoveMember { name } => self.remove_member(name),
             RingCommand::Probe { .. } => Ok(()),
         }
     }
 
     /// Creates the ring: each member hosts its successor.
-    fn bootstrap(&mut self, members: &[(String, u64, String)]) -> Result<(), Rejection> {
+    fn bootstrap(
+        &mut self,
+        members: &[(String, u64, String)],
+        epochs: &std::collections::BTreeMap<String, u64>,
+    ) -> Result<(), Rejection> {
         if !self.members.is_empty() {
             return Err("the ring is already bootstrapped".into());
         }
@@ -71,7 +80,7 @@ impl RingState {
                 Placement {
                     shoot: name.to_string(),
                     host: host.clone(),
-                    epoch: 1,
+                    epoch: epochs.get(name).copied().unwrap_or(1).max(1),
                     lease: None,
                 },
             );
@@ -367,7 +376,13 @@ impl RingState {
     }
 
     /// Adds a member at the end of the ring order.
-    fn add_member(&mut self, name: &str, id: u64, address: &str) -> Result<(), Rejection> {
+    fn add_member(
+        &mut self,
+        name: &str,
+        id: u64,
+        address: &str,
+        epoch: u64,
+    ) -> Result<(), Rejection> {
         if self.member(name).is_some() || self.member_by_id(id).is_some() {
             return Err(format!("member {name} (id {id}) already exists"));
         }
@@ -389,7 +404,7 @@ impl RingState {
                 .or_insert(Placement {
                     shoot: name.to_string(),
                     host,
-                    epoch: 1,
+                    epoch: epoch.max(1),
                     lease: None,
                 });
         }

@@ -324,7 +324,13 @@ const FINISHED_OPERATIONS_KEPT: usize = 50;
 pub enum RingCommand {
     /// Creates the ring: members in ring order; each hosts its successor's control plane.
     /// Ignored when the ring already has members.
-    Bootstrap { members: Vec<(String, u64, String)> },
+    Bootstrap {
+        members: Vec<(String, u64, String)>,
+        /// The first epoch of each shoot's placement when it is above 1 (its
+        /// bucket already holds objects of earlier epochs).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        epochs: BTreeMap<String, u64>,
+    },
     /// The leader heard nothing from `member` for the failure window.
     MarkDown { member: String, at_ms: u64 },
     /// `member` reports again.
@@ -379,11 +385,18 @@ pub enum RingCommand {
         name: String,
         id: u64,
         address: String,
+        /// The first epoch of its shoot's placement (0 and 1: the first).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        epoch: u64,
     },
     /// Removes a member (its Raft conf change travels separately).
     RemoveMember { name: String },
     /// A marker with no effect (probes, benchmarks, leader no-ops).
     Probe { payload: Vec<u8> },
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Why a command was not applied.

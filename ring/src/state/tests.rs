@@ -8,6 +8,7 @@ pub(crate) fn ring3() -> RingState {
             ("b".into(), 2, "127.0.0.1:2".into()),
             ("c".into(), 3, "127.0.0.1:3".into()),
         ],
+        epochs: Default::default(),
     })
     .unwrap();
     s
@@ -56,7 +57,10 @@ fn bootstrap_makes_each_member_host_its_successor_once() {
         .all(|p| p.epoch == 1 && p.lease.is_none()));
     let mut again = s.clone();
     assert!(again
-        .apply(&RingCommand::Bootstrap { members: vec![] })
+        .apply(&RingCommand::Bootstrap {
+            members: vec![],
+            epochs: Default::default(),
+        })
         .is_err());
     assert_eq!(again, s);
     assert_eq!(s.predecessor("a").unwrap().name, "c");
@@ -223,13 +227,15 @@ fn membership_and_backup_pointers() {
         name: "d".into(),
         id: 4,
         address: "x".into(),
+        epoch: 0,
     })
     .unwrap();
     assert!(s
         .apply(&RingCommand::AddMember {
             name: "d".into(),
             id: 5,
-            address: "x".into()
+            address: "x".into(),
+            epoch: 0,
         })
         .is_err());
     s.apply(&RingCommand::RemoveMember { name: "d".into() })
@@ -286,4 +292,47 @@ fn a_failover_keeps_the_durable_revision_known_when_it_began() {
     // once done, the new host's progress counts
     s.apply(&report(760, 11_000)).unwrap();
     assert_eq!(s.backups["b"].revision, 760);
+}
+
+/// A ring bootstrapped again on a bucket that holds objects of earlier
+/// epochs, or a member added under a name the bucket saw, starts its
+/// placements above them: its backups are never taken for a fenced host's.
+#[test]
+fn first_epochs_come_from_the_bootstrap_and_the_added_member() {
+    let mut s = RingState::default();
+    s.apply(&RingCommand::Bootstrap {
+        members: vec![
+            ("a".into(), 1, "127.0.0.1:1".into()),
+            ("b".into(), 2, "127.0.0.1:2".into()),
+        ],
+        epochs: [("b".to_string(), 7)].into_iter().collect(),
+    })
+    .unwrap();
+    let epochs = |s: &RingState| -> Vec<(String, u64)> {
+        s.placements
+            .values()
+            .map(|p| (p.shoot.clone(), p.epoch))
+            .collect()
+    };
+    assert_eq!(epochs(&s), vec![("a".into(), 1), ("b".into(), 7)]);
+    s.apply(&RingCommand::AddMember {
+        name: "c".into(),
+        id: 3,
+        address: "127.0.0.1:3".into(),
+        epoch: 4,
+    })
+    .unwrap();
+    s.apply(&RingCommand::AddMember {
+        name: "d".into(),
+        id: 4,
+        address: "127.0.0.1:4".into(),
+        epoch: 0,
+    })
+    .unwrap();
+    let got = epochs(&s);
+    assert!(got.contains(&("c".into(), 4)), "{got:?}");
+    assert!(
+        got.contains(&("d".into(), 1)),
+        "0 means the first epoch: {got:?}"
+    );
 }

@@ -252,7 +252,12 @@ impl Run<'_> {
             "processes on"
         };
         let config = backup::BackupConfig::new(shoot.clone(), etcd, self.bucket.clone());
-        let snap = backup::snapshot_once(&config)
+        // written at the host's epoch, as its own backup would be
+        let epoch = obs
+            .status()
+            .and_then(|s| s.placements.into_iter().find(|p| p.shoot == shoot))
+            .map_or(0, |p| p.epoch);
+        let snap = backup::snapshot_once(&config, epoch)
             .await
             .map_err(|e| ScenarioError::Setup(format!("full snapshot of {shoot}: {e}")))?;
         Ok(format!(

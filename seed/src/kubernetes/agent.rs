@@ -337,6 +337,14 @@ pub fn lease(meta: Value, record: &LeaseRecord) -> Value {
     })
 }
 
+/// The epoch recorded on a Lease (0 when absent or unreadable: none).
+pub fn epoch(annotations: Option<&BTreeMap<String, String>>) -> u64 {
+    annotations
+        .and_then(|a| a.get(EPOCH_ANNOTATION))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The fence time recorded on a Lease, if any (0 when absent or unreadable: fenced).
 pub fn fence_at_ms(annotations: Option<&BTreeMap<String, String>>) -> u64 {
     annotations

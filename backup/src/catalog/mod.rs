@@ -4,19 +4,27 @@
 //! that says what it is:
 //!
 //! ```text
-//! full-<base revision>-<time>.<compression>[.aesgcm]
-//! delta-<first revision>-<last revision>-<time>.<compression>[.aesgcm]
+//! full-<base revision>-<time>[-e<epoch>].<compression>[.aesgcm]
+//! delta-<first revision>-<last revision>-<time>[-e<epoch>].<compression>[.aesgcm]
 //!
-//! full-00000000000000004711-20250614T101500123Z.zst.aesgcm
-//! delta-00000000000000004712-00000000000000004790-20250614T101501123Z.zst
+//! full-00000000000000004711-20250614T101500123Z-e3.zst.aesgcm
+//! delta-00000000000000004712-00000000000000004790-20250614T101501123Z-e3.zst
 //! ```
 //!
 //! Revisions are zero-padded to 20 digits so a listing sorts by revision; the
 //! time is UTC with milliseconds (a full snapshot's start, a delta's sealing).
-//! Disaster recovery needs nothing but this listing.
+//! The epoch is the ring's placement epoch of the host that wrote the object
+//! (none for backups outside a ring, and for objects of older Rings); a
+//! sealed object's header repeats it, authenticated. Each epoch's history
+//! begins where its first object begins, and an older epoch's objects past
+//! that point are a fenced host's late uploads: the catalog sets them aside
+//! (see `lineage.rs`). Disaster recovery needs nothing but this listing.
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+
+mod lineage;
+pub use lineage::Superseded;
 
 pub use crate::codec::Kind;
 use crate::{BackupError, Result};
@@ -39,6 +47,20 @@ pub struct Entry {
     pub encrypted: bool,
     /// Bytes in the bucket.
     pub size: u64,
+    /// The ring epoch of the host that wrote it (0: not recorded).
+    #[serde(default)]
+    pub epoch: u64,
+}
+
+impl Entry {
+    /// The revision this object's history continues from: a full snapshot's
+    /// base, the revision before a delta's first.
+    pub fn start(&self) -> i64 {
+        match self.kind {
+            Kind::Full => self.first,
+            Kind::Delta => self.first - 1,
+        }
+    }
 }
 
 /// Formats milliseconds since the epoch as `YYYYMMDDTHHMMSSmmmZ`.
@@ -103,8 +125,22 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_else(|| ms.to_string())
 }
 
-/// The name of a new object.
+/// The name of a new object written outside a ring (no epoch).
 pub fn object_name(
+    kind: Kind,
+    first: i64,
+    last: i64,
+    time_ms: i64,
+    compressed: bool,
+    encrypted: bool,
+) -> String {
+    object_name_in_epoch(0, kind, first, last, time_ms, compressed, encrypted)
+}
+
+/// The name of a new object written by the host of ring epoch `epoch` (0:
+/// none, the name then carries no epoch).
+pub fn object_name_in_epoch(
+    epoch: u64,
     kind: Kind,
     first: i64,
     last: i64,
@@ -115,10 +151,24 @@ pub fn object_name(
     let comp = if compressed { "zst" } else { "raw" };
     let enc = if encrypted { ".aesgcm" } else { "" };
     let t = format_time(time_ms);
+    let e = if epoch > 0 {
+        format!("-e{epoch}")
+    } else {
+        String::new()
+    };
     match kind {
-        Kind::Full => format!("full-{first:020}-{t}.{comp}{enc}"),
-        Kind::Delta => format!("delta-{first:020}-{last:020}-{t}.{comp}{enc}"),
+        Kind::Full => format!("full-{first:020}-{t}{e}.{comp}{enc}"),
+        Kind::Delta => format!("delta-{first:020}-{last:020}-{t}{e}.{comp}{enc}"),
     }
+}
+
+/// The epoch part of a name (`e` and digits, not 0).
+fn parse_epoch(s: &str) -> Option<u64> {
+    let digits = s.strip_prefix('e')?;
+    if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Parses an object name; `None` for anything that is not a backup object.
@@ -133,9 +183,23 @@ pub fn parse_name(name: &str, size: u64) -> Option<Entry> {
     };
     let parts: Vec<&str> = stem.split('-').collect();
     let rev = |s: &str| (s.len() == 20).then(|| s.parse::<i64>().ok()).flatten();
-    let (kind, first, last, time) = match parts.as_slice() {
-        ["full", r, t] => (Kind::Full, rev(r)?, rev(r)?, parse_time(t)?),
-        ["delta", a, b, t] => (Kind::Delta, rev(a)?, rev(b)?, parse_time(t)?),
+    let (kind, first, last, time, epoch) = match parts.as_slice() {
+        ["full", r, t] => (Kind::Full, rev(r)?, rev(r)?, parse_time(t)?, 0),
+        ["full", r, t, e] => (
+            Kind::Full,
+            rev(r)?,
+            rev(r)?,
+            parse_time(t)?,
+            parse_epoch(e)?,
+        ),
+        ["delta", a, b, t] => (Kind::Delta, rev(a)?, rev(b)?, parse_time(t)?, 0),
+        ["delta", a, b, t, e] => (
+            Kind::Delta,
+            rev(a)?,
+            rev(b)?,
+            parse_time(t)?,
+            parse_epoch(e)?,
+        ),
         _ => return None,
     };
     if first < 0 || last < first {
@@ -150,6 +214,7 @@ pub fn parse_name(name: &str, size: u64) -> Option<Entry> {
         compression: compression.into(),
         encrypted,
         size,
+        epoch,
     })
 }
 
@@ -177,6 +242,10 @@ pub struct Catalog {
     pub deltas: Vec<Entry>,
     /// Objects under the prefix that are not backup objects.
     pub unknown: Vec<String>,
+    /// Objects an older epoch wrote past where a newer epoch began (a fenced
+    /// host's late uploads): never restored, never resumed from.
+    #[serde(default)]
+    pub superseded: Vec<Superseded>,
 }
 
 /// What a restore aims at.
@@ -203,35 +272,80 @@ pub struct Plan {
 }
 
 impl Catalog {
-    /// The catalog of a listing of `(name, size)` under a shoot's prefix.
+    /// The catalog of a listing of `(name, size)` under a shoot's prefix,
+    /// with superseded epochs' late objects set aside.
     pub fn from_listing(objects: impl IntoIterator<Item = (String, u64)>) -> Self {
         let mut c = Catalog::default();
+        let mut entries = Vec::new();
         for (name, size) in objects {
             match parse_name(&name, size) {
-                Some(e) if e.kind == Kind::Full => c.fulls.push(e),
-                Some(e) => c.deltas.push(e),
+                Some(e) => entries.push(e),
                 None => c.unknown.push(name),
             }
         }
-        c.fulls.sort_by_key(|e| (e.first, e.time_ms));
-        c.deltas.sort_by_key(|e| (e.first, e.last, e.time_ms));
-        c.unknown.sort();
+        c.take_in(entries);
         c
     }
 
+    /// The newest epoch any object was written in (0: none recorded).
+    pub fn newest_epoch(&self) -> u64 {
+        self.entries().map(|e| e.epoch).max().unwrap_or(0)
+    }
+
+    /// The newest revision the objects of `epoch` reach, if it wrote any.
+    pub fn latest_revision_of(&self, epoch: u64) -> Option<i64> {
+        self.entries()
+            .filter(|e| e.epoch == epoch)
+            .map(|e| e.last)
+            .max()
+    }
+
+    /// Where `epoch`'s history began (its oldest object's start), if it
+    /// wrote anything.
+    pub fn epoch_start(&self, epoch: u64) -> Option<i64> {
+        self.entries()
+            .filter(|e| e.epoch == epoch)
+            .map(Entry::start)
+            .min()
+    }
+
     /// Drops the objects that are not encrypted (a bucket with a key trusts
-    /// only what its key authenticates); returns their names.
+    /// only what its key authenticates, also in deciding which epochs' objects
+    /// are superseded); returns their names.
     pub fn retain_encrypted(&mut self) -> Vec<String> {
-        let mut dropped = Vec::new();
-        for list in [&mut self.fulls, &mut self.deltas] {
-            list.retain(|e| {
-                if !e.encrypted {
-                    dropped.push(e.name.clone());
-                }
-                e.encrypted
-            });
-        }
+        let all = std::mem::take(&mut self.fulls)
+            .into_iter()
+            .chain(std::mem::take(&mut self.deltas))
+            .chain(
+                std::mem::take(&mut self.superseded)
+                    .into_iter()
+                    .map(|s| s.entry),
+            );
+        let (sealed, plain): (Vec<Entry>, Vec<Entry>) = all.partition(|e| e.encrypted);
+        self.take_in(sealed);
+        let mut dropped: Vec<String> = plain.into_iter().map(|e| e.name).collect();
+        dropped.sort();
         dropped
+    }
+
+    /// Files `entries` (none held yet) as history or superseded, sorted.
+    fn take_in(&mut self, entries: Vec<Entry>) {
+        let (kept, superseded) = lineage::split(entries);
+        for e in kept {
+            match e.kind {
+                Kind::Full => self.fulls.push(e),
+                Kind::Delta => self.deltas.push(e),
+            }
+        }
+        self.superseded = superseded;
+        self.sort();
+    }
+
+    fn sort(&mut self) {
+        self.fulls.sort_by_key(|e| (e.first, e.epoch, e.time_ms));
+        self.deltas
+            .sort_by_key(|e| (e.first, e.last, e.epoch, e.time_ms));
+        self.unknown.sort();
     }
 
     /// Every object, fulls then deltas.
@@ -389,181 +503,4 @@ impl Catalog {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn full(rev: i64) -> (String, u64) {
-        (
-            object_name(Kind::Full, rev, rev, 1_700_000_000_000 + rev, true, false),
-            10,
-        )
-    }
-
-    fn delta(a: i64, b: i64) -> (String, u64) {
-        (
-            object_name(Kind::Delta, a, b, 1_700_000_000_000 + b, true, true),
-            10,
-        )
-    }
-
-    #[test]
-    fn names_round_trip_and_sort_by_revision() {
-        let n = object_name(Kind::Delta, 12, 345, 1_718_360_100_123, true, true);
-        assert_eq!(
-            n,
-            "delta-00000000000000000012-00000000000000000345-20240614T101500123Z.zst.aesgcm"
-        );
-        let e = parse_name(&n, 5).unwrap();
-        assert_eq!(
-            (e.kind, e.first, e.last, e.time_ms, e.encrypted),
-            (Kind::Delta, 12, 345, 1_718_360_100_123, true)
-        );
-        let f = parse_name(&object_name(Kind::Full, 7, 7, 0, false, false), 1).unwrap();
-        assert_eq!(
-            (f.kind, f.first, f.compression.as_str(), f.encrypted),
-            (Kind::Full, 7, "raw", false)
-        );
-        for bad in [
-            "full-1-x.zst",
-            "delta-00000000000000000012.zst",
-            "notes.txt",
-            "full-00000000000000000001-20240614T101500123Z.gz",
-        ] {
-            assert!(parse_name(bad, 0).is_none(), "{bad}");
-        }
-        assert!(
-            object_name(Kind::Full, 9, 9, 0, true, false)
-                < object_name(Kind::Full, 10, 10, 0, true, false)
-        );
-    }
-
-    #[test]
-    fn catalog_from_listing_ignores_strangers() {
-        let c = Catalog::from_listing(vec![
-            delta(11, 20),
-            full(10),
-            ("README".into(), 1),
-            delta(21, 30),
-        ]);
-        assert_eq!(c.fulls.len(), 1);
-        assert_eq!(c.deltas.len(), 2);
-        assert_eq!(c.unknown, vec!["README".to_string()]);
-        assert_eq!(c.latest_revision(), Some(30));
-        assert!(c.gaps().is_empty());
-    }
-
-    #[test]
-    fn plan_picks_newest_full_at_or_before_target_and_the_deltas_after_it() {
-        let c = Catalog::from_listing(vec![
-            full(10),
-            delta(11, 20),
-            delta(21, 30),
-            full(25),
-            delta(31, 40),
-        ]);
-        let p = c.plan(Target::Latest, false, &[]).unwrap();
-        assert_eq!(p.target_revision, 40);
-        assert_eq!(p.full.first, 25);
-        let names: Vec<i64> = p.deltas.iter().map(|d| d.first).collect();
-        assert_eq!(names, vec![21, 31], "delta 21..30 still holds 26..30");
-        let p = c.plan(Target::Revision(22), false, &[]).unwrap();
-        assert_eq!((p.full.first, p.deltas.len()), (10, 2));
-        let p = c.plan(Target::Revision(10), false, &[]).unwrap();
-        assert!(p.deltas.is_empty());
-        assert!(c.plan(Target::Revision(41), false, &[]).is_err());
-        assert!(c.plan(Target::Revision(9), false, &[]).is_err());
-        // a full snapshot that turned out too new is excluded on the next plan
-        let p = c
-            .plan(Target::Revision(27), false, &[p_name(&c, 25)])
-            .unwrap();
-        assert_eq!(p.full.first, 10);
-    }
-
-    /// A bucket with a key plans only with encrypted objects: a planted
-    /// plain full snapshot, newer than every other, is left out.
-    #[test]
-    fn only_encrypted_objects_are_planned_under_a_key() {
-        let object = |kind, a, b, encrypted| {
-            let name = object_name(kind, a, b, 1_700_000_000_000 + b, true, encrypted);
-            (name, 10)
-        };
-        let mut c = Catalog::from_listing(vec![
-            object(Kind::Full, 10, 10, true),
-            object(Kind::Delta, 11, 20, true),
-            object(Kind::Full, 20, 20, false),
-            object(Kind::Delta, 21, 30, false),
-        ]);
-        assert_eq!(c.plan(Target::Latest, false, &[]).unwrap().full.first, 20);
-        let dropped = c.retain_encrypted();
-        assert_eq!(dropped.len(), 2, "{dropped:?}");
-        assert!(
-            dropped.iter().all(|n| !n.ends_with(".aesgcm")),
-            "{dropped:?}"
-        );
-        let p = c.plan(Target::Latest, false, &[]).unwrap();
-        assert_eq!((p.full.first, p.target_revision), (10, 20));
-        assert!(p.full.encrypted && p.deltas.iter().all(|d| d.encrypted));
-    }
-
-    fn p_name(c: &Catalog, rev: i64) -> String {
-        c.fulls
-            .iter()
-            .find(|f| f.first == rev)
-            .unwrap()
-            .name
-            .clone()
-    }
-
-    #[test]
-    fn a_missing_delta_is_a_gap_unless_allowed() {
-        let c = Catalog::from_listing(vec![full(10), delta(11, 20), delta(31, 40)]);
-        let err = c.plan(Target::Latest, false, &[]).unwrap_err();
-        match &err {
-            BackupError::Gap { from, to, .. } => assert_eq!((*from, *to), (21, 30)),
-            other => panic!("{other}"),
-        }
-        assert!(err.to_string().contains("--allow-gap"), "{err}");
-        assert!(err.to_string().contains("revision 20 or earlier"), "{err}");
-        assert_eq!(
-            c.plan(Target::Revision(20), false, &[])
-                .unwrap()
-                .deltas
-                .len(),
-            1
-        );
-        let p = c.plan(Target::Latest, true, &[]).unwrap();
-        assert_eq!(p.gaps, vec![(21, 30)]);
-        assert_eq!(p.deltas.len(), 2);
-        let gaps = c.gaps();
-        assert_eq!(gaps.len(), 1);
-        assert_eq!(
-            (gaps[0].from, gaps[0].to, gaps[0].bridged_by.clone()),
-            (21, 30, None)
-        );
-    }
-
-    #[test]
-    fn a_gap_bridged_by_a_newer_full_snapshot_does_not_block_later_restores() {
-        // compaction during the delta stream: deltas stop at 20, a new full at 35
-        let c = Catalog::from_listing(vec![full(10), delta(11, 20), full(35), delta(36, 50)]);
-        let p = c.plan(Target::Latest, false, &[]).unwrap();
-        assert_eq!((p.full.first, p.deltas.len()), (35, 1));
-        assert!(c.plan(Target::Revision(30), false, &[]).is_err());
-        let gaps = c.gaps();
-        assert_eq!(gaps.len(), 1);
-        assert_eq!((gaps[0].from, gaps[0].to), (21, 34));
-        assert!(gaps[0]
-            .bridged_by
-            .as_deref()
-            .unwrap()
-            .starts_with("full-00000000000000000035"));
-    }
-
-    #[test]
-    fn times_format_and_parse() {
-        let ms = 1_718_360_100_123;
-        assert_eq!(parse_time(&format_time(ms)), Some(ms));
-        assert_eq!(parse_rfc3339("2024-06-14T10:15:00.123Z").unwrap(), ms);
-        assert!(parse_rfc3339("yesterday").is_err());
-    }
-}
+mod tests;
