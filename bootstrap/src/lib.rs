@@ -535,6 +535,17 @@ pub fn start_member_nodes(
 /// supervisor's pid in the member's pid file and the output of both in the
 /// member's log. Killing the supervisor kills ringd (parent-death signal).
 pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(), BootstrapError> {
+    start_member_with_env(layout, ringd, name, &[])
+}
+
+/// Like [`start_member`], with extra environment variables for ringd and
+/// everything it starts (a drill's `skewClock` runs it under faketime).
+pub fn start_member_with_env(
+    layout: &RingLayout,
+    ringd: &Path,
+    name: &str,
+    env: &[(String, String)],
+) -> Result<(), BootstrapError> {
     if !ringd.exists() {
         return Err(BootstrapError::Unsupported(format!(
             "{} is missing; build it with `cargo build --workspace --bins`",
@@ -567,7 +578,7 @@ pub fn start_member(layout: &RingLayout, ringd: &Path, name: &str) -> Result<(),
         "--config".into(),
         layout.ringd_config(name).into_os_string(),
     ];
-    let pid = spawn_detached(ringd, &args, &layout.log(name), netns.as_ref())?;
+    let pid = spawn_detached(ringd, &args, &layout.log(name), netns.as_ref(), env)?;
     seed::pki::write_private(&layout.pid_file(name), pid.to_string().as_bytes())
         .map_err(RingError::from)?;
     Ok(())
@@ -581,6 +592,7 @@ pub(crate) fn spawn_detached(
     args: &[std::ffi::OsString],
     log: &Path,
     netns: Option<&std::fs::File>,
+    env: &[(String, String)],
 ) -> Result<u32, BootstrapError> {
     use std::os::unix::process::CommandExt;
     if !program.exists() {
@@ -604,6 +616,7 @@ pub(crate) fn spawn_detached(
             std::env::var("RING_LOG")
                 .unwrap_or_else(|_| "info,raft=warn,h2=warn,tower=warn,kube_client=off".into()),
         )
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err);

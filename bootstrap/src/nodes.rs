@@ -285,7 +285,7 @@ pub fn start(layout: &RingLayout, ring_node: &Path, member: &str) -> Result<(), 
         "--config".into(),
         config_file(layout, member).into_os_string(),
     ];
-    let pid = crate::spawn_detached(ring_node, &args, &log_file(layout, member), None)?;
+    let pid = crate::spawn_detached(ring_node, &args, &log_file(layout, member), None, &[])?;
     seed::pki::write_private(&pid_file(layout, member), pid.to_string().as_bytes())?;
     Ok(())
 }

@@ -238,6 +238,11 @@ pub enum Action {
         #[serde(with = "dur")]
         r#for: Duration,
     },
+    /// Runs a member's ringd (and all it starts) with its wall clock off by
+    /// `offset` (`+5s`, `-5s`: Debian's faketime): its ringd and supervisor
+    /// are killed and started again under faketime. Leases, fences and the
+    /// pods' guards must not depend on that clock.
+    SkewClock { target: Target, offset: String },
     /// Cuts a member off from every other member and from the runner (its link
     /// on the drill network goes down; it keeps running). Needs `ring.network:
     /// namespaces`. `heal` reconnects it.
@@ -272,6 +277,7 @@ impl Action {
             Action::KillMachine { .. } => "killMachine",
             Action::RestartSeed { .. } => "restartSeed",
             Action::StallRingd { .. } => "stallRingd",
+            Action::SkewClock { .. } => "skewClock",
             Action::Partition { .. } => "partition",
             Action::FullSnapshot { .. } => "fullSnapshot",
             Action::CorruptNewestSnapshot { .. } => "corruptNewestSnapshot",
@@ -281,6 +287,16 @@ impl Action {
             Action::Heal {} => "heal",
         }
     }
+}
+
+/// The seconds of a `skewClock` offset (`+5s`, `-2.5s`), if well formed.
+pub fn clock_offset_secs(offset: &str) -> Option<f64> {
+    let number = offset.strip_suffix('s')?;
+    if !number.starts_with(['+', '-']) {
+        return None;
+    }
+    let secs: f64 = number.parse().ok()?;
+    (secs.is_finite() && secs != 0.0 && secs.abs() <= 86_400.0).then_some(secs)
 }
 
 /// How many acknowledged writes may be lost.
@@ -487,6 +503,15 @@ impl Drill {
                     target_position(target)?;
                     if r#for.is_zero() {
                         return Err(bad(field("action.stallRingd.for"), "must be positive"));
+                    }
+                }
+                Action::SkewClock { target, offset } => {
+                    target_position(target)?;
+                    if clock_offset_secs(offset).is_none() {
+                        return Err(bad(
+                            field("action.skewClock.offset"),
+                            "a signed number of seconds within a day, such as +5s or -5s",
+                        ));
                     }
                 }
                 Action::FullSnapshot { shoot } => {

@@ -145,6 +145,14 @@ fn bad_drills_give_errors_naming_the_field() {
                 "faults[1].action.stallRingd.target.hostOf: ring positions are 1..3",
             ),
             (
+                GOOD.replace("{heal: {}}", "{skewClock: {target: {hostOf: 2}, offset: 5s}}"),
+                "faults[1].action.skewClock.offset: a signed number of seconds within a day, such as +5s or -5s",
+            ),
+            (
+                GOOD.replace("{heal: {}}", "{skewClock: {target: {hostOf: 2}, offset: +0s}}"),
+                "faults[1].action.skewClock.offset: a signed number",
+            ),
+            (
                 GOOD.replace("lostWrites: beyondDurable", "lostWrites: some"),
                 "unknown variant `some`",
             ),

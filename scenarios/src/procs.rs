@@ -128,6 +128,28 @@ pub fn ringd_pids(ring_dir: &Path, member: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The environment that runs a program under Debian's libfaketime with its
+/// wall clock `offset` off (`+5s`); missing libfaketime is named with the fix.
+pub fn faketime_env(offset: &str) -> Result<Vec<(String, String)>, crate::ScenarioError> {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("faketime/libfaketimeMT.so.1"))
+    .find(|p| p.exists())
+    .ok_or_else(|| {
+        crate::ScenarioError::Setup(
+            "libfaketime is missing: run scripts/setup (it installs Debian's faketime)".into(),
+        )
+    })?;
+    Ok(vec![
+        ("LD_PRELOAD".into(), lib.display().to_string()),
+        ("FAKETIME".into(), offset.to_string()),
+    ])
+}
+
 /// Sends `signal` to every pid (those already gone are skipped).
 pub fn signal_all(pids: &[u32], signal: Signal) {
     for pid in pids {

@@ -4,6 +4,11 @@
 //! by its own clock. A ringd that is stopped (SIGSTOP), hangs or is cut off
 //! renews nothing, so its control plane stops at the fence time without it,
 //! as in a Kubernetes seed's pods.
+//!
+//! The file holds two numbers: the fence time and how long that was from
+//! when ringd wrote it (ms, by ringd's clock). A guard whose clock is not
+//! ringd's (a pod on a node reading the node's copy) counts that validity
+//! from its own observation of the new file, never from ringd's wall clock.
 
 use std::path::{Path, PathBuf};
 
@@ -23,10 +28,24 @@ pub fn path(layout: &ShootLayout) -> PathBuf {
 /// The lease file's name in a shoot's directory.
 pub const FILE_NAME: &str = "fence-at-ms";
 
-/// Records `fence_at_ms` (0: stop now), replacing the file at once (a guard
-/// never reads half a number).
+/// What a lease file records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseFile {
+    /// Unix ms after which nothing may serve (0: fenced now), by the writer's clock.
+    pub fence_at_ms: u64,
+    /// How long until then when it was written (ms); `None` in a file of an
+    /// older Ring.
+    pub valid_for_ms: Option<u64>,
+}
+
+/// Records `fence_at_ms` (0: stop now) and the validity left until then,
+/// replacing the file at once (a guard never reads half a record).
 pub fn write(path: &Path, fence_at_ms: u64) -> Result<()> {
-    crate::pki::write_private(path, fence_at_ms.to_string().as_bytes())
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let valid_for = fence_at_ms.saturating_sub(now_ms);
+    crate::pki::write_private(path, format!("{fence_at_ms} {valid_for}").as_bytes())
 }
 
 /// Records `fence_at_ms` for `layout`'s shoot (creating its dir): what every
@@ -37,19 +56,41 @@ pub fn record(layout: &ShootLayout, fence_at_ms: u64) -> Result<()> {
 }
 
 /// The recorded fence time: 0 when there is none yet; a file that does not
-/// hold a number is an error naming it.
+/// hold a record is an error naming it.
 pub fn read(path: &Path) -> std::result::Result<u64, String> {
+    read_record(path).map(|r| r.fence_at_ms)
+}
+
+/// The record: fenced (0, no validity) when there is none yet; a file that
+/// does not hold one is an error naming it.
+pub fn read_record(path: &Path) -> std::result::Result<LeaseFile, String> {
     match std::fs::read_to_string(path) {
-        Ok(text) => text.trim().parse().map_err(|_| {
+        Ok(text) => parse(&text).ok_or_else(|| {
             format!(
-                "{} holds {:?}, not a fence time in unix milliseconds",
+                "{} holds {:?}, not a fence time in unix milliseconds (and its validity)",
                 path.display(),
                 text.trim()
             )
         }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LeaseFile {
+            fence_at_ms: 0,
+            valid_for_ms: None,
+        }),
         Err(e) => Err(format!("reading {}: {e}", path.display())),
     }
+}
+
+fn parse(text: &str) -> Option<LeaseFile> {
+    let mut parts = text.split_whitespace();
+    let fence_at_ms = parts.next()?.parse().ok()?;
+    let valid_for_ms = match parts.next() {
+        Some(v) => Some(v.parse().ok()?),
+        None => None,
+    };
+    parts.next().is_none().then_some(LeaseFile {
+        fence_at_ms,
+        valid_for_ms,
+    })
 }
 
 /// `spec` run by `ring-agent guard` at `agent` under the lease file `lease`
@@ -80,11 +121,33 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("fence-at-ms");
         assert_eq!(read(&p), Ok(0), "no file: no lease");
-        write(&p, 1_795_000_000_123).unwrap();
-        assert_eq!(read(&p), Ok(1_795_000_000_123));
-        std::fs::write(&p, "soon").unwrap();
-        let err = read(&p).unwrap_err();
-        assert!(err.contains("fence-at-ms") && err.contains("soon"), "{err}");
+        let in_a_minute = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            + 60_000;
+        write(&p, in_a_minute).unwrap();
+        assert_eq!(read(&p), Ok(in_a_minute));
+        let r = read_record(&p).unwrap();
+        let valid = r.valid_for_ms.expect("the validity is recorded");
+        assert!((59_000..=60_000).contains(&valid), "{r:?}");
+        write(&p, 0).unwrap();
+        assert_eq!(read_record(&p).unwrap().valid_for_ms, Some(0), "fenced");
+        // a file of an older Ring: the fence time alone
+        std::fs::write(&p, "1795000000123").unwrap();
+        let old = read_record(&p).unwrap();
+        assert_eq!(
+            (old.fence_at_ms, old.valid_for_ms),
+            (1_795_000_000_123, None)
+        );
+        for garbage in ["soon", "1 2 3", "1 x"] {
+            std::fs::write(&p, garbage).unwrap();
+            let err = read(&p).unwrap_err();
+            assert!(
+                err.contains("fence-at-ms") && err.contains(garbage),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -335,3 +335,10 @@ pub async fn http_get(address: &str, path: &str) -> String {
     );
     body.to_string()
 }
+
+/// This machine's wall clock, unix ms.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

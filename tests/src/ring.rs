@@ -27,22 +27,8 @@ pub fn ringd_bin() -> PathBuf {
 /// reads the clock through libc, as ringd and ring-agent do) with its wall
 /// and monotonic clocks shifted by `offset` (libfaketime's syntax, e.g.
 /// "-5s"), or a panic telling how to install Debian's `faketime`.
-pub fn faketime(offset: &str) -> [(&'static str, String); 2] {
-    let lib = [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib",
-    ]
-    .iter()
-    .map(|d| Path::new(d).join("faketime/libfaketimeMT.so.1"))
-    .find(|p| p.exists())
-    .unwrap_or_else(|| {
-        panic!("libfaketime is missing: run scripts/setup (it installs Debian's faketime)")
-    });
-    [
-        ("LD_PRELOAD", lib.to_string_lossy().into_owned()),
-        ("FAKETIME", offset.to_string()),
-    ]
+pub fn faketime(offset: &str) -> Vec<(String, String)> {
+    scenarios::procs::faketime_env(offset).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One member's process and files.
@@ -211,6 +197,41 @@ impl RingFixture {
         }
     }
 
+    /// After the host of `shoot` was stopped: watches, every 50 ms, whether
+    /// its control plane still `serves`, and (through member `observer`)
+    /// when the first failover of `shoot` became `Pending`, until both are
+    /// known or `within` passed (a panic). Returns (the leader's `Pending`
+    /// time, the last time it was seen serving), unix ms: a replacement may
+    /// begin only after the old control plane stopped.
+    pub async fn pending_and_last_served(
+        &self,
+        observer: usize,
+        shoot: &str,
+        serves: impl Fn() -> bool,
+        within: Duration,
+    ) -> (u64, u64) {
+        let deadline = std::time::Instant::now() + within;
+        let mut next_status = std::time::Instant::now();
+        let (mut last_served, mut pending) = (crate::now_ms(), None);
+        while pending.is_none() || serves() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no failover of {shoot} became Pending (or its control plane never stopped) within {within:?}"
+            );
+            if serves() {
+                last_served = crate::now_ms();
+            }
+            if std::time::Instant::now() >= next_status {
+                next_status = std::time::Instant::now() + Duration::from_millis(200);
+                if let Ok(s) = self.status(observer).await {
+                    pending = pending_at(&s.operations, shoot);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (pending.unwrap_or(0), last_served)
+    }
+
     /// Waits until member `i` knows a leader; returns the leader's index.
     pub async fn leader_seen_by(&self, i: usize, timeout: Duration) -> usize {
         let s = self
@@ -251,4 +272,14 @@ impl Drop for RingFixture {
             self.kill(i);
         }
     }
+}
+
+/// When the first failover of `shoot` became `Pending` (by the proposing
+/// leader's clock, never the stopped member's).
+fn pending_at(ops: &[ringd::state::Operation], shoot: &str) -> Option<u64> {
+    let op = ops.iter().find(|o| o.shoot() == shoot)?;
+    op.history
+        .iter()
+        .find(|h| h.step == ringd::state::OperationStep::Pending)
+        .map(|h| h.at_ms)
 }

@@ -18,13 +18,16 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use seed::kubernetes::agent;
 
-use crate::RingError;
+use crate::{now_ms, RingError};
 
 pub mod backup;
 pub mod forward;
 pub mod guard;
 pub mod handover;
+mod lease_clock;
 pub mod restore;
+
+pub use lease_clock::{LeaseClock, LeaseReading};
 
 /// How long one call to the seed cluster's API may take.
 const API_TIMEOUT: Duration = Duration::from_secs(3);
@@ -67,11 +70,15 @@ impl Cluster {
         Ok(Cluster { client, namespace })
     }
 
-    /// The fence time on the Lease (unix ms; 0 when there is none yet).
-    pub async fn fence_at_ms(&self) -> Result<u64, RingError> {
+    /// The fence time and validity on the Lease (fenced when there is none yet).
+    pub async fn lease_reading(&self) -> Result<LeaseReading, RingError> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         let lease = call("reading the lease", api.get_opt(agent::LEASE)).await?;
-        Ok(lease.map_or(0, |l| agent::fence_at_ms(l.metadata.annotations.as_ref())))
+        let annotations = lease.as_ref().and_then(|l| l.metadata.annotations.as_ref());
+        Ok(LeaseReading {
+            fence_at_ms: agent::fence_at_ms(annotations),
+            valid_for_ms: agent::valid_for_ms(annotations),
+        })
     }
 
     /// The epoch on the Lease: the one the holder serves at (0 when there
@@ -125,23 +132,26 @@ pub enum LeaseSource {
 }
 
 impl LeaseSource {
-    /// The recorded fence time (unix ms; 0 when there is none yet).
-    pub async fn fence_at_ms(&self) -> Result<u64, RingError> {
+    /// The recorded fence time and validity (fenced when there is none yet).
+    pub async fn reading(&self) -> Result<LeaseReading, RingError> {
         match self {
-            LeaseSource::Cluster(c) => c.fence_at_ms().await,
-            LeaseSource::File(path) => {
-                seed::lease_file::read(path).map_err(|reason| RingError::Config {
+            LeaseSource::Cluster(c) => c.lease_reading().await,
+            LeaseSource::File(path) => seed::lease_file::read_record(path)
+                .map(|f| LeaseReading {
+                    fence_at_ms: f.fence_at_ms,
+                    valid_for_ms: f.valid_for_ms,
+                })
+                .map_err(|reason| RingError::Config {
                     field: "--lease-file".into(),
                     reason,
-                })
-            }
+                }),
         }
     }
 }
 
-/// The fence time, re-read every `period` until the returned guard is
-/// dropped or `stop`. A failed read keeps the last value, so the fence time
-/// still ends serving.
+/// The fence time by this host's clock ([`LeaseClock`]), re-read every
+/// `period` until the returned guard is dropped or `stop`. A failed read
+/// keeps the last value, so the fence time still ends serving.
 pub fn follow_lease(
     source: LeaseSource,
     period: Duration,
@@ -162,9 +172,12 @@ async fn watch_lease(
     tx: tokio::sync::watch::Sender<u64>,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    let mut clock = LeaseClock::default();
     loop {
-        match source.fence_at_ms().await {
-            Ok(at) => {
+        let started = now_ms();
+        match source.reading().await {
+            Ok(reading) => {
+                let at = clock.observe(reading, started);
                 tx.send_if_modified(|v| std::mem::replace(v, at) != at);
             }
             Err(e) => {

@@ -180,6 +180,32 @@ impl Run<'_> {
         ))
     }
 
+    /// Restarts the target's ringd under faketime, its clock off by `offset`.
+    async fn skew_clock(
+        &mut self,
+        target: &Target,
+        offset: &str,
+        obs: &Observer,
+    ) -> Result<String, ScenarioError> {
+        let m = self.resolve(*target, obs)?;
+        let env = procs::faketime_env(offset)?;
+        let pids = procs::ringd_pids(&self.layout.dir, &m);
+        procs::signal_all(&pids, nix::sys::signal::Signal::SIGKILL);
+        let gone = Instant::now() + Duration::from_secs(10);
+        while !procs::ringd_pids(&self.layout.dir, &m).is_empty() {
+            if Instant::now() > gone {
+                return Err(ScenarioError::Setup(format!(
+                    "{m}'s ringd did not exit within 10 s of SIGKILL"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bootstrap::start_member_with_env(&self.layout, &self.opts.ringd, &m, &env)?;
+        Ok(format!(
+            "restarted ringd {m} (pids {pids:?}) with its clock {offset} off (faketime)"
+        ))
+    }
+
     /// A killed member comes back: its nodes, then its ringd.
     async fn restart_seed(
         &mut self,
@@ -525,6 +551,7 @@ impl Run<'_> {
             Action::KillMachine { target } => self.kill_machine(*target, obs).await,
             Action::RestartSeed { target } => self.restart_seed(target, obs).await,
             Action::StallRingd { target, r#for } => self.stall_ringd(target, *r#for, obs).await,
+            Action::SkewClock { target, offset } => self.skew_clock(target, offset, obs).await,
             Action::Partition { target } => self.partition(target, obs).await,
             Action::FullSnapshot { shoot } => self.full_snapshot(shoot, obs).await,
             Action::CorruptNewestSnapshot { shoot } => self.corrupt_newest_snapshot(shoot),

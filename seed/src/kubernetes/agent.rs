@@ -28,6 +28,11 @@ pub const EPOCH_ANNOTATION: &str = "ring.gardener.cloud/epoch";
 /// Annotation on the Lease: unix ms after which nothing may serve (the guard
 /// stops its child then; ringd writes the ring lease's end minus its fencing margin).
 pub const FENCE_AT_ANNOTATION: &str = "ring.gardener.cloud/fence-at-ms";
+/// Annotation on the Lease: how long the fence time was from when ringd
+/// wrote it (ms, by ringd's clock). Guards count it from their own
+/// observation of the renewal, so a skewed clock on ringd's host cannot make
+/// them serve longer.
+pub const VALID_FOR_ANNOTATION: &str = "ring.gardener.cloud/valid-for-ms";
 /// The service account of the guarded pods.
 pub const SERVICE_ACCOUNT: &str = "ring-control-plane";
 /// ConfigMap asking etcd's init container to restore (`operation`) and holding its report.
@@ -319,12 +324,13 @@ pub struct LeaseRecord {
     pub duration_secs: u64,
 }
 
-/// The Lease ringd writes for `record`.
-pub fn lease(meta: Value, record: &LeaseRecord) -> Value {
+/// The Lease ringd writes for `record` at `now_ms` (its clock).
+pub fn lease(meta: Value, record: &LeaseRecord, now_ms: u64) -> Value {
     let mut meta = meta;
     meta["annotations"] = json!({
         EPOCH_ANNOTATION: record.epoch.to_string(),
         FENCE_AT_ANNOTATION: record.fence_at_ms.to_string(),
+        VALID_FOR_ANNOTATION: record.fence_at_ms.saturating_sub(now_ms).to_string(),
     });
     json!({
         "apiVersion": "coordination.k8s.io/v1",
@@ -343,6 +349,13 @@ pub fn epoch(annotations: Option<&BTreeMap<String, String>>) -> u64 {
         .and_then(|a| a.get(EPOCH_ANNOTATION))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// The validity recorded on a Lease (`None` when absent: an older Ring's).
+pub fn valid_for_ms(annotations: Option<&BTreeMap<String, String>>) -> Option<u64> {
+    annotations
+        .and_then(|a| a.get(VALID_FOR_ANNOTATION))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The fence time recorded on a Lease, if any (0 when absent or unreadable: fenced).

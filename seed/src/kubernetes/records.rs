@@ -64,7 +64,10 @@ impl KubernetesSeed {
             return Ok(false);
         };
         let spec = ControlPlaneSpec::new(shoot);
-        let lease = self.renderer(&spec).lease(&owner, record);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let lease = self.renderer(&spec).lease(&owner, record, now_ms);
         self.apply(shoot, &lease).await?;
         Ok(true)
     }

@@ -169,9 +169,10 @@ impl Renderer<'_> {
         out
     }
 
-    /// The Lease ringd renews (owned by the anchor like everything else).
-    pub fn lease(&self, owner: &Owner, record: &agent::LeaseRecord) -> Value {
-        agent::lease(self.meta(agent::LEASE, None, owner), record)
+    /// The Lease ringd renews (owned by the anchor like everything else), as
+    /// written at `now_ms`.
+    pub fn lease(&self, owner: &Owner, record: &agent::LeaseRecord, now_ms: u64) -> Value {
+        agent::lease(self.meta(agent::LEASE, None, owner), record, now_ms)
     }
 
     pub(crate) fn pki_secret(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Value {

@@ -127,6 +127,16 @@ pub(super) async fn start_ring(
     ring_name: &str,
     volumes: &[&str],
 ) -> KubernetesRing {
+    start_ring_with_env(cluster_name, ring_name, volumes, &[]).await
+}
+
+/// Like [`start_ring`], m1's ringd with the extra environment `m1_env`.
+pub(super) async fn start_ring_with_env(
+    cluster_name: &str,
+    ring_name: &str,
+    volumes: &[&str],
+    m1_env: &[(&str, &str)],
+) -> KubernetesRing {
     let mut ring = RingFixture::new(3, &["m2", "m3"]);
     let cluster = seed_cluster_with_node(&ring.sandbox, cluster_name).await;
     let kc = cluster.kubeconfig();
@@ -145,7 +155,9 @@ pub(super) async fn start_ring(
         let kubernetes = (i == 0).then_some((state.as_path(), &k8s));
         configure(&m.config, &bucket, &key, kubernetes);
     }
-    ring.start_all();
+    ring.start_with_env(0, m1_env);
+    ring.start(1);
+    ring.start(2);
     ring.wait_status(
         0,
         "m2 served ready from pods",
@@ -167,15 +179,24 @@ pub(super) async fn start_ring(
 /// Backups from the pods, fencing by the lease guard while m1's ringd is
 /// stopped (SIGSTOP), failover off the Kubernetes seed onto a local one, and a
 /// failover onto the Kubernetes seed restored by etcd's init container.
+///
+/// m1's ringd runs with its clock 5 s ahead (faketime); the node and its
+/// pods keep the true time. The pods' guards must stop etcd and
+/// kube-apiserver by the lease m1 measured, before the leader (by its own
+/// record of m1's last renewal) lets a replacement begin (`Pending`). When
+/// the guards took m1's wall-clock fence time, 5 s late on the node, the
+/// pods served on for seconds after the ring had given the shoot up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_ways() {
     let _slot = ring_slot();
+    let skew = ring_tests::ring::faketime("+5s");
+    let env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     // one volume for m2's etcd, one for m3's after its failover onto m1
     let KubernetesRing {
         mut ring,
         cluster,
         state,
-    } = start_ring("k8s-ring", "kr", &["etcd-m2", "etcd-m3"]).await;
+    } = start_ring_with_env("k8s-ring", "kr", &["etcd-m2", "etcd-m3"], &env).await;
 
     // m1 serves m2's control plane from pods, reached at m2's stable endpoint
     // (the address a local seed gives it, relayed to the Service); writes
@@ -193,12 +214,15 @@ async fn a_kubernetes_seed_backs_up_fences_without_ringd_and_fails_over_both_way
     // themselves, and the ring fails m2 over to m3, whose kube-apiserver then
     // listens on that address itself
     ring.signal(0, libc::SIGSTOP);
-    wait_for(
-        "m2's pods stop serving without ringd",
-        Duration::from_secs(30),
-        || async { pod_control_plane("kr", "m2").is_empty().then_some(()) },
-    )
-    .await;
+    let serves = || !pod_control_plane("kr", "m2").is_empty();
+    let (pending, last_served) = ring
+        .pending_and_last_served(1, "m2", serves, Duration::from_secs(60))
+        .await;
+    assert!(
+        pending > last_served,
+        "the failover of m2 became Pending {} ms before m2's pods stopped serving",
+        last_served - pending
+    );
     let op = wait_done(&ring, 1, "m2", 2).await;
     assert_eq!(op.target(), "m3", "{op:?}");
     for i in 0..10 {

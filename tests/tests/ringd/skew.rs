@@ -1,29 +1,12 @@
 //! Leases under a skewed clock: the holder of a lease runs under `faketime`,
 //! its wall clock 5 s behind everyone else's.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ring_tests::ring::{faketime, RingFixture};
 use ringd::config::Timing;
-use ringd::state::{Operation, OperationStep};
 
 use super::serving_processes;
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// When the first failover of `shoot` became `Pending` (the proposing leader's
-/// clock: never the stopped, skewed member's).
-fn pending_at(ops: &[Operation], shoot: &str) -> Option<u64> {
-    let op = ops.iter().find(|o| o.shoot() == shoot)?;
-    op.history
-        .iter()
-        .find(|h| h.step == OperationStep::Pending)
-        .map(|h| h.at_ms)
-}
 
 /// m1 hosts m2's control plane with its clock 5 s behind (ringd and its
 /// lease guards under faketime), so the lease end it reports (`expires_at_ms`)
@@ -44,7 +27,7 @@ async fn a_replacement_waits_for_a_skewed_holders_lease_by_the_leaders_clock() {
     };
     let mut ring = RingFixture::with_timing(3, &["m1"], timing);
     let skew = faketime("-5s");
-    let env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     ring.start_with_env(0, &env);
     ring.start(1);
     ring.start(2);
@@ -81,27 +64,9 @@ async fn a_replacement_waits_for_a_skewed_holders_lease_by_the_leaders_clock() {
     );
 
     ring.signal(0, libc::SIGSTOP);
-    let deadline = Instant::now() + Duration::from_millis(timing.lease_ms * 4);
-    let (mut last_alive_ms, mut pending, mut next_status) = (wall_ms(), None, Instant::now());
-    while pending.is_none() || !serving_processes(&seed_dir).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "no failover of m2 became Pending (or m1's control plane never stopped) within {:?}",
-            deadline.elapsed()
-        );
-        let now = wall_ms();
-        if !serving_processes(&seed_dir).is_empty() {
-            last_alive_ms = now;
-        }
-        if Instant::now() >= next_status {
-            next_status = Instant::now() + Duration::from_millis(200);
-            if let Ok(s) = ring.status(1).await {
-                pending = pending_at(&s.operations, "m2");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let pending = pending.unwrap_or(0);
+    let serves = || !serving_processes(&seed_dir).is_empty();
+    let within = Duration::from_millis(timing.lease_ms * 4);
+    let (pending, last_alive_ms) = ring.pending_and_last_served(1, "m2", serves, within).await;
     assert!(
         pending > last_alive_ms,
         "the failover of m2 became Pending {} ms before m1's control plane stopped serving",
