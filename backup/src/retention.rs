@@ -68,9 +68,12 @@ pub fn kept_fulls(fulls: &[Entry], policy: &Retention, now_ms: i64) -> BTreeSet<
     keep
 }
 
-/// Which objects to delete: full snapshots the policy drops, and deltas no kept
-/// full snapshot builds on (those ending at or before the oldest kept one).
-/// Objects that are not backups are never touched.
+/// Which objects to delete: full snapshots the policy drops, deltas no kept
+/// full snapshot builds on (those ending at or before the oldest kept one),
+/// and superseded objects (a fenced epoch's late uploads, never restored)
+/// once the history they forked from is older than the oldest kept full
+/// snapshot; until then they stay as evidence. Objects that are not backups
+/// are never touched.
 pub fn plan(catalog: &Catalog, policy: &Retention, now_ms: i64) -> GcPlan {
     let kept = kept_fulls(&catalog.fulls, policy, now_ms);
     let oldest_kept = catalog
@@ -91,6 +94,12 @@ pub fn plan(catalog: &Catalog, policy: &Retention, now_ms: i64) -> GcPlan {
         match oldest_kept {
             Some(base) if d.last <= base => out.delete.push(d.name.clone()),
             _ => out.keep.push(d.name.clone()),
+        }
+    }
+    for s in &catalog.superseded {
+        match oldest_kept {
+            Some(base) if s.from_revision < base => out.delete.push(s.entry.name.clone()),
+            _ => out.keep.push(s.entry.name.clone()),
         }
     }
     out
@@ -204,6 +213,28 @@ mod tests {
             .iter()
             .filter(|d| d.last > oldest)
             .all(|d| p.keep.contains(&d.name)));
+    }
+
+    /// A fenced epoch's late objects stay while the fork point is still in
+    /// the kept history, and go once retention moved past it.
+    #[test]
+    fn superseded_objects_go_once_their_fork_point_is_no_longer_kept() {
+        use crate::catalog::object_name_in_epoch as named;
+        let now = 100 * DAY;
+        let object = |epoch, kind, a, b, t| (named(epoch, kind, a, b, t, true, false), 1);
+        let c = Catalog::from_listing(vec![
+            object(1, Kind::Full, 100, 100, now - 3 * HOUR),
+            object(1, Kind::Delta, 101, 200, now - 3 * HOUR + 1),
+            object(1, Kind::Delta, 201, 260, now - 2 * HOUR),
+            object(2, Kind::Full, 200, 200, now - 2 * HOUR),
+            object(2, Kind::Full, 400, 400, now - HOUR),
+        ]);
+        assert_eq!(c.superseded.len(), 1, "{c:?}");
+        let late = c.superseded[0].entry.name.clone();
+        let p = plan(&c, &Retention::KeepLast { count: 2 }, now);
+        assert!(p.keep.contains(&late), "epoch 2 began at 200, still kept");
+        let p = plan(&c, &Retention::KeepLast { count: 1 }, now);
+        assert!(p.delete.contains(&late), "only the full at 400 is kept");
     }
 
     #[test]
