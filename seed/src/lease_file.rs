@@ -41,10 +41,7 @@ pub struct LeaseFile {
 /// Records `fence_at_ms` (0: stop now) and the validity left until then,
 /// replacing the file at once (a guard never reads half a record).
 pub fn write(path: &Path, fence_at_ms: u64) -> Result<()> {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let valid_for = fence_at_ms.saturating_sub(now_ms);
+    let valid_for = fence_at_ms.saturating_sub(crate::process::unix_now_ms());
     crate::pki::write_private(path, format!("{fence_at_ms} {valid_for}").as_bytes())
 }
 
@@ -55,15 +52,9 @@ pub fn record(layout: &ShootLayout, fence_at_ms: u64) -> Result<()> {
     write(&path(layout), fence_at_ms)
 }
 
-/// The recorded fence time: 0 when there is none yet; a file that does not
-/// hold a record is an error naming it.
-pub fn read(path: &Path) -> std::result::Result<u64, String> {
-    read_record(path).map(|r| r.fence_at_ms)
-}
-
 /// The record: fenced (0, no validity) when there is none yet; a file that
 /// does not hold one is an error naming it.
-pub fn read_record(path: &Path) -> std::result::Result<LeaseFile, String> {
+pub fn read(path: &Path) -> std::result::Result<LeaseFile, String> {
     match std::fs::read_to_string(path) {
         Ok(text) => parse(&text).ok_or_else(|| {
             format!(
@@ -120,22 +111,23 @@ mod tests {
     fn the_fence_time_round_trips_and_garbage_is_named() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("fence-at-ms");
-        assert_eq!(read(&p), Ok(0), "no file: no lease");
+        let fence_at = |p: &Path| read(p).map(|r| r.fence_at_ms);
+        assert_eq!(fence_at(&p), Ok(0), "no file: no lease");
         let in_a_minute = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64
             + 60_000;
         write(&p, in_a_minute).unwrap();
-        assert_eq!(read(&p), Ok(in_a_minute));
-        let r = read_record(&p).unwrap();
+        assert_eq!(fence_at(&p), Ok(in_a_minute));
+        let r = read(&p).unwrap();
         let valid = r.valid_for_ms.expect("the validity is recorded");
         assert!((59_000..=60_000).contains(&valid), "{r:?}");
         write(&p, 0).unwrap();
-        assert_eq!(read_record(&p).unwrap().valid_for_ms, Some(0), "fenced");
+        assert_eq!(read(&p).unwrap().valid_for_ms, Some(0), "fenced");
         // a file of an older Ring: the fence time alone
         std::fs::write(&p, "1795000000123").unwrap();
-        let old = read_record(&p).unwrap();
+        let old = read(&p).unwrap();
         assert_eq!(
             (old.fence_at_ms, old.valid_for_ms),
             (1_795_000_000_123, None)

@@ -376,6 +376,13 @@ pub(crate) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// This machine's wall clock, unix ms.
+pub(crate) fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The resident set size of `pid` in KiB (`VmRSS`), if it runs.
 pub fn rss_kib(pid: u32) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -181,25 +181,20 @@ pub fn parse_name(name: &str, size: u64) -> Option<Entry> {
         "raw.aesgcm" => ("raw", true),
         _ => return None,
     };
-    let parts: Vec<&str> = stem.split('-').collect();
+    let mut parts: Vec<&str> = stem.split('-').collect();
+    // an epoch, if any, is the last part (no other part starts with `e`)
+    let epoch = match parts.last() {
+        Some(e) if e.starts_with('e') => {
+            let epoch = parse_epoch(e)?;
+            parts.pop();
+            epoch
+        }
+        _ => 0,
+    };
     let rev = |s: &str| (s.len() == 20).then(|| s.parse::<i64>().ok()).flatten();
-    let (kind, first, last, time, epoch) = match parts.as_slice() {
-        ["full", r, t] => (Kind::Full, rev(r)?, rev(r)?, parse_time(t)?, 0),
-        ["full", r, t, e] => (
-            Kind::Full,
-            rev(r)?,
-            rev(r)?,
-            parse_time(t)?,
-            parse_epoch(e)?,
-        ),
-        ["delta", a, b, t] => (Kind::Delta, rev(a)?, rev(b)?, parse_time(t)?, 0),
-        ["delta", a, b, t, e] => (
-            Kind::Delta,
-            rev(a)?,
-            rev(b)?,
-            parse_time(t)?,
-            parse_epoch(e)?,
-        ),
+    let (kind, first, last, time) = match parts.as_slice() {
+        ["full", r, t] => (Kind::Full, rev(r)?, rev(r)?, parse_time(t)?),
+        ["delta", a, b, t] => (Kind::Delta, rev(a)?, rev(b)?, parse_time(t)?),
         _ => return None,
     };
     if first < 0 || last < first {

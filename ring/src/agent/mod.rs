@@ -72,21 +72,25 @@ impl Cluster {
 
     /// The fence time and validity on the Lease (fenced when there is none yet).
     pub async fn lease_reading(&self) -> Result<LeaseReading, RingError> {
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        let lease = call("reading the lease", api.get_opt(agent::LEASE)).await?;
-        let annotations = lease.as_ref().and_then(|l| l.metadata.annotations.as_ref());
+        let annotations = self.lease_annotations().await?;
         Ok(LeaseReading {
-            fence_at_ms: agent::fence_at_ms(annotations),
-            valid_for_ms: agent::valid_for_ms(annotations),
+            fence_at_ms: agent::fence_at_ms(annotations.as_ref()),
+            valid_for_ms: agent::valid_for_ms(annotations.as_ref()),
         })
     }
 
     /// The epoch on the Lease: the one the holder serves at (0 when there
     /// is no Lease yet).
     pub async fn lease_epoch(&self) -> Result<u64, RingError> {
+        Ok(agent::epoch(self.lease_annotations().await?.as_ref()))
+    }
+
+    /// The annotations of the Lease ringd writes (`None` when there is no
+    /// Lease yet, or it has none).
+    async fn lease_annotations(&self) -> Result<Option<BTreeMap<String, String>>, RingError> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         let lease = call("reading the lease", api.get_opt(agent::LEASE)).await?;
-        Ok(lease.map_or(0, |l| agent::epoch(l.metadata.annotations.as_ref())))
+        Ok(lease.and_then(|l| l.metadata.annotations))
     }
 
     /// The data of ConfigMap `name` (empty when it does not exist).
@@ -136,7 +140,7 @@ impl LeaseSource {
     pub async fn reading(&self) -> Result<LeaseReading, RingError> {
         match self {
             LeaseSource::Cluster(c) => c.lease_reading().await,
-            LeaseSource::File(path) => seed::lease_file::read_record(path)
+            LeaseSource::File(path) => seed::lease_file::read(path)
                 .map(|f| LeaseReading {
                     fence_at_ms: f.fence_at_ms,
                     valid_for_ms: f.valid_for_ms,

@@ -63,10 +63,9 @@ pub struct ShootSeen {
     pub lease_retry_at: Option<Instant>,
     /// When health was last checked.
     pub last_health: Option<Instant>,
-    /// The continuous backup runs.
-    pub backup_running: bool,
-    /// The epoch the running backup writes its objects at (`None`: not
-    /// known). A backup of an older epoch than the placement's is restarted.
+    /// The epoch the continuous backup writes its objects at, while it runs
+    /// (`None`: it does not). A backup of an older epoch than the
+    /// placement's is restarted.
     pub backup_epoch: Option<u64>,
     /// The seed keeps data (or workloads) of this shoot (observed on
     /// release rounds, the only ones that look at it).
@@ -463,14 +462,15 @@ fn backup_duty(
         .map(|p| p.epoch);
     let want = seen.serving && observed.seed.bucket;
     let stale = seen.backup_epoch.zip(epoch).is_some_and(|(b, p)| b < p);
-    if want && !seen.backup_running {
+    let running = seen.backup_epoch.is_some();
+    if want && !running {
         if let Some(epoch) = epoch {
             out.push(Duty::StartBackup {
                 shoot: shoot.to_string(),
                 epoch,
             });
         }
-    } else if seen.backup_running && (!want || stale) {
+    } else if running && (!want || stale) {
         out.push(Duty::StopBackup {
             shoot: shoot.to_string(),
         });

@@ -38,7 +38,7 @@ fn a_migration_source_drains_snapshots_and_hands_over_without_fencing_itself() {
                     verified: false,
                 }),
                 serving: true,
-                backup_running: true,
+                backup_epoch: Some(1),
                 last_health: Some(now),
                 ..Default::default()
             },
@@ -92,7 +92,7 @@ fn target_walk(state: &RingState, op: u64, epoch: u64) -> Vec<TargetAction> {
                     verified,
                 }),
                 serving: running,
-                backup_running: running,
+                backup_epoch: running.then_some(epoch),
                 ..Default::default()
             },
         );
@@ -280,7 +280,7 @@ fn a_move_target_that_loses_its_lease_while_it_runs_is_fenced() {
             verified: false,
         }),
         serving: true,
-        backup_running: true,
+        backup_epoch: Some(2),
         ..Default::default()
     };
     let fence = Duty::Fence {

@@ -52,7 +52,7 @@ fn serving() -> ShootSeen {
     ShootSeen {
         serving: true,
         has_data: true,
-        backup_running: true,
+        backup_epoch: Some(1),
         last_health: None,
         ..Default::default()
     }
@@ -155,7 +155,7 @@ fn serving_follows_the_lease() {
         (
             "serving without a backup: start it",
             Some(ShootSeen {
-                backup_running: false,
+                backup_epoch: None,
                 ..checked.clone()
             }),
             Some(fresh),
@@ -186,7 +186,7 @@ fn serving_follows_the_lease() {
             "a backup left running after serving stopped: stop it",
             Some(ShootSeen {
                 serving: false,
-                backup_running: true,
+                backup_epoch: Some(1),
                 ..Default::default()
             }),
             Some(fresh),

@@ -38,7 +38,6 @@ impl MemberLoop {
         }
         for (shoot, seen) in observed.shoots.iter_mut() {
             seen.backup_epoch = self.shared.backups.running(shoot);
-            seen.backup_running = seen.backup_epoch.is_some();
             if release_due && seen.has_data {
                 seen.released = self.released(shoot);
             }

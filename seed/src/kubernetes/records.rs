@@ -64,9 +64,7 @@ impl KubernetesSeed {
             return Ok(false);
         };
         let spec = ControlPlaneSpec::new(shoot);
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::process::unix_now_ms();
         let lease = self.renderer(&spec).lease(&owner, record, now_ms);
         self.apply(shoot, &lease).await?;
         Ok(true)
