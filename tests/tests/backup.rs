@@ -21,6 +21,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+#[path = "backup/bench.rs"]
+mod bench;
 #[path = "backup/epochs.rs"]
 mod epochs;
 

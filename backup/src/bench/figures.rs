@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use etcd_client::{Client, PutOptions};
 
-use super::tools::{fill, measure, ring_restore, start_backup, start_etcd, value, wait_durable};
+use super::tools::{
+    fill, measure, ring_restore, ringctl_etcd_flags, snapshot_save_cmd, start_backup, start_etcd,
+    value, wait_durable,
+};
 use super::{median, percentile, BenchOptions, BenchResult};
 use crate::etcd::{self, TempEtcd};
 use crate::{now_ms, BackupError, Result};
@@ -19,17 +22,7 @@ pub(super) async fn snapshot(opts: &BenchOptions, r: &mut BenchResult) -> Result
     let mut e = start_etcd(&dir.join("etcd"), "bench").await?;
     let mut client = e.client().await?;
     eprintln!("bench backup: filling etcd to {} MiB ...", opts.db_mib);
-    let len = 4096usize;
-    let mut keys = 0u64;
-    while (etcd::status(&mut client, &e.url).await?.db_size as u64) < opts.db_mib << 20 {
-        let step = ((opts.db_mib << 20) / len as u64 / 8).clamp(1000, 20_000);
-        fill(&client, keys, step, len, 32).await?;
-        keys += step;
-    }
-    let status = etcd::status(&mut client, &e.url).await?;
-    r.db_mib = status.db_size as f64 / (1 << 20) as f64;
-    r.db_keys = keys;
-    let etcdctl = etcd::find_binary("etcdctl", None)?;
+    (r.db_mib, r.db_keys) = fill_to(&mut client, &e.url, opts.db_mib).await?;
     let (mut ring_t, mut ctl_t, mut ring_rss, mut ctl_rss) = (vec![], vec![], 0f64, 0f64);
     for run in 0..opts.runs {
         eprintln!(
@@ -39,12 +32,7 @@ pub(super) async fn snapshot(opts: &BenchOptions, r: &mut BenchResult) -> Result
         );
         let out = dir.join("etcdctl.db");
         let _ = std::fs::remove_file(&out);
-        let mut cmd = Command::new(&etcdctl);
-        cmd.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", e.url))
-            .args(["snapshot", "save"])
-            .arg(&out);
-        let (t, rss, _) = measure(cmd).await?;
+        let (t, rss, _) = measure(snapshot_save_cmd(&e, &out)?).await?;
         ctl_t.push(t);
         ctl_rss = ctl_rss.max(rss);
         let _ = std::fs::remove_file(&out);
@@ -53,7 +41,7 @@ pub(super) async fn snapshot(opts: &BenchOptions, r: &mut BenchResult) -> Result
         let _ = std::fs::remove_dir_all(&bucket);
         let mut cmd = Command::new(&opts.ringctl);
         cmd.args(["backup", "snapshot", "--shoot", "bench", "-o", "json"])
-            .arg(format!("--etcd-endpoint={}", e.url))
+            .args(ringctl_etcd_flags(&e))
             .arg(format!("--bucket=file://{}", bucket.display()));
         let (t, rss, stdout) = measure(cmd).await?;
         ring_t.push(t);
@@ -72,6 +60,20 @@ pub(super) async fn snapshot(opts: &BenchOptions, r: &mut BenchResult) -> Result
     Ok(())
 }
 
+/// Fills etcd with 4 KiB values until its database holds `mib` MiB; returns
+/// its size in MiB and the keys written.
+pub(super) async fn fill_to(client: &mut Client, url: &str, mib: u64) -> Result<(f64, u64)> {
+    let len = 4096usize;
+    let mut keys = 0u64;
+    while (etcd::status(client, url).await?.db_size as u64) < mib << 20 {
+        let step = ((mib << 20) / len as u64 / 8).clamp(1000, 20_000);
+        fill(client, keys, step, len, 32).await?;
+        keys += step;
+    }
+    let status = etcd::status(client, url).await?;
+    Ok((status.db_size as f64 / (1 << 20) as f64, keys))
+}
+
 /// Figure 2: a restore of a full snapshot plus many delta events, Ring
 /// against `etcdctl snapshot restore` of the same final data.
 pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<()> {
@@ -82,7 +84,7 @@ pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<
     fill(&client, 0, base_keys, 1024, 32).await?;
     r.restore_base_keys = base_keys;
     let bucket = dir.join("bucket");
-    let (mut progress, stop, task) = start_backup(&e.url, &dir)?;
+    let (mut progress, stop, task) = start_backup(&e, &dir)?;
     let after_full = etcd::status(&mut client, &e.url).await?.revision;
     wait_durable(&mut progress, after_full, Duration::from_secs(120)).await?;
     eprintln!("bench backup: writing {} delta events ...", opts.events);
@@ -103,7 +105,7 @@ pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<
 
 /// `total` writes, 16 in flight: puts of new keys (60 %), overwrites (30 %)
 /// and deletes (10 %) of the `base_keys` keys.
-async fn write_delta_events(client: &Client, total: u64, base_keys: u64) -> Result<()> {
+pub(super) async fn write_delta_events(client: &Client, total: u64, base_keys: u64) -> Result<()> {
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
@@ -156,20 +158,20 @@ async fn ring_restores(
     r: &mut BenchResult,
 ) -> Result<()> {
     eprintln!("bench backup: restoring with Ring ...");
-    let (t, rss, eps) = ring_restore(opts, bucket, &dir.join("ring-restored"), None).await?;
-    r.restore_ring_secs = t;
-    r.restore_ring_rss_mib = rss;
-    r.replay_events_per_sec = eps;
+    let m = ring_restore(&opts.ringctl, bucket, &dir.join("ring-restored"), None).await?;
+    r.restore_ring_secs = m.secs;
+    r.restore_ring_rss_mib = m.rss_mib;
+    r.replay_events_per_sec = m.events_per_sec;
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         eprintln!("bench backup: restoring with Ring, scratch space on tmpfs ...");
         let work = shm.join(format!("ring-bench-restore-{}", std::process::id()));
-        let result =
-            ring_restore(opts, bucket, &dir.join("ring-restored-tmpfs"), Some(&work)).await;
+        let target = dir.join("ring-restored-tmpfs");
+        let result = ring_restore(&opts.ringctl, bucket, &target, Some(&work)).await;
         let _ = std::fs::remove_dir_all(&work);
-        let (t, _, eps) = result?;
-        r.restore_ring_tmpfs_secs = t;
-        r.replay_events_per_sec_tmpfs = eps;
+        let m = result?;
+        r.restore_ring_tmpfs_secs = m.secs;
+        r.replay_events_per_sec_tmpfs = m.events_per_sec;
     }
     Ok(())
 }
@@ -177,22 +179,22 @@ async fn ring_restores(
 /// The reference: `etcdctl snapshot save` of the same final data, then the
 /// median seconds of `etcdctl snapshot restore` of it (etcd is stopped first).
 async fn etcdctl_restores(opts: &BenchOptions, e: &mut TempEtcd, dir: &Path) -> Result<f64> {
-    let etcdctl = etcd::find_binary("etcdctl", None)?;
     let snap = dir.join("final.db");
-    let mut cmd = Command::new(&etcdctl);
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", e.url))
-        .args(["snapshot", "save"])
-        .arg(&snap);
-    measure(cmd).await?;
+    measure(snapshot_save_cmd(e, &snap)?).await?;
     e.stop().await;
+    etcdctl_restore_secs(&snap, dir, opts.runs).await
+}
+
+/// The median seconds of `etcdctl snapshot restore` of `snap` into `dir`.
+pub(super) async fn etcdctl_restore_secs(snap: &Path, dir: &Path, runs: usize) -> Result<f64> {
+    let etcdctl = etcd::find_binary("etcdctl", None)?;
     let mut times = Vec::new();
-    for i in 0..opts.runs {
+    for i in 0..runs.max(1) {
         let target = dir.join(format!("etcdctl-restored-{i}"));
         let mut cmd = Command::new(&etcdctl);
         cmd.env("ETCDCTL_API", "3")
             .args(["snapshot", "restore"])
-            .arg(&snap)
+            .arg(snap)
             .arg(format!("--data-dir={}", target.display()));
         times.push(measure(cmd).await?.0);
         let _ = std::fs::remove_dir_all(&target);
@@ -206,7 +208,7 @@ pub(super) async fn lag(opts: &BenchOptions, r: &mut BenchResult) -> Result<()> 
     let mut e = start_etcd(&dir.join("etcd"), "bench").await?;
     let mut client = e.client().await?;
     fill(&client, 0, 1000, 1024, 8).await?;
-    let (mut progress, stop, task) = start_backup(&e.url, &dir)?;
+    let (mut progress, stop, task) = start_backup(&e, &dir)?;
     let start_rev = etcd::status(&mut client, &e.url).await?.revision;
     wait_durable(&mut progress, start_rev, Duration::from_secs(60)).await?;
     let (durable, recorder) = record_durable(progress.clone());

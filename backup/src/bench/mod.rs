@@ -7,6 +7,7 @@
 //! 2. A restore of a full snapshot plus many delta events (`ringctl backup
 //!    restore`, a child) against `etcdctl snapshot restore` of a snapshot that
 //!    holds the same final data; and the events replayed per second.
+//!    (`ringctl bench restore` measures the same at scale, `restore.rs`.)
 //! 3. The backup lag under a steady write load: seconds between a put's
 //!    acknowledgement and its delta being stored in the bucket.
 
@@ -19,6 +20,7 @@ use crate::error::io_at;
 use crate::Result;
 
 mod figures;
+pub mod restore;
 mod tools;
 
 /// What to measure.

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use etcd_client::Client;
 use tokio_util::sync::CancellationToken;
 
-use super::BenchOptions;
-use crate::config::{BackupConfig, BucketConfig, EtcdConfig};
+use crate::config::{BackupConfig, BucketConfig};
 use crate::error::io_at;
 use crate::etcd::{self, TempEtcd};
 use crate::runner::Backup;
@@ -128,12 +127,12 @@ pub(super) type Running = (
     tokio::task::JoinHandle<Result<()>>,
 );
 
-/// A continuous backup of the etcd at `url` into `dir/bucket` (default
-/// schedule, no periodic HashKV), running until the token is cancelled.
-pub(super) fn start_backup(url: &str, dir: &Path) -> Result<Running> {
+/// A continuous backup of `e` into `dir/bucket` (default schedule, no
+/// periodic HashKV), running until the token is cancelled.
+pub(super) fn start_backup(e: &TempEtcd, dir: &Path) -> Result<Running> {
     let mut c = BackupConfig::new(
         "bench",
-        EtcdConfig::plain(url),
+        e.config(),
         BucketConfig::url(format!("file://{}", dir.join("bucket").display())),
     );
     c.spool.dir = Some(dir.join("spool"));
@@ -165,21 +164,59 @@ pub(super) async fn wait_durable(
     Ok(())
 }
 
-/// `ringctl backup restore` as a child: (seconds, peak RSS MiB, events replayed per second).
+/// `etcdctl snapshot save` of `e` into `out` (with `e`'s client certificate).
+pub(super) fn snapshot_save_cmd(e: &TempEtcd, out: &Path) -> Result<Command> {
+    let mut cmd = Command::new(etcd::find_binary("etcdctl", None)?);
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", e.url))
+        .args(tls_flags(e, ["cacert", "cert", "key"]))
+        .args(["snapshot", "save"])
+        .arg(out);
+    Ok(cmd)
+}
+
+/// `ringctl`'s flags to reach `e` (its endpoint and client certificate).
+pub(super) fn ringctl_etcd_flags(e: &TempEtcd) -> Vec<String> {
+    let mut flags = vec![format!("--etcd-endpoint={}", e.url)];
+    flags.extend(tls_flags(e, ["etcd-ca", "etcd-cert", "etcd-key"]));
+    flags
+}
+
+/// `--CA=file --CERT=file --KEY=file` for `e`'s CA and client certificate,
+/// under a tool's own flag names.
+fn tls_flags(e: &TempEtcd, names: [&str; 3]) -> Vec<String> {
+    let c = e.config();
+    names
+        .into_iter()
+        .zip([c.ca_file, c.cert_file, c.key_file])
+        .filter_map(|(name, file)| file.map(|f| format!("--{name}={}", f.display())))
+        .collect()
+}
+
+/// What one `ringctl backup restore` took.
+pub(super) struct RingRestore {
+    pub(super) secs: f64,
+    pub(super) rss_mib: f64,
+    pub(super) replay_secs: f64,
+    pub(super) events_per_sec: f64,
+}
+
+/// `ringctl backup restore` of `bucket` as a child; the restored data dir is
+/// removed afterwards.
 pub(super) async fn ring_restore(
-    opts: &BenchOptions,
+    ringctl: &Path,
     bucket: &Path,
     data_dir: &Path,
     work: Option<&Path>,
-) -> Result<(f64, f64, f64)> {
-    let mut cmd = Command::new(&opts.ringctl);
+) -> Result<RingRestore> {
+    let mut cmd = Command::new(ringctl);
     cmd.args(["backup", "restore", "--shoot", "bench", "-o", "json"])
         .arg(format!("--bucket=file://{}", bucket.display()))
         .arg(format!("--data-dir={}", data_dir.display()));
     if let Some(w) = work {
         cmd.arg(format!("--work-dir={}", w.display()));
     }
-    let (t, rss, stdout) = measure(cmd).await?;
+    let (secs, rss_mib, stdout) = measure(cmd).await?;
     let v: serde_json::Value = serde_json::from_str(&stdout).map_err(|e| BackupError::Tool {
         program: "ringctl backup restore".into(),
         message: format!("unreadable report: {e}"),
@@ -190,7 +227,12 @@ pub(super) async fn ring_restore(
         )));
     }
     let events = v["eventsReplayed"].as_f64().unwrap_or(0.0);
-    let replay = v["replaySeconds"].as_f64().unwrap_or(0.0);
+    let replay_secs = v["replaySeconds"].as_f64().unwrap_or(0.0);
     let _ = std::fs::remove_dir_all(data_dir);
-    Ok((t, rss, events / replay.max(1e-9)))
+    Ok(RingRestore {
+        secs,
+        rss_mib,
+        replay_secs,
+        events_per_sec: events / replay_secs.max(1e-9),
+    })
 }

@@ -1,7 +1,8 @@
 //! Restore to a fresh data dir: the newest full snapshot at or before the
 //! target, `etcdctl snapshot restore`, a temporary etcd on loopback that the
 //! deltas are replayed into (one transaction per recorded revision, so the
-//! revisions are etcd's own), verification, and the data dir moved in place.
+//! revisions are etcd's own; etcd does not fsync, the data dir is synced once
+//! at the end), verification, and the data dir moved in place.
 //!
 //! The work is an explicit state machine: [`RestoreState::action`] says what
 //! to do next and the pure [`step`] applies what happened. The state is saved

@@ -1,6 +1,7 @@
 //! Replaying deltas into a temporary etcd on the restored data dir: one
 //! transaction per recorded revision, in order, so the revisions are etcd's
-//! own; leases granted with their recorded ids and kept alive meanwhile.
+//! own; leases granted with their recorded ids and kept alive meanwhile. The
+//! temporary etcd does not fsync; its data dir is synced once it has stopped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -62,16 +63,20 @@ pub(super) async fn replay(
     progress: &(dyn Fn(&str) + Sync),
     cancel: &CancellationToken,
 ) -> Result<Outcome> {
-    let mut temp = TempEtcd::start(
-        &opts.etcd,
-        &work.join("data"),
-        &opts.member.name,
-        &work.join("etcd.log"),
-    )
-    .await?;
+    let data = work.join("data");
+    let mut temp =
+        TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &work.join("etcd.log"))
+            .await?;
     let result = replay_into(&temp, opts, plan, full, progress, cancel).await;
     temp.stop().await;
-    result
+    let outcome = result?;
+    let t = Instant::now();
+    etcd::sync_tree(&data).map_err(crate::error::io_at("syncing", &data))?;
+    progress(&format!(
+        "synced the replayed data to disk in {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(outcome)
 }
 
 /// The revision to reach: the plan's; but a full snapshot taken while etcd

@@ -155,6 +155,20 @@ pub struct BenchArgs {
     pub runs: usize,
 }
 
+/// `ringctl bench restore`
+#[derive(Args, Clone, Debug)]
+pub struct RestoreBenchArgs {
+    /// Size of the database the full snapshot holds.
+    #[arg(long, default_value_t = 573)]
+    pub db_mib: u64,
+    /// Delta events replayed on top of it.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: u64,
+    /// Runs of the restore (median).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+}
+
 /// An error naming the flag to fix.
 pub fn flag(name: &str, reason: impl Into<String>) -> BackupError {
     BackupError::config(name, reason)

@@ -13,7 +13,7 @@ use backup::{BackupConfig, BackupError, Retention};
 use tokio_util::sync::CancellationToken;
 
 use args::{absolute, flag, BucketArgs, EtcdArgs, GcArgs, RestoreArgs, StartArgs};
-pub use args::{BackupCommand, BenchArgs};
+pub use args::{BackupCommand, BenchArgs, RestoreBenchArgs};
 
 use crate::output::{encode, Format};
 
@@ -198,6 +198,21 @@ pub async fn bench(args: BenchArgs, ringctl: PathBuf, format: Format) -> Result<
     let _ = std::fs::remove_dir_all(&opts.dir);
     let result = result?;
     print(&result, format, || backup::bench::render(&result))
+}
+
+/// Runs `ringctl bench restore`; `ringctl` is this executable (measured as a child).
+pub async fn bench_restore(args: RestoreBenchArgs, ringctl: PathBuf, format: Format) -> Result<()> {
+    let opts = backup::bench::restore::RestoreBenchOptions {
+        db_mib: args.db_mib,
+        events: args.events,
+        runs: args.runs.max(1),
+        ringctl,
+        dir: crate::bench::temp_state_dir(),
+    };
+    let result = backup::bench::restore::run(&opts).await;
+    let _ = std::fs::remove_dir_all(&opts.dir);
+    let result = result?;
+    print(&result, format, || backup::bench::restore::render(&result))
 }
 
 fn print<T: serde::Serialize>(

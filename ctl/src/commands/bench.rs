@@ -21,6 +21,9 @@ pub async fn run(cmd: BenchCommand, format: Format) -> anyhow::Result<()> {
         BenchCommand::Migrate(args) => migrate(args, format).await,
         BenchCommand::Failover(args) => failover(args, format).await,
         BenchCommand::Backup(args) => Ok(crate::backup::bench(args, ringctl_exe()?, format).await?),
+        BenchCommand::Restore(args) => {
+            Ok(crate::backup::bench_restore(args, ringctl_exe()?, format).await?)
+        }
     }
 }
 
