@@ -334,6 +334,13 @@ async fn full_and_deltas_round_trip_through_s3_with_tls_and_encryption() {
         report.hash_kv.starts_with("equal at revision"),
         "{report:?}"
     );
+    // etcd applied every revision (puts, overwrites, deletes, leased keys)
+    // from its own log, and the result is exactly the source's
+    assert!(report.revisions_replayed > 0, "{report:?}");
+    assert_eq!(
+        report.revisions_from_log, report.revisions_replayed,
+        "{report:?}"
+    );
 
     // A wrong key and a missing key are named, never garbage.
     let mut wrong = restore_opts(

@@ -32,6 +32,7 @@ mod plan;
 mod replay;
 mod state;
 mod verify;
+mod wal;
 
 pub use download::{check_name, download_full, fetch_delta, DbHash};
 pub use state::{step, Action, Outcome, RestoreState};
@@ -118,6 +119,9 @@ pub struct RestoreReport {
     pub deltas: usize,
     pub revisions_replayed: u64,
     pub events_replayed: u64,
+    /// Of the revisions replayed, those etcd applied from its own log.
+    #[serde(default)]
+    pub revisions_from_log: u64,
     pub replay_seconds: f64,
     pub expected_keys: i64,
     pub keys: i64,

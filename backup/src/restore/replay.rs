@@ -2,6 +2,11 @@
 //! transaction per recorded revision, in order, so the revisions are etcd's
 //! own; leases granted with their recorded ids and kept alive meanwhile. The
 //! temporary etcd does not fsync; its data dir is synced once it has stopped.
+//!
+//! When the full snapshot's revision is known exactly, the revisions are
+//! first appended to etcd's own log (`wal.rs`), which etcd applies when it
+//! starts; the transactions then only check what is left (and do it all
+//! when the log could not be used).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -12,6 +17,7 @@ use etcd_client::{Client, LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;
 
 use super::verify::{self, Checked};
+use super::wal::{self, Requests};
 use super::{fetch_delta, FullInfo, Outcome, RestoreOptions, RestoreReport, RestoreTarget};
 use crate::catalog::Plan;
 use crate::codec::{DeltaMeta, HashKv};
@@ -20,13 +26,13 @@ use crate::etcd::{self, TempEtcd};
 use crate::{BackupError, Result};
 
 /// TTL of a lease a delta uses but whose TTL was not recorded.
-const DEFAULT_LEASE_TTL: i64 = 60;
+pub(super) const DEFAULT_LEASE_TTL: i64 = 60;
 
 /// The leases the temporary etcd holds, shared with their keeper.
 type Leases = Arc<Mutex<BTreeSet<i64>>>;
 
 /// A fetched and decoded delta.
-type Fetched = Result<(String, (DeltaMeta, Vec<RevisionRecord>))>;
+type Fetched = Result<Delta>;
 
 /// Keeps every lease of the temporary etcd alive while the replay runs (an
 /// expiring lease would delete keys and shift the revisions).
@@ -54,7 +60,9 @@ fn keep_leases_alive(client: Client, leases: Leases, stop: CancellationToken) {
     });
 }
 
-/// Starts a temporary etcd on `work/data`, replays and verifies, stops it.
+/// Hands the revisions to etcd's log where it can, starts a temporary etcd
+/// on `work/data` (which applies them), replays what is left and verifies,
+/// stops it, syncs the data.
 pub(super) async fn replay(
     opts: &RestoreOptions,
     work: &Path,
@@ -64,12 +72,28 @@ pub(super) async fn replay(
     cancel: &CancellationToken,
 ) -> Result<Outcome> {
     let data = work.join("data");
+    let t = Instant::now();
+    let mut logged = log_step(opts, &data, plan, full, progress, cancel).await?;
     let mut temp =
         TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &work.join("etcd.log"))
             .await?;
-    let result = replay_into(&temp, opts, plan, full, progress, cancel).await;
+    // etcd has applied its log once it answers
+    let handed = t.elapsed().as_secs_f64();
+    if logged.as_ref().is_some_and(|l| !l.requests.is_empty()) {
+        progress(&format!(
+            "etcd applied its log: {handed:.1}s from fetching the deltas to etcd answering"
+        ));
+    }
+    let result = replay_into(&temp, opts, plan, full, logged.as_mut(), progress, cancel).await;
     temp.stop().await;
-    let outcome = result?;
+    let mut outcome = result?;
+    if let (Outcome::Replayed(report), Some(logged)) = (&mut outcome, &logged) {
+        report.full_revision = logged.snapshot_revision;
+        report.revisions_replayed += logged.requests.revisions;
+        report.revisions_from_log = logged.requests.revisions;
+        report.events_replayed += logged.requests.events;
+        report.replay_seconds += handed;
+    }
     let t = Instant::now();
     etcd::sync_tree(&data).map_err(crate::error::io_at("syncing", &data))?;
     progress(&format!(
@@ -77,6 +101,63 @@ pub(super) async fn replay(
         t.elapsed().as_secs_f64()
     ));
     Ok(outcome)
+}
+
+/// A fetched and decoded delta, named.
+pub(super) type Delta = (String, (DeltaMeta, Vec<RevisionRecord>));
+
+/// The deltas handed to etcd's log, fetched once for the whole replay.
+pub(super) struct Logged {
+    deltas: Vec<Delta>,
+    requests: Requests,
+    /// The full snapshot's revision (etcd's before it applies the log).
+    snapshot_revision: i64,
+}
+
+/// Appends the plan's revisions from the snapshot's on to the fresh log of
+/// `data`. Nothing when the snapshot's exact revision is unknown (etcd was
+/// written while it was taken), revisions may be skipped (`--allow-gap`) or
+/// the log was appended to before (a resumed restore).
+async fn log_step(
+    opts: &RestoreOptions,
+    data: &Path,
+    plan: &Plan,
+    full: &FullInfo,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &CancellationToken,
+) -> Result<Option<Logged>> {
+    if full.base_revision != full.revision_after || opts.allow_gap || !plan.gaps.is_empty() {
+        return Ok(None);
+    }
+    let Some(tail) = wal::read_tail(data)? else {
+        return Ok(None);
+    };
+    let snapshot_revision = full.base_revision;
+    let target = target_revision(opts.target, plan, snapshot_revision);
+    if snapshot_revision > target {
+        return Ok(None);
+    }
+    let mut deltas = Vec::with_capacity(plan.deltas.len());
+    for d in &plan.deltas {
+        if cancel.is_cancelled() {
+            return Err(BackupError::Cancelled);
+        }
+        let fetched = fetch_delta(&opts.bucket, &d.name, opts.key.as_ref()).await?;
+        deltas.push((d.name.clone(), fetched));
+    }
+    let requests = wal::requests(&deltas, snapshot_revision, target);
+    if !requests.is_empty() {
+        let last = wal::append(&tail, &requests)?;
+        progress(&format!(
+            "handed {} revisions ({} events) after revision {snapshot_revision} to etcd's log (entries up to {last})",
+            requests.revisions, requests.events
+        ));
+    }
+    Ok(Some(Logged {
+        deltas,
+        requests,
+        snapshot_revision,
+    }))
 }
 
 /// The revision to reach: the plan's; but a full snapshot taken while etcd
@@ -95,6 +176,7 @@ async fn replay_into(
     opts: &RestoreOptions,
     plan: &Plan,
     full: &FullInfo,
+    logged: Option<&mut Logged>,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &CancellationToken,
 ) -> Result<Outcome> {
@@ -119,8 +201,12 @@ async fn replay_into(
     let stop_keeper = CancellationToken::new();
     keep_leases_alive(client.clone(), leases.clone(), stop_keeper.clone());
     let _stop_keeper = stop_keeper.drop_guard();
-    // Download and decode the next deltas while the current one is applied.
-    let (mut rx, _abort) = fetch_ahead(opts, plan);
+    // Download and decode the next deltas while the current one is applied
+    // (fetched already when the log took them).
+    let (mut rx, _abort) = match logged {
+        Some(l) => fetched(std::mem::take(&mut l.deltas)),
+        None => fetch_ahead(opts, plan),
+    };
 
     let t = Instant::now();
     let mut r = Replayer::new(opts, plan, full, ep, leases, target, restored_revision);
@@ -177,6 +263,19 @@ fn fetch_ahead(
         }
     });
     (rx, AbortOnDrop(fetcher))
+}
+
+/// The deltas fetched already, as a stream.
+fn fetched(deltas: Vec<Delta>) -> (tokio::sync::mpsc::Receiver<Fetched>, AbortOnDrop) {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let feeder = tokio::spawn(async move {
+        for d in deltas {
+            if tx.send(Ok(d)).await.is_err() {
+                return;
+            }
+        }
+    });
+    (rx, AbortOnDrop(feeder))
 }
 
 /// What a recorded revision asks for.
@@ -358,6 +457,7 @@ impl Replayer {
             deltas: plan.deltas.len(),
             revisions_replayed: self.revisions,
             events_replayed: self.events,
+            revisions_from_log: 0,
             replay_seconds,
             expected_keys: self.expected_keys,
             keys: checked.keys,

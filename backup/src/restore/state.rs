@@ -209,6 +209,7 @@ mod tests {
             deltas: 1,
             revisions_replayed: 9,
             events_replayed: 9,
+            revisions_from_log: 0,
             replay_seconds: 0.1,
             expected_keys: 3,
             keys: 3,

@@ -128,13 +128,14 @@ pub fn restored(shoot: &str, report: &backup::restore::RestoreReport) -> String 
         report.total_seconds
     );
     out.push_str(&format!(
-        "  full snapshot {} (revision {}), {} deltas, {} revisions / {} events replayed in {:.1}s\n",
+        "  full snapshot {} (revision {}), {} deltas, {} revisions / {} events replayed in {:.1}s ({} from etcd's log)\n",
         report.full,
         report.full_revision,
         report.deltas,
         report.revisions_replayed,
         report.events_replayed,
-        report.replay_seconds
+        report.replay_seconds,
+        report.revisions_from_log
     ));
     if report.verified {
         out.push_str(&format!(

@@ -1,0 +1,565 @@
+//! Handing the revisions of a replay to etcd's own log: the recorded
+//! revisions are appended to the write-ahead log that `etcdctl snapshot
+//! restore` made, as committed raft entries (one transaction per revision,
+//! lease grants before the revision that first uses a lease), so that etcd
+//! applies them itself when it starts, in order, without a request per
+//! revision. The revisions are etcd's own as with transactions sent one by
+//! one, and the same verification follows.
+//!
+//! The log format is etcd 3.4's (`wal/encoder.go`): each record is an
+//! 8-byte little-endian length (its top byte `0x80 | padding` when padded),
+//! the `walpb.Record` and zero padding to 8 bytes; a record's CRC is CRC-32C
+//! over its data, chained from the previous record's; a CRC record starts a
+//! file and a zero length ends the data. Only the single fresh log a restore
+//! makes is extended (anything else is left to the transactions); the file is
+//! written beside the log and renamed over it, so a crash leaves either log.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use super::replay::{Delta, DEFAULT_LEASE_TTL};
+use crate::delta::RevisionRecord;
+use crate::error::io_at;
+use crate::{BackupError, Result};
+
+const ENTRY: i64 = 2;
+const STATE: i64 = 3;
+const CRC: i64 = 4;
+
+/// `walpb.Record`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Record {
+    #[prost(int64, tag = "1")]
+    r#type: i64,
+    #[prost(uint32, tag = "2")]
+    crc: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    data: Vec<u8>,
+}
+
+/// `raftpb.Entry` (type 0: a normal entry).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Entry {
+    #[prost(int32, tag = "1")]
+    r#type: i32,
+    #[prost(uint64, tag = "2")]
+    term: u64,
+    #[prost(uint64, tag = "3")]
+    index: u64,
+    #[prost(bytes = "vec", tag = "4")]
+    data: Vec<u8>,
+}
+
+/// `raftpb.HardState`.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+struct HardState {
+    #[prost(uint64, tag = "1")]
+    term: u64,
+    #[prost(uint64, tag = "2")]
+    vote: u64,
+    #[prost(uint64, tag = "3")]
+    commit: u64,
+}
+
+/// `etcdserverpb.InternalRaftRequest`, with the two requests a replay needs.
+#[derive(Clone, PartialEq, prost::Message)]
+struct InternalRaftRequest {
+    #[prost(message, optional, tag = "100")]
+    header: Option<RequestHeader>,
+    #[prost(message, optional, tag = "6")]
+    txn: Option<TxnRequest>,
+    #[prost(message, optional, tag = "8")]
+    lease_grant: Option<LeaseGrantRequest>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RequestHeader {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct TxnRequest {
+    #[prost(message, repeated, tag = "2")]
+    success: Vec<RequestOp>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RequestOp {
+    #[prost(message, optional, tag = "2")]
+    request_put: Option<PutRequest>,
+    #[prost(message, optional, tag = "3")]
+    request_delete_range: Option<DeleteRangeRequest>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PutRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    lease: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct DeleteRangeRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct LeaseGrantRequest {
+    #[prost(int64, tag = "1")]
+    ttl: i64,
+    #[prost(int64, tag = "2")]
+    id: i64,
+}
+
+/// The end of the fresh log of a restored data dir.
+#[derive(Debug)]
+pub(super) struct LogTail {
+    file: PathBuf,
+    /// Where the data ends.
+    end: usize,
+    crc: u32,
+    last_index: u64,
+    state: HardState,
+}
+
+/// The requests to append, in order.
+#[derive(Debug, Default)]
+pub(super) struct Requests {
+    encoded: Vec<Vec<u8>>,
+    /// Recorded revisions among them.
+    pub(super) revisions: u64,
+    pub(super) events: u64,
+}
+
+impl Requests {
+    /// Lease grants for the leases `r` uses first (`ttl_of` says their TTL;
+    /// granting a lease etcd holds already changes nothing), then `r` as one
+    /// transaction.
+    pub(super) fn push(&mut self, r: &RevisionRecord, granted: &mut dyn FnMut(i64) -> Option<i64>) {
+        for e in r.events.iter().filter(|e| !e.delete && e.lease != 0) {
+            if let Some(ttl) = granted(e.lease) {
+                self.request(InternalRaftRequest {
+                    lease_grant: Some(LeaseGrantRequest { ttl, id: e.lease }),
+                    ..Default::default()
+                });
+            }
+        }
+        let success = r
+            .events
+            .iter()
+            .map(|e| match e.delete {
+                true => RequestOp {
+                    request_delete_range: Some(DeleteRangeRequest { key: e.key.clone() }),
+                    ..Default::default()
+                },
+                false => RequestOp {
+                    request_put: Some(PutRequest {
+                        key: e.key.clone(),
+                        value: e.value.clone(),
+                        lease: e.lease,
+                    }),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        self.request(InternalRaftRequest {
+            txn: Some(TxnRequest { success }),
+            ..Default::default()
+        });
+        self.revisions += 1;
+        self.events += r.events.len() as u64;
+    }
+
+    fn request(&mut self, mut req: InternalRaftRequest) {
+        // etcd reads the id from the header (nothing waits for these)
+        req.header = Some(RequestHeader {
+            id: self.encoded.len() as u64 + 1,
+        });
+        self.encoded.push(req.encode_to_vec());
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.encoded.is_empty()
+    }
+}
+
+/// The requests for the revisions after `from` up to `target`, in order,
+/// stopping at the first missing revision (the transactions report it).
+pub(super) fn requests(deltas: &[Delta], from: i64, target: i64) -> Requests {
+    let mut requests = Requests::default();
+    let mut granted = BTreeSet::new();
+    let mut next = from + 1;
+    for (_, (meta, records)) in deltas {
+        let ttls: BTreeMap<i64, i64> = meta.leases.iter().copied().collect();
+        for r in records {
+            if r.revision < next {
+                continue; // in the snapshot, or an overlapping delta
+            }
+            if r.revision != next || r.revision > target || too_large_for_the_log(r) {
+                return requests;
+            }
+            requests.push(r, &mut |id| {
+                granted.insert(id).then(|| {
+                    let ttl = ttls.get(&id).copied().filter(|t| *t > 0);
+                    ttl.unwrap_or(DEFAULT_LEASE_TTL)
+                })
+            });
+            next += 1;
+        }
+    }
+    requests
+}
+
+/// Whether a revision is too large for one log record (etcd refuses to start
+/// on a record of 10 MiB or more); it and the rest go as transactions.
+fn too_large_for_the_log(r: &RevisionRecord) -> bool {
+    let bytes: usize = r
+        .events
+        .iter()
+        .map(|e| e.key.len() + e.value.len() + 32)
+        .sum();
+    bytes > 8 << 20
+}
+
+/// One framed record (8-byte length, record, padding).
+fn frame(out: &mut Vec<u8>, rec: &Record) {
+    let data = rec.encode_to_vec();
+    let pad = (8 - data.len() % 8) % 8;
+    let mut len = data.len() as u64;
+    if pad != 0 {
+        len |= ((0x80 | pad) as u64) << 56;
+    }
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&data);
+    out.extend(std::iter::repeat_n(0u8, pad));
+}
+
+fn corrupt(file: &Path, why: impl std::fmt::Display) -> BackupError {
+    BackupError::Restore(format!(
+        "the write-ahead log {} of the restored data is not as etcdctl wrote it: {why}",
+        file.display()
+    ))
+}
+
+/// Reads the fresh log under `data` (`member/wal`): `None` when there is not
+/// exactly one log file or it already holds normal entries (an earlier run
+/// appended to it: etcd applies them when it starts, the transactions do
+/// the rest).
+pub(super) fn read_tail(data: &Path) -> Result<Option<LogTail>> {
+    let dir = data.join("member").join("wal");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(io_at("reading", &dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    if files.len() != 1 {
+        return Ok(None);
+    }
+    let file = files.remove(0);
+    let bytes = std::fs::read(&file).map_err(io_at("reading", &file))?;
+    parse(&file, &bytes)
+}
+
+/// The records of one log file, checked (see [`read_tail`]).
+fn parse(file: &Path, bytes: &[u8]) -> Result<Option<LogTail>> {
+    let (mut off, mut crc, mut last_index, mut state) = (0usize, 0u32, 0u64, None);
+    while let Some(head) = bytes.get(off..off + 8) {
+        let len_field = u64::from_le_bytes(head.try_into().unwrap_or_default());
+        if len_field == 0 {
+            break;
+        }
+        let len = (len_field & !(0xff << 56)) as usize;
+        let pad = if len_field >> 63 == 1 {
+            ((len_field >> 56) & 0x7) as usize
+        } else {
+            0
+        };
+        let body = bytes
+            .get(off + 8..off + 8 + len)
+            .ok_or_else(|| corrupt(file, format!("a record at offset {off} runs past the end")))?;
+        let rec = Record::decode(body).map_err(|e| corrupt(file, e))?;
+        if rec.r#type == CRC {
+            crc = rec.crc;
+        } else {
+            crc = crc32c::crc32c_append(crc, &rec.data);
+            if crc != rec.crc {
+                return Err(corrupt(file, format!("CRC mismatch at offset {off}")));
+            }
+        }
+        match rec.r#type {
+            ENTRY => {
+                let e = Entry::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?;
+                if e.r#type == 0 && !e.data.is_empty() {
+                    return Ok(None); // appended before: not fresh
+                }
+                last_index = e.index;
+            }
+            STATE => {
+                state = Some(HardState::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?)
+            }
+            _ => {}
+        }
+        off += 8 + len + pad;
+    }
+    let Some(state) = state else {
+        return Err(corrupt(file, "it holds no raft state"));
+    };
+    if state.commit != last_index {
+        return Ok(None);
+    }
+    Ok(Some(LogTail {
+        file: file.to_path_buf(),
+        end: off,
+        crc,
+        last_index,
+        state,
+    }))
+}
+
+/// Appends `requests` as committed entries after `tail` (a new file renamed
+/// over the log); returns the index of the last one.
+pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
+    let bytes = std::fs::read(&tail.file).map_err(io_at("reading", &tail.file))?;
+    let mut out = bytes
+        .get(..tail.end)
+        .ok_or_else(|| corrupt(&tail.file, "it changed while the restore read it"))?
+        .to_vec();
+    drop(bytes);
+    let (mut crc, mut index) = (tail.crc, tail.last_index);
+    let mut record = |out: &mut Vec<u8>, r#type: i64, data: Vec<u8>| {
+        crc = crc32c::crc32c_append(crc, &data);
+        frame(out, &Record { r#type, crc, data });
+    };
+    for data in &requests.encoded {
+        index += 1;
+        let entry = Entry {
+            r#type: 0,
+            term: tail.state.term,
+            index,
+            data: data.clone(),
+        };
+        record(&mut out, ENTRY, entry.encode_to_vec());
+    }
+    let state = HardState {
+        commit: index,
+        ..tail.state
+    };
+    record(&mut out, STATE, state.encode_to_vec());
+    let tmp = tail.file.with_extension("wal.appending");
+    std::fs::write(&tmp, &out).map_err(io_at("writing", &tmp))?;
+    std::fs::rename(&tmp, &tail.file).map_err(io_at("replacing", &tail.file))?;
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delta::EventRecord;
+
+    fn log_with(records: &[(i64, Vec<u8>)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        frame(
+            &mut out,
+            &Record {
+                r#type: CRC,
+                crc: 0,
+                data: vec![],
+            },
+        );
+        let mut crc = 0;
+        for (t, data) in records {
+            crc = crc32c::crc32c_append(crc, data);
+            frame(
+                &mut out,
+                &Record {
+                    r#type: *t,
+                    crc,
+                    data: data.clone(),
+                },
+            );
+        }
+        out.extend(std::iter::repeat_n(0u8, 64)); // preallocated space
+        out
+    }
+
+    fn conf_entry() -> Vec<u8> {
+        Entry {
+            r#type: 1,
+            term: 1,
+            index: 1,
+            data: vec![1, 2, 3],
+        }
+        .encode_to_vec()
+    }
+
+    fn state(commit: u64) -> Vec<u8> {
+        HardState {
+            term: 1,
+            vote: 7,
+            commit,
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn frames_are_padded_to_eight_bytes_with_the_padding_in_the_length() {
+        let mut out = Vec::new();
+        frame(
+            &mut out,
+            &Record {
+                r#type: ENTRY,
+                crc: 1,
+                data: vec![9; 3],
+            },
+        );
+        assert_eq!(out.len() % 8, 0);
+        let len = u64::from_le_bytes(out[..8].try_into().unwrap());
+        let pad = ((len >> 56) & 0x7) as usize;
+        assert_eq!(len >> 63, 1);
+        assert_eq!(8 + (len & 0xff_ffff_ffff_ffff) as usize + pad, out.len());
+    }
+
+    #[test]
+    fn a_fresh_log_is_extended_and_reads_back_committed() {
+        let dir = std::env::temp_dir().join(format!("ring-wal-{}", std::process::id()));
+        let file = dir.join("0.wal");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&file, log_with(&[(ENTRY, conf_entry()), (STATE, state(1))])).unwrap();
+        let bytes = std::fs::read(&file).unwrap();
+        let tail = parse(&file, &bytes).unwrap().expect("fresh");
+        assert_eq!((tail.last_index, tail.state.commit), (1, 1));
+        let mut requests = Requests::default();
+        let event = |key: &str, lease| EventRecord {
+            delete: false,
+            key: key.into(),
+            value: b"v".to_vec(),
+            lease,
+            version: 1,
+        };
+        let r = RevisionRecord {
+            revision: 5,
+            time_ms: 0,
+            events: vec![event("a", 9), event("b", 9)],
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        requests.push(&r, &mut |id| seen.insert(id).then_some(30));
+        assert_eq!(
+            (requests.revisions, requests.events, requests.encoded.len()),
+            (1, 2, 2)
+        );
+        assert_eq!(append(&tail, &requests).unwrap(), 3);
+        // read again: the CRC chain holds, and it is no longer fresh
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(parse(&file, &bytes).unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_log_is_refused_with_its_offset() {
+        let file = Path::new("/x/0.wal");
+        let mut bytes = log_with(&[(ENTRY, conf_entry()), (STATE, state(1))]);
+        // the last byte of the state record's data
+        let state_at = log_with(&[(ENTRY, conf_entry())]).len() - 64;
+        let len = u64::from_le_bytes(bytes[state_at..state_at + 8].try_into().unwrap());
+        bytes[state_at + 8 + (len & 0xff_ffff_ffff_ffff) as usize - 1] ^= 0xff;
+        let err = parse(file, &bytes).unwrap_err().to_string();
+        assert!(err.contains("0.wal") && err.contains("CRC"), "{err}");
+        // a log whose state lags its entries is left to the transactions
+        let lagging = log_with(&[(ENTRY, conf_entry()), (STATE, state(0))]);
+        assert!(parse(file, &lagging).unwrap().is_none());
+    }
+
+    fn delta(leases: Vec<(i64, i64)>, records: Vec<RevisionRecord>) -> Delta {
+        let meta = crate::codec::DeltaMeta {
+            first_revision: records.first().map_or(0, |r| r.revision),
+            last_revision: records.last().map_or(0, |r| r.revision),
+            revisions: records.len() as u64,
+            events: records.len() as u64,
+            keys_after: 0,
+            leases,
+            hash_kv: None,
+        };
+        ("d".into(), (meta, records))
+    }
+
+    fn put(revision: i64, lease: i64, value_len: usize) -> RevisionRecord {
+        RevisionRecord {
+            revision,
+            time_ms: 0,
+            events: vec![EventRecord {
+                delete: false,
+                key: format!("k{revision}").into_bytes(),
+                value: vec![0; value_len],
+                lease,
+                version: 1,
+            }],
+        }
+    }
+
+    /// Which revisions go to the log, and which lease grants come with them.
+    #[test]
+    fn the_log_takes_the_contiguous_revisions_after_the_snapshot_up_to_the_target() {
+        let ttl_of = |reqs: &Requests| -> Vec<(i64, i64)> {
+            reqs.encoded
+                .iter()
+                .filter_map(|b| InternalRaftRequest::decode(b.as_slice()).ok()?.lease_grant)
+                .map(|g| (g.id, g.ttl))
+                .collect()
+        };
+        // (deltas, snapshot revision, target, revisions taken, lease grants)
+        type Case = (Vec<Delta>, i64, i64, u64, Vec<(i64, i64)>);
+        let cases: Vec<Case> = vec![
+            // in the snapshot: skipped; overlapping deltas: once; leases once,
+            // with the recorded TTL or the default
+            (
+                vec![
+                    delta(
+                        vec![(7, 30)],
+                        vec![put(4, 0, 1), put(5, 7, 1), put(6, 7, 1)],
+                    ),
+                    delta(vec![], vec![put(6, 0, 1), put(7, 9, 1)]),
+                ],
+                4,
+                100,
+                3,
+                vec![(7, 30), (9, DEFAULT_LEASE_TTL)],
+            ),
+            // the target ends it
+            (
+                vec![delta(vec![], vec![put(5, 0, 1), put(6, 0, 1)])],
+                4,
+                5,
+                1,
+                vec![],
+            ),
+            // a missing revision ends it (the transactions report the gap)
+            (
+                vec![delta(vec![], vec![put(5, 0, 1), put(7, 0, 1)])],
+                4,
+                9,
+                1,
+                vec![],
+            ),
+            // a revision too large for one log record ends it
+            (
+                vec![delta(vec![], vec![put(5, 0, 1), put(6, 0, 9 << 20)])],
+                4,
+                9,
+                1,
+                vec![],
+            ),
+        ];
+        for (i, (deltas, from, target, revisions, grants)) in cases.into_iter().enumerate() {
+            let reqs = requests(&deltas, from, target);
+            assert_eq!(reqs.revisions, revisions, "case {i}");
+            assert_eq!(ttl_of(&reqs), grants, "case {i}");
+        }
+    }
+}
