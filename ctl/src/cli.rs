@@ -349,7 +349,7 @@ pub(crate) enum BenchCommand {
     Failover(FailoverBenchArgs),
     /// Full snapshot speed and memory vs etcdctl, restore of full + deltas vs etcdctl, backup lag.
     Backup(crate::backup::BenchArgs),
-    /// Restore of a large full snapshot + many delta events vs etcdctl; pipelined vs one at a time.
+    /// Restore of a large full snapshot + many delta events, verified, vs etcdctl restoring the full.
     Restore(crate::backup::RestoreBenchArgs),
 }
 

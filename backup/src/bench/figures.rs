@@ -79,21 +79,13 @@ pub(super) async fn fill_to(client: &mut Client, url: &str, mib: u64) -> Result<
 pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<()> {
     let dir = opts.dir.join("restore");
     let mut e = start_etcd(&dir.join("etcd"), "bench").await?;
-    let mut client = e.client().await?;
+    let client = e.client().await?;
     let base_keys = 20_000u64;
     fill(&client, 0, base_keys, 1024, 32).await?;
     r.restore_base_keys = base_keys;
     let bucket = dir.join("bucket");
-    let (mut progress, stop, task) = start_backup(&e, &dir)?;
-    let after_full = etcd::status(&mut client, &e.url).await?.revision;
-    wait_durable(&mut progress, after_full, Duration::from_secs(120)).await?;
-    eprintln!("bench backup: writing {} delta events ...", opts.events);
-    write_delta_events(&client, opts.events, base_keys).await?;
-    let last = etcd::status(&mut client, &e.url).await?.revision;
-    wait_durable(&mut progress, last, Duration::from_secs(300)).await?;
-    stop.cancel();
-    let _ = task.await;
-    r.restore_events = (last - after_full).max(0) as u64;
+    let waits = (Duration::from_secs(120), Duration::from_secs(300));
+    r.restore_events = back_up_with_deltas(&e, &dir, opts.events, base_keys, waits).await?;
 
     ring_restores(opts, &bucket, &dir, r).await?;
     eprintln!("bench backup: etcdctl snapshot restore of the same data ...");
@@ -103,9 +95,32 @@ pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<
     Ok(())
 }
 
+/// Backs `e` up into `dir/bucket`: the full snapshot durable (within
+/// `waits.0`), then `events` writes on top of its `base_keys` keys as deltas
+/// (durable within `waits.1`); returns the revisions the deltas hold.
+pub(super) async fn back_up_with_deltas(
+    e: &TempEtcd,
+    dir: &Path,
+    events: u64,
+    base_keys: u64,
+    waits: (Duration, Duration),
+) -> Result<u64> {
+    let mut client = e.client().await?;
+    let (mut progress, stop, task) = start_backup(e, dir)?;
+    let after_full = etcd::status(&mut client, &e.url).await?.revision;
+    wait_durable(&mut progress, after_full, waits.0).await?;
+    eprintln!("bench: writing {events} delta events ...");
+    write_delta_events(&client, events, base_keys).await?;
+    let last = etcd::status(&mut client, &e.url).await?.revision;
+    wait_durable(&mut progress, last, waits.1).await?;
+    stop.cancel();
+    let _ = task.await;
+    Ok((last - after_full).max(0) as u64)
+}
+
 /// `total` writes, 16 in flight: puts of new keys (60 %), overwrites (30 %)
 /// and deletes (10 %) of the `base_keys` keys.
-pub(super) async fn write_delta_events(client: &Client, total: u64, base_keys: u64) -> Result<()> {
+async fn write_delta_events(client: &Client, total: u64, base_keys: u64) -> Result<()> {
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {

@@ -6,13 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::figures::{etcdctl_restore_secs, fill_to, write_delta_events};
+use super::figures::{back_up_with_deltas, etcdctl_restore_secs, fill_to};
 use super::median;
-use super::tools::{
-    measure, ring_restore, snapshot_save_cmd, start_backup, start_etcd, wait_durable,
-};
+use super::tools::{measure, ring_restore, snapshot_save_cmd, start_etcd};
 use crate::error::io_at;
-use crate::etcd;
 use crate::Result;
 
 /// What to measure.
@@ -64,22 +61,9 @@ pub async fn run(opts: &RestoreBenchOptions) -> Result<RestoreBenchResult> {
     (r.db_mib, r.full_keys) = fill_to(&mut client, &e.url, opts.db_mib).await?;
     let full = dir.join("full.db");
     measure(snapshot_save_cmd(&e, &full)?).await?;
-    let (mut progress, stop, task) = start_backup(&e, dir)?;
-    let after_full = etcd::status(&mut client, &e.url).await?.revision;
-    wait_durable(
-        &mut progress,
-        after_full,
-        std::time::Duration::from_secs(600),
-    )
-    .await?;
-    eprintln!("bench restore: writing {} delta events ...", opts.events);
-    write_delta_events(&client, opts.events, r.full_keys).await?;
-    let last = etcd::status(&mut client, &e.url).await?.revision;
-    wait_durable(&mut progress, last, std::time::Duration::from_secs(600)).await?;
-    stop.cancel();
-    let _ = task.await;
+    let wait = std::time::Duration::from_secs(600);
+    r.events = back_up_with_deltas(&e, dir, opts.events, r.full_keys, (wait, wait)).await?;
     e.stop().await;
-    r.events = (last - after_full).max(0) as u64;
     ring_figures(opts, &dir.join("bucket"), &mut r).await?;
     eprintln!("bench restore: etcdctl snapshot restore of the full snapshot ...");
     r.etcdctl_full_secs = etcdctl_restore_secs(&full, dir, r.runs).await?;

@@ -28,6 +28,15 @@ use crate::{BackupError, Result};
 /// TTL of a lease a delta uses but whose TTL was not recorded.
 pub(super) const DEFAULT_LEASE_TTL: i64 = 60;
 
+/// The TTL to grant lease `id` with: the recorded one (`ttls`, from the
+/// delta), else [`DEFAULT_LEASE_TTL`].
+pub(super) fn lease_ttl(ttls: &BTreeMap<i64, i64>, id: i64) -> i64 {
+    ttls.get(&id)
+        .copied()
+        .filter(|t| *t > 0)
+        .unwrap_or(DEFAULT_LEASE_TTL)
+}
+
 /// The leases the temporary etcd holds, shared with their keeper.
 type Leases = Arc<Mutex<BTreeSet<i64>>>;
 
@@ -500,11 +509,7 @@ async fn apply(
         if e.lease != 0 {
             let known = leases.lock().map(|l| l.contains(&e.lease)).unwrap_or(false);
             if !known {
-                let ttl = ttls
-                    .get(&e.lease)
-                    .copied()
-                    .filter(|t| *t > 0)
-                    .unwrap_or(DEFAULT_LEASE_TTL);
+                let ttl = lease_ttl(ttls, e.lease);
                 match client
                     .lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(e.lease)))
                     .await

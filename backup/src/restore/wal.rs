@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
-use super::replay::{Delta, DEFAULT_LEASE_TTL};
+use super::replay::{lease_ttl, Delta};
 use crate::delta::RevisionRecord;
 use crate::error::io_at;
 use crate::{BackupError, Result};
@@ -118,12 +118,12 @@ struct LeaseGrantRequest {
     id: i64,
 }
 
-/// The end of the fresh log of a restored data dir.
+/// The fresh log of a restored data dir, up to where its data ends.
 #[derive(Debug)]
 pub(super) struct LogTail {
     file: PathBuf,
-    /// Where the data ends.
-    end: usize,
+    /// Its records (a few hundred bytes; the rest is preallocated zeros).
+    head: Vec<u8>,
     crc: u32,
     last_index: u64,
     state: HardState,
@@ -139,14 +139,22 @@ pub(super) struct Requests {
 }
 
 impl Requests {
-    /// Lease grants for the leases `r` uses first (`ttl_of` says their TTL;
-    /// granting a lease etcd holds already changes nothing), then `r` as one
-    /// transaction.
-    pub(super) fn push(&mut self, r: &RevisionRecord, granted: &mut dyn FnMut(i64) -> Option<i64>) {
+    /// Grants for the leases `r` uses that are not in `granted` yet (with
+    /// their TTL in `ttls`; granting a lease etcd holds already changes
+    /// nothing), then `r` as one transaction.
+    pub(super) fn push(
+        &mut self,
+        r: &RevisionRecord,
+        granted: &mut BTreeSet<i64>,
+        ttls: &BTreeMap<i64, i64>,
+    ) {
         for e in r.events.iter().filter(|e| !e.delete && e.lease != 0) {
-            if let Some(ttl) = granted(e.lease) {
+            if granted.insert(e.lease) {
                 self.request(InternalRaftRequest {
-                    lease_grant: Some(LeaseGrantRequest { ttl, id: e.lease }),
+                    lease_grant: Some(LeaseGrantRequest {
+                        ttl: lease_ttl(ttls, e.lease),
+                        id: e.lease,
+                    }),
                     ..Default::default()
                 });
             }
@@ -205,12 +213,7 @@ pub(super) fn requests(deltas: &[Delta], from: i64, target: i64) -> Requests {
             if r.revision != next || r.revision > target || too_large_for_the_log(r) {
                 return requests;
             }
-            requests.push(r, &mut |id| {
-                granted.insert(id).then(|| {
-                    let ttl = ttls.get(&id).copied().filter(|t| *t > 0);
-                    ttl.unwrap_or(DEFAULT_LEASE_TTL)
-                })
-            });
+            requests.push(r, &mut granted, &ttls);
             next += 1;
         }
     }
@@ -316,7 +319,7 @@ fn parse(file: &Path, bytes: &[u8]) -> Result<Option<LogTail>> {
     }
     Ok(Some(LogTail {
         file: file.to_path_buf(),
-        end: off,
+        head: bytes[..off].to_vec(),
         crc,
         last_index,
         state,
@@ -326,12 +329,7 @@ fn parse(file: &Path, bytes: &[u8]) -> Result<Option<LogTail>> {
 /// Appends `requests` as committed entries after `tail` (a new file renamed
 /// over the log); returns the index of the last one.
 pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
-    let bytes = std::fs::read(&tail.file).map_err(io_at("reading", &tail.file))?;
-    let mut out = bytes
-        .get(..tail.end)
-        .ok_or_else(|| corrupt(&tail.file, "it changed while the restore read it"))?
-        .to_vec();
-    drop(bytes);
+    let mut out = tail.head.clone();
     let (mut crc, mut index) = (tail.crc, tail.last_index);
     let mut record = |out: &mut Vec<u8>, r#type: i64, data: Vec<u8>| {
         crc = crc32c::crc32c_append(crc, &data);
@@ -360,6 +358,7 @@ pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::replay::DEFAULT_LEASE_TTL;
     use super::*;
     use crate::delta::EventRecord;
 
@@ -448,8 +447,8 @@ mod tests {
             time_ms: 0,
             events: vec![event("a", 9), event("b", 9)],
         };
-        let mut seen = std::collections::BTreeSet::new();
-        requests.push(&r, &mut |id| seen.insert(id).then_some(30));
+        let mut granted = BTreeSet::new();
+        requests.push(&r, &mut granted, &BTreeMap::from([(9, 30)]));
         assert_eq!(
             (requests.revisions, requests.events, requests.encoded.len()),
             (1, 2, 2)
