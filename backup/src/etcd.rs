@@ -380,6 +380,20 @@ impl TempEtcd {
         Self::start_with(etcd, data_dir, name, log, &extra).await
     }
 
+    /// [`TempEtcd::start`] on a member's existing data with
+    /// `--force-new-cluster`: every other member is removed and this one
+    /// serves alone (a standby's promotion, [`crate::standby::promote`]).
+    pub async fn start_alone(etcd: &Path, data_dir: &Path, name: &str, log: &Path) -> Result<Self> {
+        Self::start_with(
+            etcd,
+            data_dir,
+            name,
+            log,
+            &["--force-new-cluster".to_string()],
+        )
+        .await
+    }
+
     async fn start_with(
         etcd: &Path,
         data_dir: &Path,

@@ -27,6 +27,7 @@ pub mod config;
 pub mod delta;
 mod error;
 pub mod etcd;
+mod etcd_wal;
 pub mod full;
 pub mod full_file;
 pub mod metrics;
@@ -34,6 +35,7 @@ pub mod restore;
 pub mod retention;
 pub mod runner;
 pub mod spool;
+pub mod standby;
 pub mod verify;
 
 pub use bucket::Bucket;

@@ -25,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 mod bench;
 #[path = "backup/epochs.rs"]
 mod epochs;
+#[path = "backup/standby.rs"]
+mod standby;
 
 const WAIT: Duration = Duration::from_secs(60);
 

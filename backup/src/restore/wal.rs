@@ -6,11 +6,7 @@
 //! revision. The revisions are etcd's own as with transactions sent one by
 //! one, and the same verification follows.
 //!
-//! The log format is etcd 3.4's (`wal/encoder.go`): each record is an
-//! 8-byte little-endian length (its top byte `0x80 | padding` when padded),
-//! the `walpb.Record` and zero padding to 8 bytes; a record's CRC is CRC-32C
-//! over its data, chained from the previous record's; a CRC record starts a
-//! file and a zero length ends the data. Only the single fresh log a restore
+//! The log format is etcd 3.4's ([`crate::etcd_wal`]). Only the single fresh log a restore
 //! makes is extended (anything else is left to the transactions); the file is
 //! written beside the log and renamed over it, so a crash leaves either log.
 
@@ -22,46 +18,8 @@ use prost::Message;
 use super::replay::{lease_ttl, Delta};
 use crate::delta::RevisionRecord;
 use crate::error::io_at;
-use crate::{BackupError, Result};
-
-const ENTRY: i64 = 2;
-const STATE: i64 = 3;
-const CRC: i64 = 4;
-
-/// `walpb.Record`.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Record {
-    #[prost(int64, tag = "1")]
-    r#type: i64,
-    #[prost(uint32, tag = "2")]
-    crc: u32,
-    #[prost(bytes = "vec", tag = "3")]
-    data: Vec<u8>,
-}
-
-/// `raftpb.Entry` (type 0: a normal entry).
-#[derive(Clone, PartialEq, prost::Message)]
-struct Entry {
-    #[prost(int32, tag = "1")]
-    r#type: i32,
-    #[prost(uint64, tag = "2")]
-    term: u64,
-    #[prost(uint64, tag = "3")]
-    index: u64,
-    #[prost(bytes = "vec", tag = "4")]
-    data: Vec<u8>,
-}
-
-/// `raftpb.HardState`.
-#[derive(Clone, Copy, PartialEq, prost::Message)]
-struct HardState {
-    #[prost(uint64, tag = "1")]
-    term: u64,
-    #[prost(uint64, tag = "2")]
-    vote: u64,
-    #[prost(uint64, tag = "3")]
-    commit: u64,
-}
+use crate::etcd_wal::{chained, corrupt, files, scan, Entry, HardState, ENTRY, STATE};
+use crate::Result;
 
 /// `etcdserverpb.InternalRaftRequest`, with the two requests a replay needs.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -231,37 +189,12 @@ fn too_large_for_the_log(r: &RevisionRecord) -> bool {
     bytes > 8 << 20
 }
 
-/// One framed record (8-byte length, record, padding).
-fn frame(out: &mut Vec<u8>, rec: &Record) {
-    let data = rec.encode_to_vec();
-    let pad = (8 - data.len() % 8) % 8;
-    let mut len = data.len() as u64;
-    if pad != 0 {
-        len |= ((0x80 | pad) as u64) << 56;
-    }
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&data);
-    out.extend(std::iter::repeat_n(0u8, pad));
-}
-
-fn corrupt(file: &Path, why: impl std::fmt::Display) -> BackupError {
-    BackupError::Restore(format!(
-        "the write-ahead log {} of the restored data is not as etcdctl wrote it: {why}",
-        file.display()
-    ))
-}
-
 /// Reads the fresh log under `data` (`member/wal`): `None` when there is not
 /// exactly one log file or it already holds normal entries (an earlier run
 /// appended to it: etcd applies them when it starts, the transactions do
 /// the rest).
 pub(super) fn read_tail(data: &Path) -> Result<Option<LogTail>> {
-    let dir = data.join("member").join("wal");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(io_at("reading", &dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
-        .collect();
+    let mut files = files(data)?;
     if files.len() != 1 {
         return Ok(None);
     }
@@ -272,55 +205,18 @@ pub(super) fn read_tail(data: &Path) -> Result<Option<LogTail>> {
 
 /// The records of one log file, checked (see [`read_tail`]).
 fn parse(file: &Path, bytes: &[u8]) -> Result<Option<LogTail>> {
-    let (mut off, mut crc, mut last_index, mut state) = (0usize, 0u32, 0u64, None);
-    while let Some(head) = bytes.get(off..off + 8) {
-        let len_field = u64::from_le_bytes(head.try_into().unwrap_or_default());
-        if len_field == 0 {
-            break;
-        }
-        let len = (len_field & !(0xff << 56)) as usize;
-        let pad = if len_field >> 63 == 1 {
-            ((len_field >> 56) & 0x7) as usize
-        } else {
-            0
-        };
-        let body = bytes
-            .get(off + 8..off + 8 + len)
-            .ok_or_else(|| corrupt(file, format!("a record at offset {off} runs past the end")))?;
-        let rec = Record::decode(body).map_err(|e| corrupt(file, e))?;
-        if rec.r#type == CRC {
-            crc = rec.crc;
-        } else {
-            crc = crc32c::crc32c_append(crc, &rec.data);
-            if crc != rec.crc {
-                return Err(corrupt(file, format!("CRC mismatch at offset {off}")));
-            }
-        }
-        match rec.r#type {
-            ENTRY => {
-                let e = Entry::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?;
-                if e.r#type == 0 && !e.data.is_empty() {
-                    return Ok(None); // appended before: not fresh
-                }
-                last_index = e.index;
-            }
-            STATE => {
-                state = Some(HardState::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?)
-            }
-            _ => {}
-        }
-        off += 8 + len + pad;
-    }
-    let Some(state) = state else {
+    let s = scan(file, bytes)?;
+    let Some(state) = s.state else {
         return Err(corrupt(file, "it holds no raft state"));
     };
-    if state.commit != last_index {
-        return Ok(None);
+    let last_index = s.last_index.unwrap_or(0);
+    if s.requests || state.commit != last_index {
+        return Ok(None); // appended before, or not as etcdctl left it
     }
     Ok(Some(LogTail {
         file: file.to_path_buf(),
-        head: bytes[..off].to_vec(),
-        crc,
+        head: bytes[..s.end].to_vec(),
+        crc: s.crc,
         last_index,
         state,
     }))
@@ -332,8 +228,7 @@ pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
     let mut out = tail.head.clone();
     let (mut crc, mut index) = (tail.crc, tail.last_index);
     let mut record = |out: &mut Vec<u8>, r#type: i64, data: Vec<u8>| {
-        crc = crc32c::crc32c_append(crc, &data);
-        frame(out, &Record { r#type, crc, data });
+        chained(out, &mut crc, r#type, data);
     };
     for data in &requests.encoded {
         index += 1;
@@ -362,67 +257,14 @@ mod tests {
     use super::*;
     use crate::delta::EventRecord;
 
+    use crate::etcd_wal::tests::{entry, log_from, state};
+
     fn log_with(records: &[(i64, Vec<u8>)]) -> Vec<u8> {
-        let mut out = Vec::new();
-        frame(
-            &mut out,
-            &Record {
-                r#type: CRC,
-                crc: 0,
-                data: vec![],
-            },
-        );
-        let mut crc = 0;
-        for (t, data) in records {
-            crc = crc32c::crc32c_append(crc, data);
-            frame(
-                &mut out,
-                &Record {
-                    r#type: *t,
-                    crc,
-                    data: data.clone(),
-                },
-            );
-        }
-        out.extend(std::iter::repeat_n(0u8, 64)); // preallocated space
-        out
+        log_from(0, records)
     }
 
     fn conf_entry() -> Vec<u8> {
-        Entry {
-            r#type: 1,
-            term: 1,
-            index: 1,
-            data: vec![1, 2, 3],
-        }
-        .encode_to_vec()
-    }
-
-    fn state(commit: u64) -> Vec<u8> {
-        HardState {
-            term: 1,
-            vote: 7,
-            commit,
-        }
-        .encode_to_vec()
-    }
-
-    #[test]
-    fn frames_are_padded_to_eight_bytes_with_the_padding_in_the_length() {
-        let mut out = Vec::new();
-        frame(
-            &mut out,
-            &Record {
-                r#type: ENTRY,
-                crc: 1,
-                data: vec![9; 3],
-            },
-        );
-        assert_eq!(out.len() % 8, 0);
-        let len = u64::from_le_bytes(out[..8].try_into().unwrap());
-        let pad = ((len >> 56) & 0x7) as usize;
-        assert_eq!(len >> 63, 1);
-        assert_eq!(8 + (len & 0xff_ffff_ffff_ffff) as usize + pad, out.len());
+        entry(1, vec![1, 2, 3])
     }
 
     #[test]
