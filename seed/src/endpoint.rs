@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SeedError};
 
+/// The first port of the hot standbys' etcd ports ([`ShootEndpoint::standby_ports`]).
+pub const STANDBY_PORT_BASE: u16 = 12400;
+
 /// Where a shoot's control plane listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -72,6 +75,15 @@ impl ShootEndpoint {
         format!("https://{}:{}", self.address, self.etcd_peer_port)
     }
 
+    /// etcd's (client, peer) ports of a hot standby on the seed of member
+    /// `slot` (its Raft id): on the shoot's address like the serving
+    /// control plane, apart from its ports, so the two can share a machine;
+    /// distinct per member (ids below 1000 never collide).
+    pub fn standby_ports(&self, slot: u64) -> (u16, u16) {
+        let base = STANDBY_PORT_BASE + 2 * (slot % 1000) as u16;
+        (base, base + 1)
+    }
+
     /// Every socket a control plane listens on, with the component that owns it.
     pub fn sockets(&self) -> [(&'static str, SocketAddr); 5] {
         let at = |p| SocketAddr::from((self.address, p));
@@ -97,6 +109,15 @@ impl ShootEndpoint {
         }
         let ports = self.sockets().map(|(_, s)| s.port());
         for (i, p) in ports.iter().enumerate() {
+            if (STANDBY_PORT_BASE..STANDBY_PORT_BASE + 2000).contains(p) {
+                return Err(SeedError::InvalidSpec {
+                    field: "endpoint ports".into(),
+                    reason: format!(
+                        "port {p} is among the hot standbys' etcd ports {STANDBY_PORT_BASE}-{}; choose another",
+                        STANDBY_PORT_BASE + 1999
+                    ),
+                });
+            }
             if *p == 0 || ports[..i].contains(p) {
                 return Err(SeedError::InvalidSpec {
                     field: "endpoint ports".into(),

@@ -30,9 +30,12 @@ use tokio_util::sync::CancellationToken;
 use crate::binaries::Binaries;
 use crate::error::{Result, SeedError};
 use crate::kubeconfig;
-use crate::pki::{create_private_dir, write_private, Leaf, Pki, SERVICE_CIDR};
+use crate::pki::{create_private_dir, write_private, Leaf, Pki};
 use crate::process::{pid_alive, supervise, Component, ComponentSpec, States, SupervisorTuning};
 use crate::{ComponentStatus, ControlPlaneSpec, ControlPlaneStatus, Health, Phase, Seed};
+
+mod specs;
+use specs::{component_specs, etcd_tls_args};
 
 /// How long `start` waits for etcd to accept connections before giving up.
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -353,6 +356,77 @@ impl LocalSeed {
     /// Starts only the given components of the shoot's control plane (e.g. etcd
     /// alone, to take a final snapshot without writers). Nothing may run yet.
     pub async fn start_only(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
+        let specs = self
+            .component_specs(spec)
+            .into_iter()
+            .filter(|cs| only.contains(&cs.component))
+            .collect();
+        let etcd = SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
+        self.supervise(spec, specs, etcd, || check_ports(spec))
+            .await
+    }
+
+    /// Runs a hot standby of the shoot's etcd here: a member joining the
+    /// cluster the shoot's host serves (`initial_cluster`, from adding it as
+    /// a learner), named `name`, listening on `ports` (client, peer) of the
+    /// shoot's address. Not under the lease guard: a standby holds no lease
+    /// and cannot serve writes alone. Its data goes where the shoot's etcd
+    /// data goes, so a promotion serves from it in place.
+    pub async fn start_standby(
+        &self,
+        spec: &ControlPlaneSpec,
+        name: &str,
+        ports: (u16, u16),
+        initial_cluster: &str,
+    ) -> Result<()> {
+        let layout = self.layout(&spec.shoot);
+        let e = &spec.endpoint;
+        let (client, peer) = (
+            format!("https://{}:{}", e.address, ports.0),
+            format!("https://{}:{}", e.address, ports.1),
+        );
+        let mut args = vec![
+            format!("--name={name}"),
+            format!("--data-dir={}", p(layout.etcd_data())),
+            format!("--listen-client-urls={client}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster={initial_cluster}"),
+            "--initial-cluster-state=existing".into(),
+        ];
+        args.extend(etcd_tls_args(&layout));
+        let etcd = ComponentSpec {
+            component: Component::Etcd,
+            program: self.bins.etcd.clone(),
+            args,
+            log: layout.log(Component::Etcd),
+            netns: None,
+        };
+        let addr = SocketAddr::from((e.address, ports.0));
+        let free = || {
+            for port in [ports.0, ports.1] {
+                check_port(
+                    &spec.shoot,
+                    "etcd (standby)",
+                    SocketAddr::from((e.address, port)),
+                )?;
+            }
+            Ok(())
+        };
+        self.supervise(spec, vec![etcd], addr, free).await
+    }
+
+    /// Supervises `specs` of the shoot (in order) once `free` says their
+    /// sockets are free, waiting for etcd at `etcd_addr` and for the API
+    /// before the components after them.
+    async fn supervise(
+        &self,
+        spec: &ControlPlaneSpec,
+        specs: Vec<ComponentSpec>,
+        etcd_addr: SocketAddr,
+        free: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let mut running = self.running.lock().await;
         if running.contains_key(&spec.shoot) {
             return Err(SeedError::AlreadyRunning {
@@ -365,7 +439,7 @@ impl LocalSeed {
         create_private_dir(&layout.dir)?;
         let lock = acquire_lock(&layout, &spec.shoot)?;
         self.prepare(spec)?;
-        check_ports(spec)?;
+        free()?;
 
         let (tx, rx) = watch::channel(States::new());
         let writer = tokio::spawn(write_status(layout.status_file(), rx.clone()));
@@ -377,11 +451,7 @@ impl LocalSeed {
             _lock: lock,
         };
         let shoot = spec.shoot.clone();
-        for cs in self
-            .component_specs(spec)
-            .into_iter()
-            .filter(|cs| only.contains(&cs.component))
-        {
+        for cs in specs {
             let c = cs.component;
             let token = CancellationToken::new();
             let task = supervise(cs, token.clone(), tx.clone(), self.tuning);
@@ -402,22 +472,18 @@ impl LocalSeed {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-            if c == Component::Etcd {
-                let etcd_addr =
-                    SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
-                if !wait_tcp(etcd_addr, ETCD_START_TIMEOUT).await {
-                    drop(tx);
-                    r.shutdown().await;
-                    return Err(SeedError::NotReady {
-                        shoot,
-                        waited_secs: ETCD_START_TIMEOUT.as_secs(),
-                        last: format!(
-                            "etcd does not accept connections on {etcd_addr}; last lines of {}:\n{}",
-                            layout.log(Component::Etcd).display(),
-                            ShootLayout::tail(&layout.log(Component::Etcd), 15)
-                        ),
-                    });
-                }
+            if c == Component::Etcd && !wait_tcp(etcd_addr, ETCD_START_TIMEOUT).await {
+                drop(tx);
+                r.shutdown().await;
+                return Err(SeedError::NotReady {
+                    shoot,
+                    waited_secs: ETCD_START_TIMEOUT.as_secs(),
+                    last: format!(
+                        "etcd does not accept connections on {etcd_addr}; last lines of {}:\n{}",
+                        layout.log(Component::Etcd).display(),
+                        ShootLayout::tail(&layout.log(Component::Etcd), 15)
+                    ),
+                });
             }
         }
         running.insert(shoot, r);
@@ -526,21 +592,25 @@ fn acquire_lock(layout: &ShootLayout, shoot: &str) -> Result<Flock<File>> {
 /// Fails with [`SeedError::PortInUse`] if any socket of the spec's endpoint is taken.
 pub fn check_ports(spec: &ControlPlaneSpec) -> Result<()> {
     for (component, addr) in spec.endpoint.sockets() {
-        if let Err(e) = std::net::TcpListener::bind(addr) {
-            return Err(match e.kind() {
-                std::io::ErrorKind::AddrInUse => SeedError::PortInUse {
-                    shoot: spec.shoot.clone(),
-                    component: component.to_string(),
-                    addr,
-                },
-                _ => SeedError::InvalidSpec {
-                    field: "endpoint".into(),
-                    reason: format!("cannot listen on {addr} for {component}: {e}"),
-                },
-            });
-        }
+        check_port(&spec.shoot, component, addr)?;
     }
     Ok(())
+}
+
+/// Fails with [`SeedError::PortInUse`] if `addr` is taken.
+fn check_port(shoot: &str, component: &str, addr: SocketAddr) -> Result<()> {
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(SeedError::PortInUse {
+            shoot: shoot.to_string(),
+            component: component.to_string(),
+            addr,
+        }),
+        Err(e) => Err(SeedError::InvalidSpec {
+            field: "endpoint".into(),
+            reason: format!("cannot listen on {addr} for {component}: {e}"),
+        }),
+    }
 }
 
 async fn wait_tcp(addr: SocketAddr, timeout: Duration) -> bool {
@@ -556,128 +626,6 @@ async fn wait_tcp(addr: SocketAddr, timeout: Duration) -> bool {
 
 fn p(path: PathBuf) -> String {
     path.display().to_string()
-}
-
-/// The command lines of a shoot's components (pure; unit-tested).
-fn component_specs(
-    layout: &ShootLayout,
-    spec: &ControlPlaneSpec,
-    bins: &Binaries,
-    advertise: std::net::Ipv4Addr,
-) -> Vec<ComponentSpec> {
-    let e = &spec.endpoint;
-    let addr = e.address.to_string();
-    let pki = layout.pki();
-    let ca = pki.ca();
-    let leaf = |l| pki.leaf(l);
-    let (etcd_srv, etcd_peer, etcd_cli, api) = (
-        leaf(Leaf::EtcdServer),
-        leaf(Leaf::EtcdPeer),
-        leaf(Leaf::EtcdClient),
-        leaf(Leaf::ApiServer),
-    );
-    let kubelet_cli = leaf(Leaf::KubeletClient);
-    let etcd = vec![
-        format!("--name={}", spec.shoot),
-        format!("--data-dir={}", p(layout.etcd_data())),
-        format!("--listen-client-urls={}", e.etcd_url()),
-        format!("--advertise-client-urls={}", e.etcd_url()),
-        format!("--listen-peer-urls={}", e.etcd_peer_url()),
-        format!("--initial-advertise-peer-urls={}", e.etcd_peer_url()),
-        format!("--initial-cluster={}={}", spec.shoot, e.etcd_peer_url()),
-        format!("--initial-cluster-token=ring-{}", spec.shoot),
-        "--initial-cluster-state=new".into(),
-        format!("--cert-file={}", p(etcd_srv.cert)),
-        format!("--key-file={}", p(etcd_srv.key)),
-        "--client-cert-auth=true".into(),
-        format!("--trusted-ca-file={}", p(ca.cert.clone())),
-        format!("--peer-cert-file={}", p(etcd_peer.cert)),
-        format!("--peer-key-file={}", p(etcd_peer.key)),
-        "--peer-client-cert-auth=true".into(),
-        format!("--peer-trusted-ca-file={}", p(ca.cert.clone())),
-        "--logger=zap".into(),
-        "--log-outputs=stderr".into(),
-    ];
-    let apiserver = vec![
-        format!("--advertise-address={advertise}"),
-        format!("--bind-address={addr}"),
-        format!("--secure-port={}", e.api_port),
-        "--insecure-port=0".into(),
-        format!("--etcd-servers={}", e.etcd_url()),
-        format!("--etcd-cafile={}", p(ca.cert.clone())),
-        format!("--etcd-certfile={}", p(etcd_cli.cert)),
-        format!("--etcd-keyfile={}", p(etcd_cli.key)),
-        format!("--client-ca-file={}", p(ca.cert.clone())),
-        format!("--tls-cert-file={}", p(api.cert)),
-        format!("--tls-private-key-file={}", p(api.key)),
-        // Nodes register with certificates of group system:nodes; the Node
-        // authorizer and NodeRestriction keep each one to its own objects.
-        "--authorization-mode=Node,RBAC".into(),
-        "--enable-admission-plugins=NodeRestriction".into(),
-        format!("--kubelet-client-certificate={}", p(kubelet_cli.cert)),
-        format!("--kubelet-client-key={}", p(kubelet_cli.key)),
-        // node names are member names, not resolvable host names
-        "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP".into(),
-        format!(
-            "--service-account-key-file={}",
-            p(pki.service_account_pub())
-        ),
-        format!(
-            "--service-account-signing-key-file={}",
-            p(pki.service_account_key())
-        ),
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-        "--allow-privileged=true".into(),
-        "--profiling=false".into(),
-        format!("--cert-dir={}", p(layout.run_dir(Component::KubeApiserver))),
-        "--v=1".into(),
-    ];
-    let common = |c: Component, port: u16| {
-        let kc = p(layout.component_kubeconfig(c));
-        vec![
-            format!("--kubeconfig={kc}"),
-            format!("--authentication-kubeconfig={kc}"),
-            format!("--authorization-kubeconfig={kc}"),
-            format!("--bind-address={addr}"),
-            format!("--secure-port={port}"),
-            "--port=0".into(),
-            format!("--cert-dir={}", p(layout.run_dir(c))),
-            "--leader-elect=true".into(),
-            "--profiling=false".into(),
-        ]
-    };
-    let mut cm = common(Component::KubeControllerManager, e.controller_manager_port);
-    cm.extend([
-        format!(
-            "--service-account-private-key-file={}",
-            p(pki.service_account_key())
-        ),
-        format!("--root-ca-file={}", p(ca.cert.clone())),
-        format!("--cluster-signing-cert-file={}", p(ca.cert.clone())),
-        format!("--cluster-signing-key-file={}", p(ca.key.clone())),
-        "--use-service-account-credentials=true".into(),
-    ]);
-    let scheduler = common(Component::KubeScheduler, e.scheduler_port);
-    [
-        (Component::Etcd, &bins.etcd, etcd),
-        (Component::KubeApiserver, &bins.kube_apiserver, apiserver),
-        (
-            Component::KubeControllerManager,
-            &bins.kube_controller_manager,
-            cm,
-        ),
-        (Component::KubeScheduler, &bins.kube_scheduler, scheduler),
-    ]
-    .into_iter()
-    .map(|(component, program, args)| ComponentSpec {
-        component,
-        program: program.clone(),
-        args,
-        log: layout.log(component),
-        netns: None,
-    })
-    .collect()
 }
 
 async fn write_status(path: PathBuf, mut rx: watch::Receiver<States>) {

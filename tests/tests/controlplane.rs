@@ -489,3 +489,6 @@ kind: Pod
 metadata: {name: app, namespace: team-a}
 spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
 "#;
+
+#[path = "controlplane/standby.rs"]
+mod standby;

@@ -1,0 +1,146 @@
+//! The command lines of a local seed's control plane components (pure).
+
+use std::path::PathBuf;
+
+use super::ShootLayout;
+use crate::binaries::Binaries;
+use crate::pki::{Leaf, SERVICE_CIDR};
+use crate::process::{Component, ComponentSpec};
+use crate::ControlPlaneSpec;
+
+fn p(path: PathBuf) -> String {
+    path.display().to_string()
+}
+
+/// etcd's TLS flags (clients and peers need certificates of the shoot's CA)
+/// and logging.
+pub(super) fn etcd_tls_args(layout: &ShootLayout) -> Vec<String> {
+    let pki = layout.pki();
+    let (ca, server, peer) = (
+        pki.ca(),
+        pki.leaf(Leaf::EtcdServer),
+        pki.leaf(Leaf::EtcdPeer),
+    );
+    vec![
+        format!("--cert-file={}", p(server.cert)),
+        format!("--key-file={}", p(server.key)),
+        "--client-cert-auth=true".into(),
+        format!("--trusted-ca-file={}", p(ca.cert.clone())),
+        format!("--peer-cert-file={}", p(peer.cert)),
+        format!("--peer-key-file={}", p(peer.key)),
+        "--peer-client-cert-auth=true".into(),
+        format!("--peer-trusted-ca-file={}", p(ca.cert)),
+        "--logger=zap".into(),
+        "--log-outputs=stderr".into(),
+    ]
+}
+
+/// The command lines of a shoot's components (pure; unit-tested).
+pub(super) fn component_specs(
+    layout: &ShootLayout,
+    spec: &ControlPlaneSpec,
+    bins: &Binaries,
+    advertise: std::net::Ipv4Addr,
+) -> Vec<ComponentSpec> {
+    let e = &spec.endpoint;
+    let addr = e.address.to_string();
+    let pki = layout.pki();
+    let ca = pki.ca();
+    let leaf = |l| pki.leaf(l);
+    let (etcd_cli, api) = (leaf(Leaf::EtcdClient), leaf(Leaf::ApiServer));
+    let kubelet_cli = leaf(Leaf::KubeletClient);
+    let etcd: Vec<String> = [
+        format!("--name={}", spec.shoot),
+        format!("--data-dir={}", p(layout.etcd_data())),
+        format!("--listen-client-urls={}", e.etcd_url()),
+        format!("--advertise-client-urls={}", e.etcd_url()),
+        format!("--listen-peer-urls={}", e.etcd_peer_url()),
+        format!("--initial-advertise-peer-urls={}", e.etcd_peer_url()),
+        format!("--initial-cluster={}={}", spec.shoot, e.etcd_peer_url()),
+        format!("--initial-cluster-token=ring-{}", spec.shoot),
+        "--initial-cluster-state=new".into(),
+    ]
+    .into_iter()
+    .chain(etcd_tls_args(layout))
+    .collect::<Vec<_>>();
+    let apiserver = vec![
+        format!("--advertise-address={advertise}"),
+        format!("--bind-address={addr}"),
+        format!("--secure-port={}", e.api_port),
+        "--insecure-port=0".into(),
+        format!("--etcd-servers={}", e.etcd_url()),
+        format!("--etcd-cafile={}", p(ca.cert.clone())),
+        format!("--etcd-certfile={}", p(etcd_cli.cert)),
+        format!("--etcd-keyfile={}", p(etcd_cli.key)),
+        format!("--client-ca-file={}", p(ca.cert.clone())),
+        format!("--tls-cert-file={}", p(api.cert)),
+        format!("--tls-private-key-file={}", p(api.key)),
+        // Nodes register with certificates of group system:nodes; the Node
+        // authorizer and NodeRestriction keep each one to its own objects.
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--kubelet-client-certificate={}", p(kubelet_cli.cert)),
+        format!("--kubelet-client-key={}", p(kubelet_cli.key)),
+        // node names are member names, not resolvable host names
+        "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP".into(),
+        format!(
+            "--service-account-key-file={}",
+            p(pki.service_account_pub())
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            p(pki.service_account_key())
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--allow-privileged=true".into(),
+        "--profiling=false".into(),
+        format!("--cert-dir={}", p(layout.run_dir(Component::KubeApiserver))),
+        "--v=1".into(),
+    ];
+    let common = |c: Component, port: u16| {
+        let kc = p(layout.component_kubeconfig(c));
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            format!("--bind-address={addr}"),
+            format!("--secure-port={port}"),
+            "--port=0".into(),
+            format!("--cert-dir={}", p(layout.run_dir(c))),
+            "--leader-elect=true".into(),
+            "--profiling=false".into(),
+        ]
+    };
+    let mut cm = common(Component::KubeControllerManager, e.controller_manager_port);
+    cm.extend([
+        format!(
+            "--service-account-private-key-file={}",
+            p(pki.service_account_key())
+        ),
+        format!("--root-ca-file={}", p(ca.cert.clone())),
+        format!("--cluster-signing-cert-file={}", p(ca.cert.clone())),
+        format!("--cluster-signing-key-file={}", p(ca.key.clone())),
+        "--use-service-account-credentials=true".into(),
+    ]);
+    let scheduler = common(Component::KubeScheduler, e.scheduler_port);
+    [
+        (Component::Etcd, &bins.etcd, etcd),
+        (Component::KubeApiserver, &bins.kube_apiserver, apiserver),
+        (
+            Component::KubeControllerManager,
+            &bins.kube_controller_manager,
+            cm,
+        ),
+        (Component::KubeScheduler, &bins.kube_scheduler, scheduler),
+    ]
+    .into_iter()
+    .map(|(component, program, args)| ComponentSpec {
+        component,
+        program: program.clone(),
+        args,
+        log: layout.log(component),
+        netns: None,
+    })
+    .collect()
+}
