@@ -38,6 +38,8 @@ pub struct Joined {
     pub id: u64,
     /// `--initial-cluster` for its first start: every member, itself included.
     pub initial_cluster: String,
+    /// It was added now (not found from an earlier attempt).
+    pub added: bool,
 }
 
 /// Adds a member at `peer_url` as a learner of the cluster `cfg` reaches and
@@ -53,7 +55,8 @@ pub async fn add_learner(cfg: &EtcdConfig, name: &str, peer_url: &str) -> Result
         .map(|m| (m.id(), m.name().to_string(), m.peer_urls().to_vec()))
         .collect();
     let mine = |urls: &[String]| urls.iter().any(|u| u == peer_url);
-    if !members.iter().any(|(_, _, urls)| mine(urls)) {
+    let added = !members.iter().any(|(_, _, urls)| mine(urls));
+    if added {
         let opts = etcd_client::MemberAddOptions::new().with_is_learner();
         let added = call(
             &endpoint,
@@ -67,7 +70,9 @@ pub async fn add_learner(cfg: &EtcdConfig, name: &str, peer_url: &str) -> Result
             .map(|m| (m.id(), m.name().to_string(), m.peer_urls().to_vec()))
             .collect();
     }
-    initial_cluster(&members, name, peer_url)
+    let mut joined = initial_cluster(&members, name, peer_url)?;
+    joined.added = added;
+    Ok(joined)
 }
 
 /// `--initial-cluster` from the member list: the new member (named `name`,
@@ -103,6 +108,7 @@ fn initial_cluster(
     Ok(Joined {
         id,
         initial_cluster: parts.join(","),
+        added: false,
     })
 }
 
@@ -157,6 +163,51 @@ async fn is_learner(client: &mut Client, endpoint: &str, id: u64) -> Result<bool
             message: format!("member {id:x} is no longer in the cluster (removed?)"),
         }),
     }
+}
+
+/// The other members of the cluster `cfg` reaches (the one answering is left
+/// out): (id, peer URLs).
+pub async fn peers(cfg: &EtcdConfig) -> Result<Vec<(u64, Vec<String>)>> {
+    let endpoint = cfg.endpoints.join(",");
+    let mut client = etcd::connect(cfg).await?;
+    let me = call(&endpoint, "status", client.status())
+        .await?
+        .header()
+        .map_or(0, |h| h.member_id());
+    let listed = call(&endpoint, "listing members", client.member_list()).await?;
+    Ok(listed
+        .members()
+        .iter()
+        .filter(|m| m.id() != me)
+        .map(|m| (m.id(), m.peer_urls().to_vec()))
+        .collect())
+}
+
+/// Removes member `id` from the cluster `cfg` reaches (it needs the
+/// cluster's quorum: a voter that is gone takes a re-forming instead).
+pub async fn remove(cfg: &EtcdConfig, id: u64) -> Result<()> {
+    let endpoint = cfg.endpoints.join(",");
+    let mut client = etcd::connect(cfg).await?;
+    let removing = client.member_remove(id);
+    match tokio::time::timeout(std::time::Duration::from_secs(3), removing).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(etcd::err(&endpoint, &format!("removing member {id:x}"), e)),
+        Err(_) => Err(etcd::err(
+            &endpoint,
+            &format!("removing member {id:x}"),
+            "no answer within 3 s (the cluster lost its quorum?)",
+        )),
+    }
+}
+
+/// Whether the cluster `cfg` reaches has a quorum: a linearizable read
+/// answers within `within` (it needs the leader to hear from a majority).
+pub async fn has_quorum(cfg: &EtcdConfig, within: std::time::Duration) -> bool {
+    let Ok(mut client) = etcd::connect(cfg).await else {
+        return false;
+    };
+    let read = client.get("ring/quorum-probe", None);
+    matches!(tokio::time::timeout(within, read).await, Ok(Ok(_)))
 }
 
 /// Raises the commit recorded in the log under `data` (a stopped member's
@@ -360,7 +411,8 @@ mod tests {
             Joined {
                 id: 2,
                 initial_cluster: "m2=https://127.0.0.1:2380,standby-m3=https://127.0.0.1:2402"
-                    .into()
+                    .into(),
+                added: false,
             }
         );
         let err =

@@ -167,6 +167,10 @@ pub struct RingConfig {
     /// shoot's node instead of as processes (bootstrap moves it there).
     #[serde(default, skip_serializing_if = "SelfHosting::is_empty")]
     pub self_hosting: SelfHosting,
+    /// How each shoot's etcd is protected: `backup` (default) or `standby`
+    /// (a hot standby on the seed that would take it over; local seeds).
+    #[serde(default)]
+    pub protection: ringd::config::Protection,
 }
 
 /// Which members host as pods on their own shoot's node (`selfHosting`).
@@ -203,6 +207,7 @@ impl Default for RingConfig {
             nodes: Nodes::default(),
             release_grace_seconds: ringd::config::default_release_grace_secs(),
             self_hosting: SelfHosting::default(),
+            protection: Default::default(),
         }
     }
 }

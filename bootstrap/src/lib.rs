@@ -499,6 +499,7 @@ fn write_member_config(
             bucket: backup::BucketConfig::url(layout.bucket_url(config)),
             encryption: config.bucket_encryption.clone(),
         }),
+        protection: config.protection,
     };
     rc.validate()?;
     let yaml = serde_yaml::to_string(&rc).map_err(|e| BootstrapError::Config {

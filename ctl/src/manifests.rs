@@ -198,6 +198,8 @@ fn ringd_config(
                 // a Kubernetes seed backs up nothing yet (see the README)
                 encryption: None,
             }),
+        // a hot standby runs on local seeds only
+        protection: Default::default(),
     }
 }
 

@@ -123,6 +123,20 @@ impl Timing {
     }
 }
 
+/// How the ring protects each shoot's etcd against the loss of its host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Protection {
+    /// Continuous backups to the bucket; a failover restores from them
+    /// (what was acknowledged after the newest durable delta is lost).
+    #[default]
+    Backup,
+    /// On top of the backups, a hot standby: a second voting etcd member on
+    /// the seed that would take the shoot over, so every acknowledged write
+    /// is on two seeds; a failover promotes it. Local seeds only, for now.
+    Standby,
+}
+
 /// Hosting control planes on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -185,6 +199,10 @@ pub struct RingdConfig {
     /// bucket failovers restore from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSection>,
+    /// How shoots are protected (`backup`, the default, or `standby`). The
+    /// leader decides by its own: every member of a ring gets the same.
+    #[serde(default)]
+    pub protection: Protection,
 }
 
 /// Where a member backs up the control planes it serves.
@@ -223,6 +241,25 @@ fn check_addr(field: &str, addr: &str) -> Result<SocketAddr, RingError> {
 }
 
 impl RingdConfig {
+    /// A hot standby needs a local seed (it runs etcd next to ringd) and a
+    /// bucket (it fetches the shoot's certificates from there).
+    fn validate_protection(&self) -> Result<(), RingError> {
+        if self.protection != Protection::Standby {
+            return Ok(());
+        }
+        match &self.seed {
+            Some(s) if s.kubernetes.is_some() => Err(bad(
+                "protection",
+                "standby runs only on local seeds for now; use protection: backup with a Kubernetes seed",
+            )),
+            _ if self.backup.is_none() => Err(bad(
+                "protection",
+                "standby needs a backup section: a standby fetches the shoot's certificates from the bucket",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Self, RingError> {
         let text = std::fs::read_to_string(path).map_err(|source| RingError::Io {
@@ -301,6 +338,7 @@ impl RingdConfig {
             }
         }
         self.timing.validate()?;
+        self.validate_protection()?;
         if let Some(b) = &self.backup {
             b.bucket
                 .validate("backup.bucket")

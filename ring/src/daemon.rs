@@ -229,6 +229,7 @@ pub async fn start(
         reports: Mutex::new(BTreeMap::new()),
         leases: Mutex::new(BTreeMap::new()),
         hosted: Mutex::new(BTreeMap::new()),
+        standbys: Mutex::default(),
         backups: crate::backups::Backups::default(),
         bucket,
         commands,

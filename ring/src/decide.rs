@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::state::{MemberState, OperationStep, RingCommand, RingState, SeenRevision};
+use crate::config::Protection;
+use crate::state::{MemberState, OperationStep, Placement, RingCommand, RingState, SeenRevision};
 
 /// Timing the decisions depend on (milliseconds).
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +21,8 @@ pub struct DecisionTiming {
     pub relink_after_ms: u64,
     /// An open operation that took no step for this long fails.
     pub operation_deadline_ms: u64,
+    /// Whether shoots get a hot standby.
+    pub protection: Protection,
 }
 
 /// What the leader knows beyond the replicated state.
@@ -184,9 +187,15 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
                     && view.now_ms < op.updated_at_ms + RETRY_FAILED_MS
             })
         };
-        let Some(to) = choose_target(state, &p.host, &p.shoot, &load, |m| {
-            !is_down(m) && view.alive(m, t) && !refused(m)
-        }) else {
+        let usable = |m: &str| !is_down(m) && view.alive(m, t) && !refused(m);
+        // a ready standby holds every acknowledged write: promote it
+        let promote = p
+            .standby
+            .as_ref()
+            .filter(|s| s.ready && usable(&s.member))
+            .map(|s| s.member.as_str());
+        let Some(to) = promote.or_else(|| choose_target(state, &p.host, &p.shoot, &load, usable))
+        else {
             continue;
         };
         *load.entry(to).or_default() += 1;
@@ -205,12 +214,53 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
                 .get(&p.shoot)
                 .copied()
                 .max(state.backups.get(&p.shoot).and_then(|b| b.seen)),
+            promote: promote.is_some(),
         });
+    }
+    for p in state.placements.values() {
+        if state.open_operation(&p.shoot).is_none() && !is_down(&p.host) {
+            out.extend(standby(state, p, view, t, &is_down));
+        }
     }
     if out.is_empty() {
         out.extend(relink(state, view, t));
     }
     out
+}
+
+/// The hot standby of a placement whose host lives: dropped when
+/// protection is `backup` or its member is down (the host then re-forms its
+/// etcd alone), assigned when protection is `standby` and there is none: on
+/// the member a failover of the host would choose (its nearest healthy
+/// predecessor), never the host.
+fn standby(
+    state: &RingState,
+    p: &Placement,
+    view: &LeaderView<'_>,
+    t: &DecisionTiming,
+    is_down: &dyn Fn(&str) -> bool,
+) -> Option<RingCommand> {
+    let set = |member: Option<&str>| RingCommand::SetStandby {
+        shoot: p.shoot.clone(),
+        epoch: p.epoch,
+        member: member.map(str::to_string),
+    };
+    match (&p.standby, t.protection) {
+        (Some(_), Protection::Backup) => Some(set(None)),
+        (Some(s), Protection::Standby) => {
+            let gone = is_down(&s.member) || state.member(&s.member).is_none();
+            gone.then(|| set(None))
+        }
+        (None, Protection::Standby) => {
+            let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+            for s in state.placements.values().filter_map(|p| p.standby.as_ref()) {
+                *load.entry(s.member.as_str()).or_default() += 1;
+            }
+            let healthy = |m: &str| m != p.host && !is_down(m) && view.alive(m, t);
+            choose_target(state, &p.host, &p.shoot, &load, healthy).map(|m| set(Some(m)))
+        }
+        (None, Protection::Backup) => None,
+    }
 }
 
 /// A member back from the dead hosts its successor again: once it has been
@@ -301,3 +351,7 @@ pub fn choose_target<'s>(
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "decide_standby_tests.rs"]
+mod standby_tests;

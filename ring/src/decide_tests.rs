@@ -9,6 +9,7 @@ const T: DecisionTiming = DecisionTiming {
     lease_margin_ms: 500,
     relink_after_ms: 30_000,
     operation_deadline_ms: 1_200_000,
+    protection: Protection::Backup,
 };
 
 fn ring(names: &[&str]) -> RingState {

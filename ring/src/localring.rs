@@ -134,6 +134,7 @@ impl LocalRing {
                 api_advertise: Default::default(),
             }),
             backup: None,
+            protection: Default::default(),
         };
         config.validate()?;
         let path = mdir.join("ringd.yaml");

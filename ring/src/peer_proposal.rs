@@ -66,8 +66,10 @@ pub fn may_propose(state: &RingState, who: &str, cmd: &RingCommand) -> Result<()
         RingCommand::ReportBackup { shoot, .. } => {
             state.placements.get(shoot).is_some_and(|p| p.host == who)
         }
+        RingCommand::StandbyReady { member, .. } => member == who,
         RingCommand::Probe { .. } => true,
         RingCommand::Bootstrap { .. }
+        | RingCommand::SetStandby { .. }
         | RingCommand::MarkDown { .. }
         | RingCommand::MarkUp { .. }
         | RingCommand::StartFailover { .. }

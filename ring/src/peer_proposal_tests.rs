@@ -69,6 +69,7 @@ fn a_member_proposes_only_for_what_it_hosts_or_executes() {
             at_ms: 1,
             not_before_ms: 1,
             seen: None,
+            promote: false,
         },
         RingCommand::StartMigration {
             shoot: "b".into(),

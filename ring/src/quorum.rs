@@ -188,6 +188,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
         lease_margin_ms: t.lease_margin_ms,
         relink_after_ms: t.relink_after_ms,
         operation_deadline_ms: t.operation_deadline_ms,
+        protection: shared.config.protection,
     };
     let mut leader_since: Option<(u64, u64)> = None; // (term, since)
     let mut last_round = Instant::now();

@@ -43,6 +43,9 @@ pub struct Hosted {
     pub last_health: Option<Instant>,
     /// After a failed lease renewal (with no lease held): not before this.
     pub lease_retry: Option<Instant>,
+    /// The other members of the shoot's etcd by standby member id, as the
+    /// last health check saw them (protection `standby`).
+    pub etcd_peers: Option<Vec<Option<u64>>>,
 }
 
 /// State shared by the daemon's tasks and gRPC services.
@@ -58,6 +61,9 @@ pub struct Shared {
     pub(crate) reports: Mutex<BTreeMap<String, (u64, Vec<ShootHealth>)>>,
     pub(crate) leases: Mutex<BTreeMap<String, LocalLease>>,
     pub(crate) hosted: Mutex<BTreeMap<String, Hosted>>,
+    /// Shoots this member's seed runs a hot standby of (set by the standby
+    /// tasks; observing never waits on the seed).
+    pub(crate) standbys: Mutex<std::collections::BTreeSet<String>>,
     pub(crate) backups: Backups,
     /// `config.backup` with its key loaded.
     pub(crate) bucket: Option<RingBucket>,
@@ -268,6 +274,7 @@ impl Shared {
                         .get(&p.host)
                         .and_then(|(_, shoots)| shoots.iter().find(|s| s.shoot == p.shoot))
                         .map(|s| s.ready),
+                    standby: p.standby.clone(),
                 }
             })
             .collect()

@@ -41,6 +41,9 @@ pub struct PlacementStatus {
     pub last_backup_revision: Option<u64>,
     /// Health reported by the host (leader's view only).
     pub ready: Option<bool>,
+    /// The hot standby (protection `standby`): its member and whether it votes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<crate::state::Standby>,
 }
 
 /// A control plane the answering member hosts (or fenced).
@@ -135,6 +138,7 @@ pub fn render(s: &RingStatus) -> String {
         "LEASE ENDS IN",
         "READY",
         "LAST BACKUP",
+        "STANDBY",
     ]);
     for p in &s.placements {
         t.add_row(vec![
@@ -146,6 +150,10 @@ pub fn render(s: &RingStatus) -> String {
                 .map_or("-".into(), |r| if r { "yes".into() } else { "no".into() }),
             p.last_backup_age_ms
                 .map_or("-".into(), |v| format!("{:.1}s ago", v as f64 / 1000.0)),
+            p.standby.as_ref().map_or("-".into(), |sb| match sb.ready {
+                true => format!("{} (votes)", sb.member),
+                false => format!("{} (joining)", sb.member),
+            }),
         ]);
     }
     out.push_str(&format!("{t}\n"));

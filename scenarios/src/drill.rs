@@ -72,6 +72,11 @@ pub struct RingSpec {
     /// cut the member off from the ring, not from its cluster).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kubernetes_members: Vec<usize>,
+    /// How shoots' etcd is protected [default: backup]; `standby` gives each
+    /// a hot standby on the member that would take it over (process-hosted
+    /// rings of local seeds).
+    #[serde(default)]
+    pub protection: ringd::config::Protection,
 }
 
 /// Where a drill ring's control planes run.
@@ -612,6 +617,16 @@ impl Drill {
 
     /// What the self-hosted ring does not take (yet): each names the field.
     fn validate_hosting(&self) -> Result<(), ScenarioError> {
+        let standby = self.ring.protection == ringd::config::Protection::Standby;
+        if standby
+            && (self.ring.hosting == Hosting::SelfHosted
+                || !self.ring.kubernetes_members.is_empty())
+        {
+            return Err(bad(
+                "ring.protection",
+                "standby runs on local seeds only for now: set ring.hosting: processes without kubernetesMembers",
+            ));
+        }
         if self.ring.hosting != Hosting::SelfHosted {
             return Ok(());
         }

@@ -59,6 +59,12 @@ fn is_control_plane(comm: &str) -> bool {
     matches!(comm, "etcd" | "kube-apiserver")
 }
 
+/// Whether an etcd is a hot standby (`--name=standby-<id>`): a voting member
+/// of the serving control plane's etcd, which serves nothing by itself.
+fn is_standby(cmdline: &str) -> bool {
+    cmdline.split(' ').any(|a| a.starts_with("--name=standby-"))
+}
+
 /// The prefix every process of member `m` of the ring in `ring_dir` names.
 pub fn member_needle(ring_dir: &Path, member: &str) -> String {
     format!("{}/members/{member}/", ring_dir.display())
@@ -70,7 +76,7 @@ pub fn control_planes(ring_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let needle = format!("{}/members/", ring_dir.display());
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (_, comm, cmdline) in processes_mentioning(&needle) {
-        if !is_control_plane(&comm) {
+        if !is_control_plane(&comm) || is_standby(&cmdline) {
             continue;
         }
         if let Some((member, shoot)) = parse_member_shoot(&cmdline, &needle) {
@@ -318,6 +324,8 @@ mod tests {
             None
         );
         assert_eq!(parse_member_shoot("etcd --data-dir /else", needle), None);
+        assert!(is_standby("etcd --name=standby-3 --data-dir=/x"));
+        assert!(!is_standby("etcd --name=ks2 --data-dir=/x/standby-3"));
     }
 
     #[test]

@@ -518,6 +518,7 @@ pub async fn run(
             address: "127.0.0.1".into(),
             base: free_port_base(seed ^ run as u64)?,
         },
+        protection: drill.ring.protection,
         ..RingConfig::default()
     };
     let (bucket, s3) = start_bucket(drill, &dir, &layout, &config, &mut teardown)?;

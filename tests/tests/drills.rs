@@ -8,6 +8,7 @@
 //! `kubernetes-to-kubernetes` (failover and move between two seed clusters) and
 //! `full-ring-dr` (the whole self-hosted ring lost, machines and nodes;
 //! `ringctl restore --from-bucket`, then the pivot back into pods),
+//! `kill-seed-standby` (a hot standby promoted: no acknowledged write lost),
 //! `double-failover` (one shoot fails over twice, the second time onto the
 //! member holding its stale data), `verify-partition` (the failover
 //! target cut off mid-restore; ignored by default, slow) and `clock-skew`
@@ -116,6 +117,47 @@ fn kill_seed_drill_fails_over_from_the_bucket_and_relinks() {
     let kill = faults[0]["detail"].as_str().unwrap();
     assert!(!kill.contains("node"), "{kill}");
     assert!(!events(&r, "loss").is_empty());
+}
+
+/// Hot standby (protection: standby, control planes as processes): sb1,
+/// hosting sb2, killed with kill -9; the ring promotes sb2's standby on sb3
+/// instead of restoring from the bucket, and not one acknowledged write of
+/// any shoot is lost although the bucket lacked the newest ones; the ring
+/// heals and moves sb2 home.
+#[test]
+fn kill_seed_standby_drill_promotes_the_standby_and_loses_no_write() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill("kill-seed-standby", sandbox.path());
+    check_common(&r, &html);
+    let s2 = shoot(&r, "sb2");
+    assert_eq!(s2["lostWrites"], 0, "{s2}");
+    assert!(s2["rtoSecs"].as_f64().unwrap() > 0.0, "{s2}");
+    let ops = events(&r, "operation");
+    assert!(
+        ops.iter().any(|o| o["kind"] == "failover"
+            && o["shoot"] == "sb2"
+            && o["from"] == "sb1"
+            && o["to"] == "sb3"
+            && o["step"] == "Restoring"
+            && o["detail"]
+                .as_str()
+                .unwrap()
+                .contains("from its hot standby")),
+        "the failover promoted the standby: {ops:?}"
+    );
+    assert!(
+        ops.iter()
+            .any(|o| o["kind"] == "failover" && o["shoot"] == "sb2" && o["step"] == "Done"),
+        "{ops:?}"
+    );
+    assert!(
+        ops.iter().any(|o| o["kind"] == "migration"
+            && o["shoot"] == "sb2"
+            && o["to"] == "sb1"
+            && o["step"] == "Done"),
+        "moved home: {ops:?}"
+    );
 }
 
 /// The self-hosted ring: st1's ringd frozen (SIGSTOP) for 20 s, so nothing

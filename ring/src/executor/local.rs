@@ -23,7 +23,7 @@ const HANDOVER_WINDOW: Duration = Duration::from_secs(150);
 
 /// Control planes as local processes.
 pub struct LocalExecutor {
-    seed: Arc<LocalSeed>,
+    pub(super) seed: Arc<LocalSeed>,
     bin_dir: Option<PathBuf>,
 }
 
@@ -45,15 +45,15 @@ impl LocalExecutor {
         })
     }
 
-    fn layout(&self, shoot: &str) -> ShootLayout {
+    pub(super) fn layout(&self, shoot: &str) -> ShootLayout {
         self.seed.layout(shoot)
     }
 
-    fn spec(&self, shoot: &str) -> Result<seed::ControlPlaneSpec, RingError> {
+    pub(super) fn spec(&self, shoot: &str) -> Result<seed::ControlPlaneSpec, RingError> {
         Ok(self.seed.spec_for(shoot, None)?)
     }
 
-    fn bins(&self) -> BinarySearch {
+    pub(super) fn bins(&self) -> BinarySearch {
         BinarySearch::standard(self.bin_dir.as_deref())
     }
 
@@ -115,6 +115,10 @@ impl Executor for LocalExecutor {
     }
 
     fn mover(&self) -> Result<&dyn Mover, String> {
+        Ok(self)
+    }
+
+    fn standby(&self) -> Result<&dyn super::StandbyOps, String> {
         Ok(self)
     }
 }
@@ -261,13 +265,7 @@ pub async fn restore_from_bucket(
     download_identity(rb, &layout, shoot).await?;
     let spec = seed.spec_for(shoot, None)?;
     let data = layout.etcd_data();
-    if seed::local::holds_data(&data) {
-        let aside = layout.dir.join(format!("etcd.replaced-{}", now_ms()));
-        std::fs::rename(&data, &aside).map_err(|source| RingError::Io {
-            what: format!("moving {} aside", data.display()),
-            source,
-        })?;
-    }
+    move_data_aside(&layout)?;
     let opts = backup::restore::RestoreOptions {
         bucket: backup::Bucket::open(&rb.config, shoot, false)?,
         key: rb.key().cloned(),
@@ -284,4 +282,18 @@ pub async fn restore_from_bucket(
         .instrument(span)
         .await
         .map_err(|e| rb.key_err(e))
+}
+
+/// Moves the shoot's etcd data on this seed aside (`etcd.replaced-<ms>`,
+/// deleted with the rest once the shoot's data is released), if it holds any.
+pub(super) fn move_data_aside(layout: &ShootLayout) -> Result<(), RingError> {
+    let data = layout.etcd_data();
+    if seed::local::holds_data(&data) {
+        let aside = layout.dir.join(format!("etcd.replaced-{}", now_ms()));
+        std::fs::rename(&data, &aside).map_err(|source| RingError::Io {
+            what: format!("moving {} aside", data.display()),
+            source,
+        })?;
+    }
+    Ok(())
 }

@@ -26,6 +26,7 @@ mod kubernetes;
 mod kubernetes_handover;
 mod kubernetes_restore;
 mod local;
+mod local_standby;
 mod record;
 
 pub use kubernetes::{pod_backup, KubernetesExecutor};
@@ -96,6 +97,47 @@ pub trait Executor: Send + Sync {
 
     /// The seed's part in moves and backups, or why it has none.
     fn mover(&self) -> Result<&dyn Mover, String>;
+
+    /// The seed's part in hot standbys, or why it has none.
+    fn standby(&self) -> Result<&dyn StandbyOps, String> {
+        Err(format!("a {} seed runs no hot standby yet", self.kind()))
+    }
+}
+
+/// A seed's part in hot standbys (protection `standby`, [`backup::standby`]):
+/// running a voting etcd member of a shoot served elsewhere, promoting it,
+/// and, on the host, keeping the etcd cluster to the standby the ring assigned.
+#[async_trait]
+pub trait StandbyOps: Send + Sync {
+    /// Whether this seed runs a standby of `shoot`.
+    async fn standby_running(&self, shoot: &str) -> bool;
+    /// Joins `shoot`'s etcd (served on another seed at `epoch`) as the
+    /// standby of member id `slot`, fetching the shoot's spec and PKI from
+    /// `bucket` first if needed; returns once the standby votes (bounded).
+    async fn join_standby(
+        &self,
+        shoot: &str,
+        slot: u64,
+        epoch: u64,
+        bucket: &RingBucket,
+    ) -> Result<(), RingError>;
+    /// Stops the standby of `shoot`; unless `keep`, its data is moved aside.
+    async fn leave_standby(&self, shoot: &str, keep: bool) -> Result<(), RingError>;
+    /// Promotes the standby of `shoot` for failover `op` (stopped, re-formed
+    /// alone with everything its log holds) and records the report as a
+    /// restore's.
+    async fn promote_standby(
+        &self,
+        shoot: &str,
+        op: u64,
+    ) -> Result<backup::restore::RestoreReport, RingError>;
+    /// On the host: the other members of `shoot`'s etcd, each by the member
+    /// id its standby ports name (`None`: not a standby's).
+    async fn etcd_peers(&self, shoot: &str) -> Result<Vec<Option<u64>>, RingError>;
+    /// On the host: removes every other member of `shoot`'s etcd but the
+    /// standby of member id `keep`; when etcd cannot (its quorum is gone with
+    /// a dead standby) the control plane restarts on its etcd re-formed alone.
+    async fn drop_peers(&self, shoot: &str, keep: Option<u64>) -> Result<(), RingError>;
 }
 
 /// What the target observed of its side of a move.

@@ -25,6 +25,8 @@ pub struct SeedFacts {
     pub lease: Duration,
     /// How long the data of a control plane that moved away is kept.
     pub release_grace_ms: u64,
+    /// The seed runs hot standbys, or why it cannot.
+    pub standby: Result<(), String>,
 }
 
 impl Default for SeedFacts {
@@ -35,6 +37,7 @@ impl Default for SeedFacts {
             bucket: false,
             lease: Duration::from_secs(6),
             release_grace_ms: 3_600_000,
+            standby: Ok(()),
         }
     }
 }
@@ -74,6 +77,13 @@ pub struct ShootSeen {
     pub released: Option<(u64, u64)>,
     /// Facts about the open operation this member takes part in.
     pub operation: Option<OperationSeen>,
+    /// This seed runs a hot standby of the shoot.
+    pub standby_running: bool,
+    /// After a failed standby step (join, leave, dropping peers): not before this.
+    pub standby_retry_at: Option<Instant>,
+    /// On the host: the other members of the shoot's etcd, by the member id
+    /// their standby ports name (`None`: not a standby's); `None` until seen.
+    pub etcd_peers: Option<Vec<Option<u64>>>,
 }
 
 /// What this member observed of an operation it takes part in.
@@ -163,6 +173,19 @@ pub enum Duty {
         shoot: String,
         reason: String,
     },
+    /// Run (or finish joining) the hot standby of a shoot served elsewhere at
+    /// `epoch`, as member id `slot`; report it ready once it votes.
+    JoinStandby {
+        shoot: String,
+        epoch: u64,
+        slot: u64,
+    },
+    /// Stop the standby of a shoot (no longer assigned here); its data is
+    /// moved aside unless `keep`.
+    LeaveStandby { shoot: String, keep: bool },
+    /// On the host: remove every member of the shoot's etcd but the standby
+    /// of member id `keep` (re-forming etcd alone if its quorum is gone).
+    DropPeers { shoot: String, keep: Option<u64> },
 }
 
 impl Duty {
@@ -182,7 +205,10 @@ impl Duty {
             | Duty::Source { shoot, .. }
             | Duty::Target { shoot, .. }
             | Duty::BeginRestore { shoot, .. }
-            | Duty::Refuse { shoot, .. } => shoot,
+            | Duty::Refuse { shoot, .. }
+            | Duty::JoinStandby { shoot, .. }
+            | Duty::LeaveStandby { shoot, .. }
+            | Duty::DropPeers { shoot, .. } => shoot,
         }
     }
 }
@@ -208,7 +234,7 @@ pub fn duties(state: &RingState, me: &str, observed: &Observed, now: Instant) ->
     let mut shoots: Vec<&str> = state
         .placements
         .values()
-        .filter(|p| p.host == me)
+        .filter(|p| p.host == me || p.standby.as_ref().is_some_and(|s| s.member == me))
         .map(|p| p.shoot.as_str())
         .collect();
     shoots.extend(observed.shoots.keys().map(String::as_str));
@@ -222,9 +248,14 @@ pub fn duties(state: &RingState, me: &str, observed: &Observed, now: Instant) ->
         // target of a failover that has not begun restoring
         let mut drives = false;
         if let (Some(op), Role::Source | Role::Target) = (op, role) {
-            operation_duties(op, role, shoot, &seen, observed, now, &mut out);
+            // a standby here leaves first (its etcd holds the data dir a
+            // move restores into), unless this move promotes it
+            if !seen.standby_running || op.promotes() {
+                operation_duties(op, role, shoot, &seen, observed, now, &mut out);
+            }
             drives = op.is_migration() || op.step != OperationStep::Pending;
         }
+        standby::standby_duties(state, me, shoot, &seen, observed, now, &mut out);
         lease_duty(state, me, shoot, &seen, observed, now, &mut out);
         if !drives {
             serving_duties(state, me, shoot, &seen, observed, now, &mut out);
@@ -496,7 +527,9 @@ fn release_duty(
     }
     let needed = state
         .open_operation(shoot)
-        .is_some_and(|op| op.is_migration() || op.target() == me);
+        .is_some_and(|op| op.is_migration() || op.target() == me)
+        || p.standby.as_ref().is_some_and(|s| s.member == me)
+        || seen.standby_running;
     let shoot = shoot.to_string();
     if p.host == me || needed || seen.serving || seen.starting {
         if seen.released.is_some() {
@@ -516,6 +549,9 @@ fn release_duty(
         }),
     }
 }
+
+#[path = "duties_standby.rs"]
+mod standby;
 
 #[cfg(test)]
 #[path = "duties_tests.rs"]

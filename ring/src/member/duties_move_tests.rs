@@ -190,6 +190,7 @@ pub(super) fn failover_state(step: Option<OperationStep>) -> RingState {
             at_ms: 1,
             not_before_ms: 1,
             seen: None,
+            promote: false,
         },
     );
     if let Some(step) = step {

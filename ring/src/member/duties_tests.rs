@@ -7,6 +7,8 @@ use crate::state::RingCommand;
 
 #[path = "duties_move_tests.rs"]
 mod moves;
+#[path = "duties_standby_tests.rs"]
+mod standby;
 use moves::failover_state;
 
 const LEASE: Duration = Duration::from_secs(6);
@@ -27,6 +29,7 @@ fn facts(bucket: bool) -> SeedFacts {
         bucket,
         lease: LEASE,
         release_grace_ms: 10_000,
+        standby: Ok(()),
     }
 }
 

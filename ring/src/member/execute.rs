@@ -41,6 +41,9 @@ impl MemberLoop {
             Duty::Target { op, action, .. } => self.step(state, op, Step::Target(action)),
             Duty::BeginRestore { op, .. } => self.step(state, op, Step::BeginRestore),
             Duty::Refuse { op, reason, .. } => self.refuse(state, op, reason),
+            Duty::JoinStandby { shoot, epoch, slot } => self.join_standby(shoot, epoch, slot),
+            Duty::LeaveStandby { shoot, keep } => self.leave_standby(shoot, keep),
+            Duty::DropPeers { shoot, keep } => self.drop_peers(shoot, keep),
         }
     }
 
@@ -110,8 +113,13 @@ impl MemberLoop {
         let (executor, shared) = (self.executor.clone(), self.shared.clone());
         self.spawn_once(format!("health:{shoot}"), async move {
             let ready = executor.ready(&shoot).await;
+            let peers = match (shared.config.protection, executor.standby()) {
+                (crate::config::Protection::Standby, Ok(ops)) => ops.etcd_peers(&shoot).await.ok(),
+                _ => None,
+            };
             if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
                 h.ready = ready && h.serving;
+                h.etcd_peers = peers.filter(|_| h.serving);
             }
         });
     }

@@ -16,6 +16,7 @@ use crate::shared::{lock, Shared};
 
 pub mod duties;
 mod execute;
+mod execute_standby;
 mod observe;
 mod operations;
 
@@ -34,6 +35,8 @@ pub struct MemberLoop {
     /// Keys of duties whose task still runs.
     inflight: Arc<Mutex<BTreeSet<String>>>,
     ledger: operations::Ledger,
+    /// Shoot → after a failed standby step, not before this.
+    standby_retry: Arc<Mutex<std::collections::BTreeMap<String, Instant>>>,
 }
 
 impl MemberLoop {
@@ -44,6 +47,7 @@ impl MemberLoop {
             executor,
             inflight: Arc::default(),
             ledger: Arc::default(),
+            standby_retry: Arc::default(),
         }
     }
 

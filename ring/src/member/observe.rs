@@ -35,7 +35,9 @@ impl MemberLoop {
             seen.retry_start_at = h.next_attempt;
             seen.last_health = h.last_health;
             seen.lease_retry_at = h.lease_retry;
+            seen.etcd_peers = h.etcd_peers.clone();
         }
+        self.observe_standbys(state, &mut observed);
         for (shoot, seen) in observed.shoots.iter_mut() {
             seen.backup_epoch = self.shared.backups.running(shoot);
             if release_due && seen.has_data {
@@ -85,6 +87,7 @@ impl MemberLoop {
             .map_or(0, |s| s.release_grace_secs);
         SeedFacts {
             bucket: self.shared.bucket().is_some() && moves.is_ok(),
+            standby: self.executor.standby().map(|_| ()),
             moves,
             migrates,
             lease: Duration::from_millis(self.shared.timing().lease_ms),
@@ -154,6 +157,26 @@ impl MemberLoop {
                 }
             }
         });
+    }
+
+    /// Which shoots this seed runs a standby of (those assigned here, and
+    /// any it holds), and when a failed standby step may be tried again.
+    fn observe_standbys(&self, state: &RingState, observed: &mut Observed) {
+        let me = self.shared.name();
+        let running = lock(&self.shared.standbys).clone();
+        for p in state.placements.values() {
+            if p.standby.as_ref().is_some_and(|s| s.member == me) {
+                observed.shoots.entry(p.shoot.clone()).or_default();
+            }
+        }
+        for shoot in &running {
+            observed.shoots.entry(shoot.clone()).or_default();
+        }
+        let retry = lock(&self.standby_retry).clone();
+        for (shoot, seen) in observed.shoots.iter_mut() {
+            seen.standby_running = running.contains(shoot);
+            seen.standby_retry_at = retry.get(shoot).copied();
+        }
     }
 
     /// The release clock of `shoot`: (epoch, wall ms) when this member first

@@ -228,14 +228,17 @@ pub(crate) async fn fail(shared: &Shared, op: &Operation, why: &str) -> Result<(
 
 /// A failover whose old lease ended: this member restores now.
 async fn begin_restore(shared: &Shared, op: &Operation) -> Result<(), RingError> {
-    let url = shared
-        .bucket()
-        .map_or_else(String::new, |b| b.config.url.to_string());
+    let from = match op.promotes() {
+        true => "its hot standby".to_string(),
+        false => shared
+            .bucket()
+            .map_or_else(String::new, |b| b.config.url.to_string()),
+    };
     shared
         .propose_cmd(RingCommand::AdvanceOperation {
             id: op.id,
             step: OperationStep::Restoring,
-            detail: format!("{} restores {} from {url}", shared.name(), op.shoot()),
+            detail: format!("{} restores {} from {from}", shared.name(), op.shoot()),
             at_ms: now_ms(),
             outcome: None,
         })
@@ -297,6 +300,21 @@ async fn target_step(
     let epoch = op.epoch();
     let from_bucket = matches!(op.kind, OperationKind::Failover { .. });
     match action {
+        TargetAction::Fetch | TargetAction::Restore if op.promotes() => {
+            let ops = shared
+                .executor()
+                .ok_or_else(|| RingError::Unsupported(format!("{} has no seed", shared.name())))?
+                .standby()
+                .map_err(RingError::Unsupported)?;
+            let report = ops.promote_standby(shoot, op.id).await?;
+            lock(&shared.standbys).remove(shoot);
+            let detail = format!(
+                "promoted the hot standby at revision {}",
+                report.reached_revision
+            );
+            shared.set_hosted(shoot, false, detail);
+            Ok(())
+        }
         TargetAction::Fetch | TargetAction::Restore if from_bucket => {
             let bucket = shared.bucket().ok_or_else(|| {
                 RingError::Unsupported(format!("{} has no backup bucket", shared.name()))

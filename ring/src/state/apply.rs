@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// A failover's facts besides its shoot and target.
+struct NewFailover {
+    at_ms: u64,
+    not_before_ms: u64,
+    seen: Option<SeenRevision>,
+    promote: bool,
+}
+
 impl RingState {
     /// Applies `cmd`; a rejected command changes nothing.
     pub fn apply(&mut self, cmd: &RingCommand) -> Result<(), Rejection> {
@@ -21,7 +29,26 @@ impl RingState {
                 at_ms,
                 not_before_ms,
                 seen,
-            } => self.start_failover(shoot, to, *at_ms, *not_before_ms, *seen),
+                promote,
+            } => {
+                let failover = NewFailover {
+                    at_ms: *at_ms,
+                    not_before_ms: *not_before_ms,
+                    seen: *seen,
+                    promote: *promote,
+                };
+                self.start_failover(shoot, to, failover)
+            }
+            RingCommand::SetStandby {
+                shoot,
+                epoch,
+                member,
+            } => self.set_standby(shoot, *epoch, member.as_deref()),
+            RingCommand::StandbyReady {
+                shoot,
+                epoch,
+                member,
+            } => self.standby_ready(shoot, *epoch, member),
             RingCommand::StartMigration { shoot, to, at_ms } => {
                 self.start_migration(shoot, to, *at_ms)
             }
@@ -82,6 +109,7 @@ impl RingState {
                     host: host.clone(),
                     epoch: epochs.get(name).copied().unwrap_or(1).max(1),
                     lease: None,
+                    standby: None,
                 },
             );
         }
@@ -157,14 +185,13 @@ impl RingState {
     }
 
     /// Moves `shoot` to `to` under a new epoch; waits for the old lease first.
-    fn start_failover(
-        &mut self,
-        shoot: &str,
-        to: &str,
-        at_ms: u64,
-        not_before_ms: u64,
-        seen: Option<SeenRevision>,
-    ) -> Result<(), Rejection> {
+    fn start_failover(&mut self, shoot: &str, to: &str, f: NewFailover) -> Result<(), Rejection> {
+        let NewFailover {
+            at_ms,
+            not_before_ms,
+            seen,
+            promote,
+        } = f;
         if let Some(op) = self.open_operation(shoot) {
             return Err(format!("operation {} already moves shoot {shoot}", op.id));
         }
@@ -175,9 +202,19 @@ impl RingState {
             .placements
             .get_mut(shoot)
             .ok_or_else(|| format!("no shoot {shoot}"))?;
+        if promote
+            && p.standby
+                .as_ref()
+                .is_none_or(|s| s.member != to || !s.ready)
+        {
+            return Err(format!(
+                "{to} holds no ready standby of shoot {shoot} to promote"
+            ));
+        }
         let from = std::mem::replace(&mut p.host, to.to_string());
         p.epoch += 1;
         p.lease = None;
+        p.standby = None;
         let epoch = p.epoch;
         let id = self.next_operation_id;
         self.next_operation_id += 1;
@@ -190,6 +227,7 @@ impl RingState {
                 epoch,
                 not_before_ms,
                 seen,
+                promote,
             },
             OperationStep::WaitingForLeaseExpiry,
             "waiting for the old host's lease to expire".into(),
@@ -225,6 +263,11 @@ impl RingState {
         let id = self.next_operation_id;
         self.next_operation_id += 1;
         let (from, epoch) = (p.host.clone(), p.epoch + 1);
+        // the standby leaves before the handover: its seed may be the target,
+        // and the target restores a cluster of one
+        if let Some(p) = self.placements.get_mut(shoot) {
+            p.standby = None;
+        }
         self.operations.push(Operation::new(
             id,
             OperationKind::Migration {
@@ -277,7 +320,64 @@ impl RingState {
         p.host = to;
         p.epoch = epoch;
         p.lease = None;
+        p.standby = None;
         Ok(())
+    }
+
+    /// Assigns or drops the hot standby of `shoot` (at its current epoch,
+    /// with no operation open; never on its host or a member that is down).
+    fn set_standby(
+        &mut self,
+        shoot: &str,
+        epoch: u64,
+        member: Option<&str>,
+    ) -> Result<(), Rejection> {
+        if let Some(op) = self.open_operation(shoot) {
+            return Err(format!("operation {} moves shoot {shoot}", op.id));
+        }
+        if let Some(m) = member {
+            if self.member(m).is_none_or(|m| m.state != MemberState::Up) {
+                return Err(format!("standby {m} is not an up member"));
+            }
+        }
+        let p = self
+            .placements
+            .get_mut(shoot)
+            .ok_or_else(|| format!("no shoot {shoot}"))?;
+        if p.epoch != epoch {
+            return Err(format!(
+                "stale epoch {epoch}: shoot {shoot} is at epoch {}",
+                p.epoch
+            ));
+        }
+        if member == Some(p.host.as_str()) {
+            return Err(format!(
+                "{} hosts shoot {shoot}; its standby goes elsewhere",
+                p.host
+            ));
+        }
+        p.standby = member.map(|m| Standby {
+            member: m.to_string(),
+            ready: false,
+        });
+        Ok(())
+    }
+
+    /// The assigned standby of `shoot` votes.
+    fn standby_ready(&mut self, shoot: &str, epoch: u64, member: &str) -> Result<(), Rejection> {
+        let p = self
+            .placements
+            .get_mut(shoot)
+            .ok_or_else(|| format!("no shoot {shoot}"))?;
+        match &mut p.standby {
+            Some(s) if s.member == member && p.epoch == epoch => {
+                s.ready = true;
+                Ok(())
+            }
+            _ => Err(format!(
+                "{member} is not the standby of shoot {shoot} at epoch {epoch}"
+            )),
+        }
     }
 
     /// Moves an operation to `step`; a failed move rolls its placement back.
@@ -332,6 +432,7 @@ impl RingState {
                     p.host = from;
                     p.epoch += 1;
                     p.lease = None;
+                    p.standby = None;
                 }
             }
         }
@@ -406,6 +507,7 @@ impl RingState {
                     host,
                     epoch: epoch.max(1),
                     lease: None,
+                    standby: None,
                 });
         }
         Ok(())

@@ -55,6 +55,22 @@ pub struct Placement {
     /// Increases with every move; only the current epoch's host may serve.
     pub epoch: u64,
     pub lease: Option<Lease>,
+    /// The hot standby of the shoot's etcd (protection `standby`), if one is
+    /// assigned: a second voting member on another seed. Cleared whenever
+    /// the placement moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
+}
+
+/// A hot standby of a shoot's etcd on another member's seed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Standby {
+    /// The member whose seed runs it.
+    pub member: String,
+    /// It votes: every write the host's etcd acknowledges is on it, and a
+    /// failover promotes it instead of restoring from the bucket.
+    pub ready: bool,
 }
 
 /// Progress of a long-running operation.
@@ -111,7 +127,15 @@ pub enum OperationKind {
         /// health report to the leader that began the failover), if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seen: Option<SeenRevision>,
+        /// The target holds the shoot's hot standby and promotes it instead
+        /// of restoring from the bucket.
+        #[serde(default, skip_serializing_if = "is_false")]
+        promote: bool,
     },
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// The revision a host reported its etcd at, and when it was heard
@@ -234,6 +258,11 @@ impl Operation {
         }
     }
 
+    /// Whether this failover promotes a hot standby.
+    pub fn promotes(&self) -> bool {
+        matches!(self.kind, OperationKind::Failover { promote: true, .. })
+    }
+
     /// Whether this is a planned migration.
     pub fn is_migration(&self) -> bool {
         matches!(self.kind, OperationKind::Migration { .. })
@@ -351,6 +380,21 @@ pub enum RingCommand {
         /// The old host's etcd revision as it last reported it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seen: Option<SeenRevision>,
+        /// `to` holds the shoot's ready hot standby and promotes it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        promote: bool,
+    },
+    /// Assign (`Some`) or drop (`None`) the hot standby of `shoot` at `epoch`.
+    SetStandby {
+        shoot: String,
+        epoch: u64,
+        member: Option<String>,
+    },
+    /// `member`'s standby of `shoot` at `epoch` votes in the shoot's etcd.
+    StandbyReady {
+        shoot: String,
+        epoch: u64,
+        member: String,
     },
     /// Planned move of `shoot` to member `to` (`ringctl migrate`).
     StartMigration {

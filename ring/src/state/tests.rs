@@ -41,6 +41,7 @@ fn fail_b_over_to_c(s: &mut RingState) {
         at_ms: 5_000,
         not_before_ms: 6_000,
         seen: None,
+        promote: false,
     })
     .unwrap();
 }
@@ -146,6 +147,7 @@ fn failover_bumps_epoch_fences_old_host_and_waits_for_lease_end() {
             at_ms: 6_000,
             not_before_ms: 0,
             seen: None,
+            promote: false,
         })
         .is_err());
     advance(
@@ -190,6 +192,7 @@ fn failover_to_a_down_member_is_refused() {
             at_ms: 1,
             not_before_ms: 1,
             seen: None,
+            promote: false,
         })
         .unwrap_err();
     assert!(err.contains("not an up member"));
@@ -205,6 +208,7 @@ fn finished_operations_are_bounded() {
             at_ms: i,
             not_before_ms: i,
             seen: None,
+            promote: false,
         })
         .unwrap();
         s.apply(&RingCommand::AdvanceOperation {
@@ -335,4 +339,83 @@ fn first_epochs_come_from_the_bootstrap_and_the_added_member() {
         got.contains(&("d".into(), 1)),
         "0 means the first epoch: {got:?}"
     );
+}
+
+/// A standby is assigned at the placement's epoch, never on the host or a
+/// member that is down; only the assigned member's readiness counts; a
+/// promoting failover needs a ready standby on its target and clears it, as
+/// a migration's start does.
+#[test]
+fn standby_assignments_follow_the_placement() {
+    let mut s = ring3(); // a hosts b, b hosts c, c hosts a
+    let set = |member: Option<&str>, epoch| RingCommand::SetStandby {
+        shoot: "b".into(),
+        epoch,
+        member: member.map(str::to_string),
+    };
+    let ready = |member: &str, epoch| RingCommand::StandbyReady {
+        shoot: "b".into(),
+        epoch,
+        member: member.into(),
+    };
+    assert!(s
+        .apply(&set(Some("a"), 1))
+        .unwrap_err()
+        .contains("hosts shoot b"));
+    assert!(s
+        .apply(&set(Some("c"), 2))
+        .unwrap_err()
+        .contains("stale epoch"));
+    s.apply(&set(Some("c"), 1)).unwrap();
+    assert!(s.apply(&ready("b", 1)).is_err(), "not b's standby");
+    let promote = RingCommand::StartFailover {
+        shoot: "b".into(),
+        to: "c".into(),
+        at_ms: 1,
+        not_before_ms: 1,
+        seen: None,
+        promote: true,
+    };
+    let mut not_ready = s.clone();
+    assert!(not_ready
+        .apply(&promote)
+        .unwrap_err()
+        .contains("no ready standby"));
+    s.apply(&ready("c", 1)).unwrap();
+    assert_eq!(
+        s.placements["b"].standby,
+        Some(Standby {
+            member: "c".into(),
+            ready: true
+        })
+    );
+    let mut migrating = s.clone();
+    migrating
+        .apply(&RingCommand::StartMigration {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: 1,
+        })
+        .unwrap();
+    assert_eq!(migrating.placements["b"].standby, None);
+    s.apply(&promote).unwrap();
+    assert_eq!(s.placements["b"].standby, None);
+    assert_eq!(s.placements["b"].host, "c");
+    assert!(s.open_operation("b").unwrap().promotes());
+    s.apply(&RingCommand::MarkDown {
+        member: "a".into(),
+        at_ms: 2,
+    })
+    .unwrap();
+    let mut done = s.clone();
+    let id = s.open_operation("b").unwrap().id;
+    advance(&mut done, id, &[OperationStep::Done], 3);
+    assert!(done
+        .apply(&RingCommand::SetStandby {
+            shoot: "b".into(),
+            epoch: 2,
+            member: Some("a".into()),
+        })
+        .unwrap_err()
+        .contains("not an up member"));
 }

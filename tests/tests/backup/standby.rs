@@ -122,7 +122,14 @@ async fn a_promoted_standby_holds_every_write_the_killed_host_acknowledged() {
     let again = standby::add_learner(&host_cfg, "standby", &url(3))
         .await
         .expect("adding the standby again");
-    assert_eq!(again, joined, "a second add reuses the member");
+    assert!(
+        joined.added && !again.added,
+        "a second add reuses the member"
+    );
+    assert_eq!(
+        (again.id, &again.initial_cluster),
+        (joined.id, &joined.initial_cluster)
+    );
     let mut standby_proc = MemberProc::spawn(
         standby::joining_args(
             "standby",

@@ -118,8 +118,12 @@ fn failover_outcome(
     };
     let loss = FailoverLoss::new(op, durable, seen, reached);
     let objects: u64 = progress.verified.as_ref().map_or(0, |o| o.values().sum());
+    let from = match op.promotes() {
+        true => "its hot standby (which voted on every write)",
+        false => "the bucket",
+    };
     let detail = format!(
-        "serving on {} at epoch {}; restored revision {reached} from the bucket ({objects} objects); {}",
+        "serving on {} at epoch {}; restored revision {reached} from {from} ({objects} objects); {}",
         shared.name(),
         op.epoch(),
         loss.describe(op.source()),
@@ -217,6 +221,7 @@ mod tests {
                 epoch: 2,
                 not_before_ms: 0,
                 seen: None,
+                promote: false,
             },
             OperationStep::Pending,
             String::new(),
