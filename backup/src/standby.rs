@@ -121,19 +121,15 @@ pub fn joining_args(
     peer_url: &str,
     initial_cluster: &str,
 ) -> Vec<String> {
-    vec![
-        format!("--name={name}"),
-        format!("--data-dir={}", data_dir.display()),
-        format!("--listen-client-urls={client_url}"),
-        format!("--advertise-client-urls={client_url}"),
-        format!("--listen-peer-urls={peer_url}"),
-        format!("--initial-advertise-peer-urls={peer_url}"),
-        format!("--initial-cluster={initial_cluster}"),
-        "--initial-cluster-state=existing".into(),
-        "--quota-backend-bytes=8589934592".into(),
-        "--logger=zap".into(),
-        "--log-outputs=stderr".into(),
-    ]
+    let mut args = etcd::single_member_args(name, data_dir, client_url, peer_url);
+    for a in args
+        .iter_mut()
+        .filter(|a| a.starts_with("--initial-cluster="))
+    {
+        *a = format!("--initial-cluster={initial_cluster}");
+    }
+    args.push("--initial-cluster-state=existing".into());
+    args
 }
 
 /// Makes learner `id` a voter once etcd says it caught up with the leader:

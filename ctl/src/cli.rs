@@ -379,6 +379,11 @@ pub(crate) struct FailoverBenchArgs {
     /// both need `ringctl images build`).
     #[arg(long, value_delimiter = ',', default_value = "local")]
     pub(crate) seeds: Vec<crate::bench::failover::SeedKind>,
+    /// How the shoots' etcd is protected, one ring each, side by side
+    /// (`backup`: restore from the bucket; `standby`: promote a hot standby,
+    /// local seeds only).
+    #[arg(long, value_delimiter = ',', default_value = "backup")]
+    pub(crate) protection: Vec<crate::bench::failover::ProtectionArg>,
 }
 
 #[derive(Args)]

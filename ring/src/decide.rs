@@ -351,7 +351,3 @@ pub fn choose_target<'s>(
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "decide_standby_tests.rs"]
-mod standby_tests;

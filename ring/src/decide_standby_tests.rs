@@ -1,7 +1,7 @@
 //! Table tests of the leader's hot standby decisions (protection `standby`).
 
 use super::*;
-use crate::state::{OperationKind, RingState, Standby};
+use crate::state::Standby;
 
 const T: DecisionTiming = DecisionTiming {
     failure_window_ms: 3_000,
@@ -11,30 +11,6 @@ const T: DecisionTiming = DecisionTiming {
     operation_deadline_ms: 1_200_000,
     protection: Protection::Standby,
 };
-
-static NONE: BTreeMap<String, u64> = BTreeMap::new();
-static NO_REVISIONS: BTreeMap<String, SeenRevision> = BTreeMap::new();
-
-fn ring(names: &[&str]) -> RingState {
-    let mut s = RingState::default();
-    let members = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            (
-                n.to_string(),
-                i as u64 + 1,
-                format!("127.0.0.1:{}", 7000 + i),
-            )
-        })
-        .collect();
-    s.apply(&RingCommand::Bootstrap {
-        members,
-        epochs: Default::default(),
-    })
-    .unwrap();
-    s
-}
 
 fn view<'a>(now_ms: u64, reports: &'a BTreeMap<String, u64>) -> LeaderView<'a> {
     LeaderView {

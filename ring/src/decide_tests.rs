@@ -3,6 +3,9 @@
 use super::*;
 use crate::state::{OperationKind, RingState};
 
+#[path = "decide_standby_tests.rs"]
+mod standby;
+
 const T: DecisionTiming = DecisionTiming {
     failure_window_ms: 3_000,
     lease_ms: 6_000,

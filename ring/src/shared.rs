@@ -46,6 +46,8 @@ pub struct Hosted {
     /// The other members of the shoot's etcd by standby member id, as the
     /// last health check saw them (protection `standby`).
     pub etcd_peers: Option<Vec<Option<u64>>>,
+    /// Whether the shoot's etcd had a quorum when it had peers (last health check).
+    pub etcd_quorum: Option<bool>,
 }
 
 /// State shared by the daemon's tasks and gRPC services.

@@ -66,6 +66,8 @@ pub struct FailoverFigures {
 pub struct FailoverBench {
     /// `local`, or `kubernetes` (m1's seed a cluster).
     pub seeds: SeedKind,
+    /// Restore from the bucket, or promote a hot standby.
+    pub protection: ProtectionArg,
     pub objects: usize,
     /// Creates per second during each failover.
     pub rate: u64,
@@ -158,12 +160,32 @@ pub enum SeedKind {
     SelfHosted,
 }
 
+/// `--protection` of the benchmark (ringd's [`ringd::config::Protection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "camelCase")]
+pub enum ProtectionArg {
+    /// Restore from the bucket.
+    Backup,
+    /// Promote the shoot's hot standby (local seeds).
+    Standby,
+}
+
+impl From<ProtectionArg> for ringd::config::Protection {
+    fn from(p: ProtectionArg) -> Self {
+        match p {
+            ProtectionArg::Backup => ringd::config::Protection::Backup,
+            ProtectionArg::Standby => ringd::config::Protection::Standby,
+        }
+    }
+}
+
 /// Volumes of the seed cluster (etcd of m2 and of m3 on it, and spares).
 pub(super) const VOLUMES: usize = 4;
 
 /// What the benchmark measures, in one run of `ringctl bench failover`.
 #[derive(Debug, Clone, Copy)]
 pub struct FailoverOptions {
+    pub protection: ProtectionArg,
     pub base_port: u16,
     pub objects: usize,
     pub runs: usize,
@@ -179,7 +201,8 @@ pub async fn failover_bench(
     seeds: SeedKind,
     o: FailoverOptions,
 ) -> Result<FailoverBench, BootstrapError> {
-    let mut ring = BenchRing::new(dir, "benchfail", ringd, o.base_port);
+    let mut ring =
+        BenchRing::new(dir, "benchfail", ringd, o.base_port).with_protection(o.protection.into());
     let cluster = match seeds {
         SeedKind::Local => None,
         SeedKind::SelfHosted => {
@@ -215,6 +238,7 @@ pub async fn failover_bench(
     let runs = result?;
     Ok(FailoverBench {
         seeds,
+        protection: o.protection,
         objects,
         rate,
         median_rto_secs: upper_median(runs.iter().map(|r| r.first_read_secs).collect()),
@@ -249,6 +273,9 @@ async fn one_failover(
     let mut admin =
         AdminClient::connect(&ring.config.member_address(observer), &ring.layout.pki())?;
     wait_for_backup(&mut admin, m2.and_then(|p| p.last_backup_revision)).await?;
+    if ring.config.protection == ringd::config::Protection::Standby {
+        wait_for_standby(&mut admin).await?;
+    }
     let pid = ring
         .layout
         .running_pid(&host)
@@ -332,6 +359,29 @@ async fn any_leader_status(ring: &BenchRing) -> Option<RingStatus> {
         .await
         .ok()?;
     leader.status().await.ok()
+}
+
+/// Waits (at most 90 s) until m2's hot standby votes (a failover before
+/// that restores from the bucket).
+async fn wait_for_standby(admin: &mut AdminClient) -> Result<(), BootstrapError> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let s = admin.status().await?;
+        let m2 = s.placements.iter().find(|p| p.shoot == "m2");
+        if m2
+            .and_then(|p| p.standby.as_ref())
+            .is_some_and(|sb| sb.ready)
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(BootstrapError::Unsupported(format!(
+                "m2's hot standby did not vote within 90 s: {:?}",
+                m2.map(|p| &p.standby)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Waits (at most 60 s) until the ring knows a backup of m2 reaching `wanted`.
@@ -527,6 +577,10 @@ pub fn render(b: &FailoverBench) -> String {
         SeedKind::SelfHosted => "its host's whole machine",
         _ => "its seed's ringd",
     };
+    let seeds = match b.protection {
+        ProtectionArg::Backup => format!("{seeds}, restored from the bucket"),
+        ProtectionArg::Standby => format!("{seeds}, hot standby promoted"),
+    };
     let mut out = format!(
         "failover ({seeds}) of a control plane with {} extra ConfigMaps, {} creates/s: kill -9 of {kill} -> first successful read\n\
          median RTO {:.2} s, p95 {:.2} s over {} runs (goal <= 15 s); RPO median {:.2} s, worst {:.2} s (goal <= 1 s)\n",
@@ -565,13 +619,13 @@ pub fn render(b: &FailoverBench) -> String {
 pub fn render_all(all: &[FailoverBench]) -> String {
     let mut out: String = all.iter().map(render).collect::<Vec<_>>().join("\n");
     if all.len() > 1 {
-        out.push_str("\nside by side:       median RTO    p95 RTO   median RPO   worst RPO   lost (before/after kill)\n");
+        out.push_str("\nside by side:         median RTO    p95 RTO   median RPO   worst RPO   lost (before/after kill)\n");
         for b in all {
             let before: usize = b.runs.iter().map(|r| r.writes_lost).sum();
             let after: usize = b.runs.iter().map(|r| r.writes_lost_after_kill).sum();
             out.push_str(&format!(
-                "  {:<16} {:>10.2}s {:>9.2}s {:>11.2}s {:>10.2}s   {before}/{after}\n",
-                format!("{:?}", b.seeds).to_lowercase(),
+                "  {:<18} {:>10.2}s {:>9.2}s {:>11.2}s {:>10.2}s   {before}/{after}\n",
+                format!("{:?}/{:?}", b.seeds, b.protection).to_lowercase(),
                 b.median_rto_secs,
                 b.p95_rto_secs,
                 b.median_rpo_secs,

@@ -101,6 +101,13 @@ impl BenchRing {
         }
     }
 
+    /// The shoots' etcd protected by `protection`.
+    pub fn with_protection(mut self, protection: ringd::config::Protection) -> BenchRing {
+        self.config.protection = protection;
+        self.opts.config = Some(self.config.clone());
+        self
+    }
+
     /// Member `i` hosts control planes on `seed` instead of a local seed.
     pub fn with_member_seed(mut self, i: usize, seed: ::bootstrap::config::SeedSpec) -> BenchRing {
         self.config.members[i].seed = seed;

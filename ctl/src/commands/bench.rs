@@ -82,17 +82,31 @@ async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()>
     let ringd = ringd_exe()?;
     let c = &args.common;
     let root = temp_state_dir();
+    let standby = bench::failover::ProtectionArg::Standby;
+    if args.protection.contains(&standby)
+        && args
+            .seeds
+            .iter()
+            .any(|s| *s != bench::failover::SeedKind::Local)
+    {
+        anyhow::bail!("--protection standby runs on local seeds only for now: use --seeds local");
+    }
+    let kinds = args
+        .seeds
+        .iter()
+        .flat_map(|s| args.protection.iter().map(move |p| (*s, *p)));
     let mut all = Vec::new();
-    for (k, seeds) in args.seeds.iter().enumerate() {
+    for (k, (seeds, protection)) in kinds.enumerate() {
         let dir = root.join(format!("failover-{k}"));
         let options = bench::failover::FailoverOptions {
+            protection,
             // each kind's ring on its own ports (a killed ringd's port may linger)
             base_port: c.base_port + 50 * k as u16,
             objects: c.objects,
             runs: c.runs,
             rate: args.rate,
         };
-        let result = bench::failover::failover_bench(&dir, &ringd, *seeds, options).await;
+        let result = bench::failover::failover_bench(&dir, &ringd, seeds, options).await;
         // the whole state dir, so that neither an error nor the end leaves it
         let _ = std::fs::remove_dir_all(&root);
         all.push(result?);

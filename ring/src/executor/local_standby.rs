@@ -231,6 +231,13 @@ impl StandbyOps for LocalExecutor {
             .collect())
     }
 
+    async fn etcd_quorum(&self, shoot: &str) -> bool {
+        match self.shoot_etcd(shoot) {
+            Ok(etcd) => standby::has_quorum(&etcd, Duration::from_secs(3)).await,
+            Err(_) => false,
+        }
+    }
+
     async fn drop_peers(&self, shoot: &str, keep: Option<u64>) -> Result<(), RingError> {
         let spec = self.spec(shoot)?;
         let etcd = self.shoot_etcd(shoot)?;

@@ -134,6 +134,9 @@ pub trait StandbyOps: Send + Sync {
     /// On the host: the other members of `shoot`'s etcd, each by the member
     /// id its standby ports name (`None`: not a standby's).
     async fn etcd_peers(&self, shoot: &str) -> Result<Vec<Option<u64>>, RingError>;
+    /// On the host: whether `shoot`'s etcd has a quorum (a linearizable read
+    /// answers within a few seconds).
+    async fn etcd_quorum(&self, shoot: &str) -> bool;
     /// On the host: removes every other member of `shoot`'s etcd but the
     /// standby of member id `keep`; when etcd cannot (its quorum is gone with
     /// a dead standby) the control plane restarts on its etcd re-formed alone.

@@ -84,6 +84,9 @@ pub struct ShootSeen {
     /// On the host: the other members of the shoot's etcd, by the member id
     /// their standby ports name (`None`: not a standby's); `None` until seen.
     pub etcd_peers: Option<Vec<Option<u64>>>,
+    /// On the host: whether the shoot's etcd has a quorum (`None`: not
+    /// looked, e.g. no peers).
+    pub etcd_quorum: Option<bool>,
 }
 
 /// What this member observed of an operation it takes part in.

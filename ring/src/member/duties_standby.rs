@@ -69,14 +69,17 @@ pub(super) fn standby_duties(
             .as_ref()
             .and_then(|s| state.member(&s.member))
             .map(|m| m.id % 1000);
-        let stray = seen
-            .etcd_peers
-            .as_ref()
-            .is_some_and(|peers| peers.iter().any(|slot| slot.is_none() || *slot != keep));
-        if stray {
+        let peers = seen.etcd_peers.as_deref().unwrap_or(&[]);
+        let stray = peers.iter().any(|slot| slot.is_none() || *slot != keep);
+        // a standby that does not vote yet cannot have taken the quorum: a
+        // voter from before did (its member died and came back, and is
+        // assigned again under the same id): it goes too
+        let ready = p.standby.as_ref().is_some_and(|s| s.ready);
+        let stale = !ready && !peers.is_empty() && seen.etcd_quorum == Some(false);
+        if stray || stale {
             out.push(Duty::DropPeers {
                 shoot: shoot_s,
-                keep,
+                keep: if stale { None } else { keep },
             });
         }
     }

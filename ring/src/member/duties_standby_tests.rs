@@ -185,6 +185,27 @@ fn a_promoting_target_keeps_its_standby_and_the_host_drops_stray_members() {
             "{member:?} {peers:?}"
         );
     }
+    // c died and came back, assigned again (not voting yet): its old voter
+    // under the same id holds the quorum away; only then does it go
+    let drop_all = Duty::DropPeers {
+        shoot: "b".into(),
+        keep: None,
+    };
+    for (ready, quorum, want) in [
+        (false, Some(false), vec![drop_all]),
+        (false, Some(true), vec![]),
+        (false, None, vec![]),
+        (true, Some(false), vec![]),
+    ] {
+        let state = with_standby(Some("c"), ready);
+        let seen = ShootSeen {
+            etcd_peers: Some(vec![Some(3)]),
+            etcd_quorum: quorum,
+            ..serving()
+        };
+        let got = standby_duties_of(&state, "a", seen, &o);
+        assert_eq!(got, want, "ready {ready} quorum {quorum:?}");
+    }
 }
 
 #[test]

@@ -113,13 +113,21 @@ impl MemberLoop {
         let (executor, shared) = (self.executor.clone(), self.shared.clone());
         self.spawn_once(format!("health:{shoot}"), async move {
             let ready = executor.ready(&shoot).await;
-            let peers = match (shared.config.protection, executor.standby()) {
-                (crate::config::Protection::Standby, Ok(ops)) => ops.etcd_peers(&shoot).await.ok(),
-                _ => None,
+            let (peers, quorum) = match (shared.config.protection, executor.standby()) {
+                (crate::config::Protection::Standby, Ok(ops)) => {
+                    let peers = ops.etcd_peers(&shoot).await.ok();
+                    let quorum = match peers.as_ref().is_some_and(|p| !p.is_empty()) {
+                        true => Some(ops.etcd_quorum(&shoot).await),
+                        false => None,
+                    };
+                    (peers, quorum)
+                }
+                _ => (None, None),
             };
             if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
                 h.ready = ready && h.serving;
                 h.etcd_peers = peers.filter(|_| h.serving);
+                h.etcd_quorum = quorum.filter(|_| h.serving);
             }
         });
     }

@@ -106,6 +106,7 @@ impl MemberLoop {
                 // the next health check looks again
                 if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
                     h.etcd_peers = None;
+                    h.etcd_quorum = None;
                 }
                 match res {
                     Ok(()) => {

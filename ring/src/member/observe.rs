@@ -36,6 +36,7 @@ impl MemberLoop {
             seen.last_health = h.last_health;
             seen.lease_retry_at = h.lease_retry;
             seen.etcd_peers = h.etcd_peers.clone();
+            seen.etcd_quorum = h.etcd_quorum;
         }
         self.observe_standbys(state, &mut observed);
         for (shoot, seen) in observed.shoots.iter_mut() {
