@@ -242,7 +242,16 @@ impl StandbyOps for LocalExecutor {
         let spec = self.spec(shoot)?;
         let etcd = self.shoot_etcd(shoot)?;
         let mut lost_quorum = None;
-        for (id, urls) in standby::peers(&etcd).await? {
+        let peers = match standby::peers(&etcd).await {
+            Ok(peers) => peers,
+            // an etcd that lost its quorum before it became ready answers nothing
+            Err(e) if !standby::has_quorum(&etcd, Duration::from_secs(3)).await => {
+                lost_quorum = Some(e);
+                Vec::new()
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for (id, urls) in peers {
             let slot = urls.iter().find_map(|u| standby_slot(&spec, u));
             if slot.is_some() && slot == keep {
                 continue;

@@ -72,10 +72,13 @@ pub(super) fn standby_duties(
         let peers = seen.etcd_peers.as_deref().unwrap_or(&[]);
         let stray = peers.iter().any(|slot| slot.is_none() || *slot != keep);
         // a standby that does not vote yet cannot have taken the quorum: a
-        // voter from before did (its member died and came back, and is
-        // assigned again under the same id): it goes too
+        // voter from before did (its member died, or died and came back and
+        // is assigned again under the same id): every peer goes, known or
+        // not (an etcd that lost its quorum before it became ready answers
+        // no member list)
         let ready = p.standby.as_ref().is_some_and(|s| s.ready);
-        let stale = !ready && !peers.is_empty() && seen.etcd_quorum == Some(false);
+        let some_or_unknown = seen.etcd_peers.as_ref().is_none_or(|p| !p.is_empty());
+        let stale = !ready && some_or_unknown && seen.etcd_quorum == Some(false);
         if stray || stale {
             out.push(Duty::DropPeers {
                 shoot: shoot_s,

@@ -206,6 +206,18 @@ fn a_promoting_target_keeps_its_standby_and_the_host_drops_stray_members() {
         let got = standby_duties_of(&state, "a", seen, &o);
         assert_eq!(got, want, "ready {ready} quorum {quorum:?}");
     }
+    // an etcd that lost its quorum before it became ready lists no members:
+    // unknown peers count; a known single member never does
+    for (peers, want) in [(None, 1), (Some(vec![]), 0)] {
+        let state = with_standby(Some("c"), false);
+        let seen = ShootSeen {
+            etcd_peers: peers.clone(),
+            etcd_quorum: Some(false),
+            ..serving()
+        };
+        let got = standby_duties_of(&state, "a", seen, &o);
+        assert_eq!(got.len(), want, "{peers:?}: {got:?}");
+    }
 }
 
 #[test]

@@ -18,6 +18,8 @@ use crate::state::RingState;
 
 /// A failed start is tried again after this.
 const START_RETRY: Duration = Duration::from_secs(5);
+/// How long a health check waits for the members of a shoot's etcd.
+const PEERS_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl MemberLoop {
     /// Carries out `duty` (state: the ring state it was decided from).
@@ -115,10 +117,15 @@ impl MemberLoop {
             let ready = executor.ready(&shoot).await;
             let (peers, quorum) = match (shared.config.protection, executor.standby()) {
                 (crate::config::Protection::Standby, Ok(ops)) => {
-                    let peers = ops.etcd_peers(&shoot).await.ok();
-                    let quorum = match peers.as_ref().is_some_and(|p| !p.is_empty()) {
-                        true => Some(ops.etcd_quorum(&shoot).await),
-                        false => None,
+                    // an etcd that lost its quorum before it became ready
+                    // answers nothing at all: peers unknown, quorum false
+                    let peers = tokio::time::timeout(PEERS_TIMEOUT, ops.etcd_peers(&shoot))
+                        .await
+                        .ok()
+                        .and_then(Result::ok);
+                    let quorum = match &peers {
+                        Some(p) if p.is_empty() => None,
+                        _ => Some(ops.etcd_quorum(&shoot).await),
                     };
                     (peers, quorum)
                 }
