@@ -284,7 +284,7 @@ pub async fn bootstrap(
         changed |= !matches!(step, Step::Done);
         execute(&layout, &config, &opts.ringd, &step).await?;
     }
-    let status = ring_status(&layout, &config).await?;
+    let status = settled_status(&layout, &config).await?;
     let kubeconfigs = config
         .members
         .iter()
@@ -642,6 +642,27 @@ pub(crate) fn spawn_detached(
         .map_err(io(format!("starting {}", program.display())))?;
     Ok(child.id())
 }
+
+/// The ring's status once the leader has heard every control plane ready
+/// (each member saw its own ready; the leader hears it with the member's
+/// next health report), or after [`SETTLE`] as it is.
+async fn settled_status(
+    layout: &RingLayout,
+    config: &RingConfig,
+) -> Result<RingStatus, BootstrapError> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let status = ring_status(layout, config).await?;
+        let heard = status.placements.iter().all(|p| p.ready == Some(true));
+        if heard || Instant::now() >= deadline {
+            return Ok(status);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// How long the final report waits for the leader to hear every control plane ready.
+const SETTLE: Duration = Duration::from_secs(10);
 
 /// The status as seen by the first member that answers (preferring the leader's view).
 pub async fn ring_status(
