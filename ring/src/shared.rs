@@ -226,6 +226,7 @@ impl Shared {
             placements: self.placements_status(&v),
             hosted: self.hosted_status(),
             operations: v.state.operations.clone(),
+            protection: self.config.protection,
         }
     }
 

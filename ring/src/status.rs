@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{MemberState, Operation};
+use crate::config::Protection;
+use crate::state::{MemberState, Operation, Standby};
 
 /// A borderless table with `header` (what `render` prints).
 fn table(header: &[&str]) -> comfy_table::Table {
@@ -79,6 +80,9 @@ pub struct RingStatus {
     pub placements: Vec<PlacementStatus>,
     pub hosted: Vec<HostedStatus>,
     pub operations: Vec<Operation>,
+    /// How the ring protects each shoot's etcd (the answering member's config).
+    #[serde(default)]
+    pub protection: Protection,
 }
 
 impl RingStatus {
@@ -89,6 +93,32 @@ impl RingStatus {
             .iter()
             .find(|m| m.name == leader)
             .map(|m| m.address.as_str())
+    }
+}
+
+impl RingStatus {
+    /// The shoots that should have a voting standby (protection `standby`)
+    /// but have none yet: a failover of them restores from the bucket.
+    pub fn degraded(&self) -> Vec<&str> {
+        if self.protection != Protection::Standby {
+            return Vec::new();
+        }
+        self.placements
+            .iter()
+            .filter(|p| !p.standby.as_ref().is_some_and(|s| s.ready))
+            .map(|p| p.shoot.as_str())
+            .collect()
+    }
+}
+
+/// The STANDBY column: the member and whether it votes, or what protects
+/// the shoot instead.
+fn standby_cell(protection: Protection, standby: Option<&Standby>) -> String {
+    match (protection, standby) {
+        (Protection::Backup, None) => "-".into(),
+        (_, Some(sb)) if sb.ready => format!("{} (votes)", sb.member),
+        (_, Some(sb)) => format!("{} (joining: backup only)", sb.member),
+        (Protection::Standby, None) => "none: backup only".into(),
     }
 }
 
@@ -150,13 +180,19 @@ pub fn render(s: &RingStatus) -> String {
                 .map_or("-".into(), |r| if r { "yes".into() } else { "no".into() }),
             p.last_backup_age_ms
                 .map_or("-".into(), |v| format!("{:.1}s ago", v as f64 / 1000.0)),
-            p.standby.as_ref().map_or("-".into(), |sb| match sb.ready {
-                true => format!("{} (votes)", sb.member),
-                false => format!("{} (joining)", sb.member),
-            }),
+            standby_cell(s.protection, p.standby.as_ref()),
         ]);
     }
     out.push_str(&format!("{t}\n"));
+    let degraded = s.degraded();
+    if !degraded.is_empty() {
+        out.push_str(&format!(
+            "\ndegraded to backup (protection standby, but no voting standby yet): {}; \
+             a failover of these restores from the bucket and may lose what was \
+             acknowledged after its newest delta\n",
+            degraded.join(", ")
+        ));
+    }
     if !s.hosted.is_empty() {
         let mut t = table(&[
             "HOSTED HERE",
@@ -221,5 +257,71 @@ fn may_lose(o: &Operation) -> String {
         (Some(n), Some(ms)) => format!("≥{n} rev/{:.1}s", ms as f64 / 1000.0),
         (Some(n), None) => format!("≥{n} rev"),
         _ => "-".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(shoot: &str, standby: Option<(&str, bool)>) -> PlacementStatus {
+        PlacementStatus {
+            shoot: shoot.into(),
+            host: "m1".into(),
+            epoch: 1,
+            lease_expires_in_ms: None,
+            last_backup_age_ms: None,
+            last_backup_revision: None,
+            ready: Some(true),
+            standby: standby.map(|(member, ready)| Standby {
+                member: member.into(),
+                ready,
+            }),
+        }
+    }
+
+    fn status(protection: Protection, placements: Vec<PlacementStatus>) -> RingStatus {
+        RingStatus {
+            member: "m1".into(),
+            id: 1,
+            role: "Leader".into(),
+            leader: Some("m1".into()),
+            term: 1,
+            commit_index: 1,
+            applied_index: 1,
+            quorum_contact: true,
+            members: vec![],
+            placements,
+            hosted: vec![],
+            operations: vec![],
+            protection,
+        }
+    }
+
+    #[test]
+    fn a_shoot_without_a_voting_standby_shows_as_degraded_to_backup() {
+        let placements = vec![
+            placement("a", Some(("m2", true))),
+            placement("b", Some(("m3", false))),
+            placement("c", None),
+        ];
+        let s = status(Protection::Standby, placements.clone());
+        assert_eq!(s.degraded(), vec!["b", "c"]);
+        let out = render(&s);
+        assert!(out.contains("m2 (votes)"), "{out}");
+        assert!(out.contains("m3 (joining: backup only)"), "{out}");
+        assert!(out.contains("none: backup only"), "{out}");
+        assert!(
+            out.contains(
+                "degraded to backup (protection standby, but no voting standby yet): b, c;"
+            ),
+            "{out}"
+        );
+        // protection backup: nothing is degraded, no standby expected
+        let s = status(Protection::Backup, placements);
+        assert_eq!(s.degraded(), Vec::<&str>::new());
+        let out = render(&s);
+        assert!(!out.contains("degraded"), "{out}");
+        assert!(!out.contains("none: backup only"), "{out}");
     }
 }

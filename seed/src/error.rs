@@ -76,6 +76,9 @@ pub enum SeedError {
     },
 
     /// Talking to the hosted kube-apiserver failed.
+    #[error("the control plane of shoot {shoot} was stopped (fenced or handed over) while it started; a later start begins again")]
+    StoppedWhileStarting { shoot: String },
+
     #[error("kube-apiserver of shoot {shoot}: {message}")]
     Kube { shoot: String, message: String },
 
@@ -117,6 +120,7 @@ impl SeedError {
                 | SeedError::NotReady { .. }
                 | SeedError::Kube { .. }
                 | SeedError::AlreadyRunning { .. }
+                | SeedError::StoppedWhileStarting { .. }
         )
     }
 

@@ -14,7 +14,7 @@
 //!   status.json         pids, restarts and last exits, rewritten on every change
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::net::SocketAddr;
@@ -23,24 +23,20 @@ use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Mutex};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Mutex;
 
 use crate::binaries::Binaries;
 use crate::error::{Result, SeedError};
 use crate::kubeconfig;
 use crate::pki::{create_private_dir, write_private, Leaf, Pki};
-use crate::process::{pid_alive, supervise, Component, ComponentSpec, States, SupervisorTuning};
+use crate::process::{pid_alive, Component, ComponentSpec, States, SupervisorTuning};
 use crate::{ComponentStatus, ControlPlaneSpec, ControlPlaneStatus, Health, Phase, Seed};
 
 mod specs;
+mod supervision;
 use specs::{component_specs, etcd_tls_args};
+use supervision::Running;
 
-/// How long `start` waits for etcd to accept connections before giving up.
-const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long `start` waits for kube-apiserver's `/readyz` before starting the others.
-const API_START_WAIT: Duration = Duration::from_secs(60);
 /// How long `stop` waits for another process's supervisor to exit after SIGTERM.
 const FOREIGN_STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -146,30 +142,6 @@ impl ShootLayout {
 struct StatusFile {
     supervisor_pid: u32,
     components: States,
-}
-
-/// A control plane this process supervises.
-struct Running {
-    tokens: BTreeMap<Component, CancellationToken>,
-    tasks: BTreeMap<Component, JoinHandle<()>>,
-    writer: JoinHandle<()>,
-    states: watch::Receiver<States>,
-    _lock: Flock<File>,
-}
-
-impl Running {
-    /// Stops components in reverse start order, waiting for each.
-    async fn shutdown(mut self) {
-        for c in Component::ALL.iter().rev() {
-            if let Some(t) = self.tokens.get(c) {
-                t.cancel();
-            }
-            if let Some(task) = self.tasks.remove(c) {
-                let _ = task.await;
-            }
-        }
-        let _ = (&mut self.writer).await;
-    }
 }
 
 /// A seed that runs control planes as local processes under `state_dir`.
@@ -352,198 +324,6 @@ impl LocalSeed {
     }
 }
 
-impl LocalSeed {
-    /// Starts only the given components of the shoot's control plane (e.g. etcd
-    /// alone, to take a final snapshot without writers). Nothing may run yet.
-    pub async fn start_only(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
-        let specs = self
-            .component_specs(spec)
-            .into_iter()
-            .filter(|cs| only.contains(&cs.component))
-            .collect();
-        let etcd = SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
-        self.supervise(spec, specs, etcd, || check_ports(spec))
-            .await
-    }
-
-    /// Runs a hot standby of the shoot's etcd here: a member joining the
-    /// cluster the shoot's host serves (`initial_cluster`, from adding it as
-    /// a learner), named `name`, listening on `ports` (client, peer) of the
-    /// shoot's address. Not under the lease guard: a standby holds no lease
-    /// and cannot serve writes alone. Its data goes where the shoot's etcd
-    /// data goes, so a promotion serves from it in place.
-    pub async fn start_standby(
-        &self,
-        spec: &ControlPlaneSpec,
-        name: &str,
-        ports: (u16, u16),
-        initial_cluster: &str,
-    ) -> Result<()> {
-        let layout = self.layout(&spec.shoot);
-        let e = &spec.endpoint;
-        let (client, peer) = (
-            format!("https://{}:{}", e.address, ports.0),
-            format!("https://{}:{}", e.address, ports.1),
-        );
-        let mut args = vec![
-            format!("--name={name}"),
-            format!("--data-dir={}", p(layout.etcd_data())),
-            format!("--listen-client-urls={client}"),
-            format!("--advertise-client-urls={client}"),
-            format!("--listen-peer-urls={peer}"),
-            format!("--initial-advertise-peer-urls={peer}"),
-            format!("--initial-cluster={initial_cluster}"),
-            "--initial-cluster-state=existing".into(),
-        ];
-        args.extend(etcd_tls_args(&layout));
-        let etcd = ComponentSpec {
-            component: Component::Etcd,
-            program: self.bins.etcd.clone(),
-            args,
-            log: layout.log(Component::Etcd),
-            netns: None,
-        };
-        let addr = SocketAddr::from((e.address, ports.0));
-        let free = || {
-            for port in [ports.0, ports.1] {
-                check_port(
-                    &spec.shoot,
-                    "etcd (standby)",
-                    SocketAddr::from((e.address, port)),
-                )?;
-            }
-            Ok(())
-        };
-        self.supervise(spec, vec![etcd], addr, free).await
-    }
-
-    /// Supervises `specs` of the shoot (in order) once `free` says their
-    /// sockets are free, waiting for etcd at `etcd_addr` and for the API
-    /// before the components after them.
-    async fn supervise(
-        &self,
-        spec: &ControlPlaneSpec,
-        specs: Vec<ComponentSpec>,
-        etcd_addr: SocketAddr,
-        free: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let mut running = self.running.lock().await;
-        if running.contains_key(&spec.shoot) {
-            return Err(SeedError::AlreadyRunning {
-                shoot: spec.shoot.clone(),
-                pid: std::process::id(),
-            });
-        }
-        spec.validate()?;
-        let layout = self.layout(&spec.shoot);
-        create_private_dir(&layout.dir)?;
-        let lock = acquire_lock(&layout, &spec.shoot)?;
-        self.prepare(spec)?;
-        free()?;
-
-        let (tx, rx) = watch::channel(States::new());
-        let writer = tokio::spawn(write_status(layout.status_file(), rx.clone()));
-        let mut r = Running {
-            tokens: BTreeMap::new(),
-            tasks: BTreeMap::new(),
-            writer,
-            states: rx,
-            _lock: lock,
-        };
-        let shoot = spec.shoot.clone();
-        for cs in specs {
-            let c = cs.component;
-            let token = CancellationToken::new();
-            let task = supervise(cs, token.clone(), tx.clone(), self.tuning);
-            let span = tracing::info_span!("component", shoot = %shoot, component = %c);
-            r.tasks
-                .insert(c, tokio::spawn(tracing::Instrument::instrument(task, span)));
-            r.tokens.insert(c, token);
-            if c == Component::KubeApiserver {
-                // kube-controller-manager and kube-scheduler exit while RBAC is not yet
-                // bootstrapped; start them once the API is ready so their restart
-                // counts mean real crashes.
-                let deadline = tokio::time::Instant::now() + API_START_WAIT;
-                while !matches!(self.health(&shoot).await, Ok(h) if h.ready) {
-                    if tokio::time::Instant::now() >= deadline {
-                        tracing::warn!(shoot = %shoot, "kube-apiserver not ready yet; starting the rest anyway");
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-            if c == Component::Etcd && !wait_tcp(etcd_addr, ETCD_START_TIMEOUT).await {
-                drop(tx);
-                r.shutdown().await;
-                return Err(SeedError::NotReady {
-                    shoot,
-                    waited_secs: ETCD_START_TIMEOUT.as_secs(),
-                    last: format!(
-                        "etcd does not accept connections on {etcd_addr}; last lines of {}:\n{}",
-                        layout.log(Component::Etcd).display(),
-                        ShootLayout::tail(&layout.log(Component::Etcd), 15)
-                    ),
-                });
-            }
-        }
-        running.insert(shoot, r);
-        Ok(())
-    }
-
-    /// Stops only the given components (in reverse start order), keeping the
-    /// others running; stopping the last one ends the supervision.
-    pub async fn stop_only(&self, shoot: &str, only: &[Component]) -> Result<()> {
-        let mut running = self.running.lock().await;
-        let Some(r) = running.get_mut(shoot) else {
-            return Ok(());
-        };
-        for c in Component::ALL.iter().rev().filter(|c| only.contains(c)) {
-            if let Some(t) = r.tokens.remove(c) {
-                t.cancel();
-            }
-            if let Some(task) = r.tasks.remove(c) {
-                let _ = task.await;
-            }
-        }
-        if r.tasks.is_empty() {
-            if let Some(r) = running.remove(shoot) {
-                drop(running);
-                r.shutdown().await;
-            }
-        }
-        Ok(())
-    }
-
-    /// Deletes everything this seed keeps for `shoot` (data, PKI, logs). Refused
-    /// while any process supervises it, here or in another process.
-    pub async fn remove_data(&self, shoot: &str) -> Result<()> {
-        crate::validate_shoot_name(shoot)?;
-        if !self.running_components(shoot).await.is_empty() {
-            return Err(SeedError::AlreadyRunning {
-                shoot: shoot.to_string(),
-                pid: std::process::id(),
-            });
-        }
-        let layout = self.layout(shoot);
-        if !layout.dir.exists() {
-            return Ok(());
-        }
-        // holding the supervisor lock proves no other process runs the shoot
-        let _lock = acquire_lock(&layout, shoot)?;
-        std::fs::remove_dir_all(&layout.dir).map_err(SeedError::io(&layout.dir))
-    }
-
-    /// The components this process supervises for `shoot`.
-    pub async fn running_components(&self, shoot: &str) -> Vec<Component> {
-        self.running
-            .lock()
-            .await
-            .get(shoot)
-            .map(|r| r.tasks.keys().copied().collect())
-            .unwrap_or_default()
-    }
-}
-
 /// Creates `dir` (0700) if needed and proves it writable. Each call writes its
 /// own probe file: callers run concurrently (a member starts one control plane
 /// while it restores another), and a shared probe name let one caller remove
@@ -613,39 +393,8 @@ fn check_port(shoot: &str, component: &str, addr: SocketAddr) -> Result<()> {
     }
 }
 
-async fn wait_tcp(addr: SocketAddr, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
 fn p(path: PathBuf) -> String {
     path.display().to_string()
-}
-
-async fn write_status(path: PathBuf, mut rx: watch::Receiver<States>) {
-    loop {
-        let file = StatusFile {
-            supervisor_pid: std::process::id(),
-            components: rx.borrow_and_update().clone(),
-        };
-        match serde_json::to_vec_pretty(&file) {
-            Ok(json) => {
-                if let Err(e) = write_private(&path, &json) {
-                    tracing::warn!(error = %e, "cannot write status file");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot encode status"),
-        }
-        if rx.changed().await.is_err() {
-            break;
-        }
-    }
 }
 
 #[async_trait::async_trait]

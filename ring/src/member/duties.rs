@@ -256,7 +256,11 @@ pub fn duties(state: &RingState, me: &str, observed: &Observed, now: Instant) ->
             if !seen.standby_running || op.promotes() {
                 operation_duties(op, role, shoot, &seen, observed, now, &mut out);
             }
-            drives = op.is_migration() || op.step != OperationStep::Pending;
+            drives = op.is_migration()
+                || !matches!(
+                    op.step,
+                    OperationStep::Pending | OperationStep::WaitingForLeaseExpiry
+                );
         }
         standby::standby_duties(state, me, shoot, &seen, observed, now, &mut out);
         lease_duty(state, me, shoot, &seen, observed, now, &mut out);
@@ -359,11 +363,17 @@ fn operation_duties(
                 serving: running,
                 verified: facts.verified,
             };
+            let action = target_next(&view);
+            // while the old lease runs out, a promoting target only promotes
+            let early = op.step == OperationStep::WaitingForLeaseExpiry;
+            if early && !matches!(action, TargetAction::Fetch | TargetAction::Restore) {
+                return;
+            }
             out.push(Duty::Target {
                 op: op.id,
                 shoot: shoot.to_string(),
                 epoch,
-                action: target_next(&view),
+                action,
             });
         }
         _ => {}

@@ -271,3 +271,97 @@ fn a_move_onto_a_seed_running_a_standby_waits_until_it_left() {
         );
     }
 }
+
+/// A failover promoting c's standby of b: c promotes while the old lease
+/// runs out (the standby's etcd stopping takes the old host's quorum), and
+/// leases, starts and serves only once it ended.
+#[test]
+fn a_promoting_target_promotes_while_the_old_lease_runs_out_and_starts_after() {
+    let now = Instant::now();
+    let mut state = with_standby(Some("c"), true);
+    apply(
+        &mut state,
+        RingCommand::MarkDown {
+            member: "a".into(),
+            at_ms: 1,
+        },
+    );
+    apply(
+        &mut state,
+        RingCommand::StartFailover {
+            shoot: "b".into(),
+            to: "c".into(),
+            at_ms: 1,
+            not_before_ms: 1,
+            seen: None,
+            promote: true,
+        },
+    );
+    let seen = |promoted: bool| ShootSeen {
+        standby_running: !promoted,
+        operation: Some(OperationSeen {
+            id: 0,
+            facts: OperationFacts::Target {
+                fetched: promoted,
+                restored: promoted,
+                running: false,
+            },
+            retry_at: None,
+            verified: false,
+        }),
+        ..Default::default()
+    };
+    let steps = |state: &RingState, promoted: bool| {
+        let mut o = observed(now);
+        o.shoots.insert("b".into(), seen(promoted));
+        duties_b(state, "c", &o, now)
+            .into_iter()
+            .filter(|d| {
+                matches!(
+                    d,
+                    Duty::Target { .. } | Duty::BeginRestore { .. } | Duty::RenewLease { .. }
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let target = |action| Duty::Target {
+        op: 0,
+        shoot: "b".into(),
+        epoch: 2,
+        action,
+    };
+    // the old lease may still run: promote, nothing more
+    assert_eq!(steps(&state, false), vec![target(TargetAction::Fetch)]);
+    assert_eq!(steps(&state, true), vec![], "no lease, no start before");
+    // a failover restoring from the bucket waits for the lease's end
+    let mut bucket = state.clone();
+    if let Some(op) = bucket.operations.last_mut() {
+        if let OperationKind::Failover { promote, .. } = &mut op.kind {
+            *promote = false;
+        }
+    }
+    assert_eq!(steps(&bucket, false), vec![]);
+    // the old lease ended: begin, then lease and start the promoted data
+    for (step, want) in [
+        (
+            OperationStep::Pending,
+            Duty::BeginRestore {
+                op: 0,
+                shoot: "b".into(),
+            },
+        ),
+        (OperationStep::Restoring, target(TargetAction::AcquireLease)),
+    ] {
+        apply(
+            &mut state,
+            RingCommand::AdvanceOperation {
+                id: 0,
+                step,
+                detail: String::new(),
+                at_ms: 2,
+                outcome: None,
+            },
+        );
+        assert_eq!(steps(&state, true), vec![want], "{step:?}");
+    }
+}

@@ -281,14 +281,20 @@ impl Operation {
     /// A migration's source acts while it is `Pending` (writers stopped, final
     /// snapshot, handover); the target of a migration acts once it is
     /// `Restoring`, the target of a failover once the old lease ended
-    /// (`Pending`, then `Restoring`). Everyone else, and everyone once the
-    /// operation finished, has no part in it.
+    /// (`Pending`, then `Restoring`), except that a failover promoting a hot
+    /// standby may promote it while the old lease runs out (stopping the
+    /// standby's etcd takes the old host's quorum: it can acknowledge no
+    /// write any more; nothing starts serving before the lease ended).
+    /// Everyone else, and everyone once the operation finished, has no part
+    /// in it.
     pub fn role_of(&self, me: &str) -> Role {
         let acting_target = match self.kind {
             OperationKind::Migration { .. } => self.step == OperationStep::Restoring,
-            OperationKind::Failover { .. } => {
-                matches!(self.step, OperationStep::Pending | OperationStep::Restoring)
-            }
+            OperationKind::Failover { promote, .. } => match self.step {
+                OperationStep::Pending | OperationStep::Restoring => true,
+                OperationStep::WaitingForLeaseExpiry => promote,
+                _ => false,
+            },
         };
         if self.target() == me && acting_target {
             Role::Target

@@ -60,6 +60,7 @@ fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
             .collect(),
         hosted: vec![],
         operations: vec![],
+        protection: Default::default(),
     }
 }
 
