@@ -384,6 +384,15 @@ pub(crate) struct FailoverBenchArgs {
     /// local seeds only).
     #[arg(long, value_delimiter = ',', default_value = "backup")]
     pub(crate) protection: Vec<crate::bench::failover::ProtectionArg>,
+    /// The rings' failure window in ms (the leader declares a silent member
+    /// down after it; default: the ring's default). Heartbeats then come
+    /// every third of it at most.
+    #[arg(long)]
+    pub(crate) failure_window_ms: Option<u64>,
+    /// The rings' lease on each control plane in ms (renewed every third;
+    /// default: the ring's default).
+    #[arg(long)]
+    pub(crate) lease_ms: Option<u64>,
 }
 
 #[derive(Args)]

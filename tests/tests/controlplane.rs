@@ -490,7 +490,7 @@ metadata: {name: app, namespace: team-a}
 spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
 "#;
 
-#[path = "controlplane/fence.rs"]
-mod fence;
 #[path = "controlplane/standby.rs"]
 mod standby;
+#[path = "controlplane/supervision.rs"]
+mod supervision;

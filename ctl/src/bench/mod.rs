@@ -6,6 +6,7 @@
 pub mod bootstrap;
 pub mod controlplane;
 pub mod failover;
+mod load;
 pub mod migrate;
 pub mod raft;
 
@@ -104,6 +105,13 @@ impl BenchRing {
     /// The shoots' etcd protected by `protection`.
     pub fn with_protection(mut self, protection: ringd::config::Protection) -> BenchRing {
         self.config.protection = protection;
+        self.opts.config = Some(self.config.clone());
+        self
+    }
+
+    /// The ring's timing (detection and leases).
+    pub fn with_timing(mut self, timing: ringd::config::Timing) -> BenchRing {
+        self.config.timing = timing;
         self.opts.config = Some(self.config.clone());
         self
     }

@@ -78,6 +78,22 @@ async fn migrate(args: MigrateBenchArgs, format: Format) -> anyhow::Result<()> {
     print(&result, format, || bench::migrate::render(&result))
 }
 
+/// The ring's timing with the overrides of `ringctl bench failover`.
+fn bench_timing(args: &FailoverBenchArgs) -> anyhow::Result<ringd::config::Timing> {
+    let mut t = ringd::config::Timing::default();
+    if let Some(window) = args.failure_window_ms {
+        t.failure_window_ms = window;
+        t.heartbeat_ms = t.heartbeat_ms.min(window / 3);
+    }
+    if let Some(lease) = args.lease_ms {
+        t.lease_ms = lease;
+        t.lease_margin_ms = t.lease_margin_ms.min(lease / 4);
+    }
+    t.validate()
+        .map_err(|e| anyhow::anyhow!("--failure-window-ms / --lease-ms: {e}"))?;
+    Ok(t)
+}
+
 async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()> {
     let ringd = ringd_exe()?;
     let c = &args.common;
@@ -91,6 +107,7 @@ async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()>
     {
         anyhow::bail!("--protection standby runs on local seeds only for now: use --seeds local");
     }
+    let timing = bench_timing(&args)?;
     let kinds = args
         .seeds
         .iter()
@@ -100,6 +117,7 @@ async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()>
         let dir = root.join(format!("failover-{k}"));
         let options = bench::failover::FailoverOptions {
             protection,
+            timing,
             // each kind's ring on its own ports (a killed ringd's port may linger)
             base_port: c.base_port + 50 * k as u16,
             objects: c.objects,

@@ -270,15 +270,17 @@ impl StandbyOps for LocalExecutor {
         let Some(why) = lost_quorum else {
             return Ok(());
         };
-        // the standby is gone with the quorum: etcd re-formed alone
+        // the standby is gone with the quorum: etcd re-formed alone; the
+        // rest of the control plane keeps running and reconnects
         tracing::warn!(%shoot, error = %why, "re-forming the shoot's etcd alone");
-        self.seed.stop(shoot).await?;
+        self.seed.stop_only(shoot, &[Component::Etcd]).await?;
         let layout = self.layout(shoot);
         let log = layout.dir.join("logs").join("reform.log");
         let etcd_bin = self.bins().find("etcd")?;
         let peer_url = spec.endpoint.etcd_peer_url();
         standby::promote(&etcd_bin, &layout.etcd_data(), shoot, &peer_url, &log).await?;
-        super::started(self.seed.start(&spec).await)
+        let started = self.seed.start_missing(&spec, &Component::ALL).await;
+        super::started(started)
     }
 }
 

@@ -174,7 +174,16 @@ fn migration_state(handover_ready: bool) -> RingState {
 }
 
 pub(super) fn failover_state(step: Option<OperationStep>) -> RingState {
-    let mut state = ring();
+    failover_from(ring(), step, false)
+}
+
+/// `state` after a (promoting) failover of b from a (marked down) to c, at
+/// `step` (none: waiting for the old lease).
+pub(super) fn failover_from(
+    mut state: RingState,
+    step: Option<OperationStep>,
+    promote: bool,
+) -> RingState {
     apply(
         &mut state,
         RingCommand::MarkDown {
@@ -190,7 +199,7 @@ pub(super) fn failover_state(step: Option<OperationStep>) -> RingState {
             at_ms: 1,
             not_before_ms: 1,
             seen: None,
-            promote: false,
+            promote,
         },
     );
     if let Some(step) = step {

@@ -278,25 +278,7 @@ fn a_move_onto_a_seed_running_a_standby_waits_until_it_left() {
 #[test]
 fn a_promoting_target_promotes_while_the_old_lease_runs_out_and_starts_after() {
     let now = Instant::now();
-    let mut state = with_standby(Some("c"), true);
-    apply(
-        &mut state,
-        RingCommand::MarkDown {
-            member: "a".into(),
-            at_ms: 1,
-        },
-    );
-    apply(
-        &mut state,
-        RingCommand::StartFailover {
-            shoot: "b".into(),
-            to: "c".into(),
-            at_ms: 1,
-            not_before_ms: 1,
-            seen: None,
-            promote: true,
-        },
-    );
+    let at = |step, promote| failover_from(with_standby(Some("c"), true), step, promote);
     let seen = |promoted: bool| ShootSeen {
         standby_running: !promoted,
         operation: Some(OperationSeen {
@@ -331,37 +313,28 @@ fn a_promoting_target_promotes_while_the_old_lease_runs_out_and_starts_after() {
         action,
     };
     // the old lease may still run: promote, nothing more
-    assert_eq!(steps(&state, false), vec![target(TargetAction::Fetch)]);
-    assert_eq!(steps(&state, true), vec![], "no lease, no start before");
+    assert_eq!(
+        steps(&at(None, true), false),
+        vec![target(TargetAction::Fetch)]
+    );
+    assert_eq!(
+        steps(&at(None, true), true),
+        vec![],
+        "no lease, no start before"
+    );
     // a failover restoring from the bucket waits for the lease's end
-    let mut bucket = state.clone();
-    if let Some(op) = bucket.operations.last_mut() {
-        if let OperationKind::Failover { promote, .. } = &mut op.kind {
-            *promote = false;
-        }
-    }
-    assert_eq!(steps(&bucket, false), vec![]);
+    assert_eq!(steps(&at(None, false), false), vec![]);
     // the old lease ended: begin, then lease and start the promoted data
-    for (step, want) in [
-        (
-            OperationStep::Pending,
-            Duty::BeginRestore {
-                op: 0,
-                shoot: "b".into(),
-            },
-        ),
-        (OperationStep::Restoring, target(TargetAction::AcquireLease)),
-    ] {
-        apply(
-            &mut state,
-            RingCommand::AdvanceOperation {
-                id: 0,
-                step,
-                detail: String::new(),
-                at_ms: 2,
-                outcome: None,
-            },
-        );
-        assert_eq!(steps(&state, true), vec![want], "{step:?}");
-    }
+    let begin = Duty::BeginRestore {
+        op: 0,
+        shoot: "b".into(),
+    };
+    assert_eq!(
+        steps(&at(Some(OperationStep::Pending), true), true),
+        vec![begin]
+    );
+    assert_eq!(
+        steps(&at(Some(OperationStep::Restoring), true), true),
+        vec![target(TargetAction::AcquireLease)]
+    );
 }

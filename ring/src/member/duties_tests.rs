@@ -9,7 +9,7 @@ use crate::state::RingCommand;
 mod moves;
 #[path = "duties_standby_tests.rs"]
 mod standby;
-use moves::failover_state;
+use moves::{failover_from, failover_state};
 
 const LEASE: Duration = Duration::from_secs(6);
 

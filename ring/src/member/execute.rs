@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::duties::Duty;
+use super::execute_standby::StandbyStep;
 use super::observe::operation_key;
 use super::operations::{self, Step};
 use super::MemberLoop;
@@ -43,9 +44,15 @@ impl MemberLoop {
             Duty::Target { op, action, .. } => self.step(state, op, Step::Target(action)),
             Duty::BeginRestore { op, .. } => self.step(state, op, Step::BeginRestore),
             Duty::Refuse { op, reason, .. } => self.refuse(state, op, reason),
-            Duty::JoinStandby { shoot, epoch, slot } => self.join_standby(shoot, epoch, slot),
-            Duty::LeaveStandby { shoot, keep } => self.leave_standby(shoot, keep),
-            Duty::DropPeers { shoot, keep } => self.drop_peers(shoot, keep),
+            Duty::JoinStandby { shoot, epoch, slot } => {
+                self.standby_step(shoot, StandbyStep::Join { epoch, slot })
+            }
+            Duty::LeaveStandby { shoot, keep } => {
+                self.standby_step(shoot, StandbyStep::Leave { keep })
+            }
+            Duty::DropPeers { shoot, keep } => {
+                self.standby_step(shoot, StandbyStep::DropPeers { keep })
+            }
         }
     }
 

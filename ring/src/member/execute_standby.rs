@@ -7,49 +7,48 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::MemberLoop;
-use crate::shared::lock;
+use crate::executor::StandbyOps;
+use crate::shared::{lock, Shared};
 use crate::state::RingCommand;
+use crate::RingError;
 
 /// A failed standby step is tried again after this.
 const STANDBY_RETRY: Duration = Duration::from_secs(5);
 
+/// One hot standby step of a shoot (from the duties).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum StandbyStep {
+    /// Join the shoot's etcd as its standby; once it votes, tell the ring.
+    Join { epoch: u64, slot: u64 },
+    /// Stop a standby no longer assigned here (`keep`: its data now serves).
+    Leave { keep: bool },
+    /// On the host: keep the shoot's etcd to the assigned standby.
+    DropPeers { keep: Option<u64> },
+}
+
 impl MemberLoop {
-    /// Joins the shoot's etcd as its standby; once it votes, tells the ring.
-    pub(super) fn join_standby(&self, shoot: String, epoch: u64, slot: u64) {
+    /// Runs `step` of `shoot` in its task; a failed step is reported in
+    /// the shoot's detail and tried again after [`STANDBY_RETRY`].
+    pub(super) fn standby_step(&self, shoot: String, step: StandbyStep) {
         let (executor, shared, retry) = (
             self.executor.clone(),
             self.shared.clone(),
             self.standby_retry.clone(),
         );
-        let span = tracing::info_span!("standby", %shoot, epoch);
+        let span = tracing::info_span!("standby", %shoot, ?step);
         self.spawn_once(
             format!("standby:{shoot}"),
             async move {
-                let (Ok(ops), Some(bucket)) = (executor.standby(), shared.bucket()) else {
+                let Ok(ops) = executor.standby() else {
                     return;
                 };
-                // from the first attempt on, the seed may run it: leaving stops it
-                lock(&shared.standbys).insert(shoot.clone());
-                let joined = ops.join_standby(&shoot, slot, epoch, bucket).await;
-                let reported = match joined {
-                    Ok(()) => {
-                        let member = shared.name().to_string();
-                        let cmd = RingCommand::StandbyReady {
-                            shoot: shoot.clone(),
-                            epoch,
-                            member,
-                        };
-                        shared.propose_cmd(cmd).await
-                    }
-                    Err(e) => Err(e),
-                };
-                match reported {
-                    Ok(()) => {
-                        tracing::info!("standby votes");
+                match run(ops, &shared, &shoot, step).await {
+                    Ok(done) => {
+                        tracing::info!("{done}");
                         lock(&retry).remove(&shoot);
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "standby not ready; trying again");
+                        tracing::warn!(error = %e, "standby step failed; trying again");
                         shared.set_hosted_detail(&shoot, format!("standby of {shoot}: {e}"));
                         lock(&retry).insert(shoot, Instant::now() + STANDBY_RETRY);
                     }
@@ -58,67 +57,45 @@ impl MemberLoop {
             .instrument(span),
         );
     }
+}
 
-    /// Stops a standby no longer assigned here.
-    pub(super) fn leave_standby(&self, shoot: String, keep: bool) {
-        let (executor, shared, retry) = (
-            self.executor.clone(),
-            self.shared.clone(),
-            self.standby_retry.clone(),
-        );
-        let span = tracing::info_span!("standby", %shoot);
-        self.spawn_once(
-            format!("standby:{shoot}"),
-            async move {
-                let Ok(ops) = executor.standby() else {
-                    return;
-                };
-                match ops.leave_standby(&shoot, keep).await {
-                    Ok(()) => {
-                        lock(&shared.standbys).remove(&shoot);
-                        tracing::info!(keep, "standby stopped: no longer assigned here")
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot stop the standby; trying again");
-                        lock(&retry).insert(shoot, Instant::now() + STANDBY_RETRY);
-                    }
-                }
+/// One step; what it achieved, for the log.
+async fn run(
+    ops: &dyn StandbyOps,
+    shared: &Shared,
+    shoot: &str,
+    step: StandbyStep,
+) -> Result<&'static str, RingError> {
+    match step {
+        StandbyStep::Join { epoch, slot } => {
+            let bucket = shared.bucket().ok_or_else(|| {
+                RingError::Unsupported(format!("{} has no backup bucket", shared.name()))
+            })?;
+            // from the first attempt on, the seed may run it: leaving stops it
+            lock(&shared.standbys).insert(shoot.to_string());
+            ops.join_standby(shoot, slot, epoch, bucket).await?;
+            let cmd = RingCommand::StandbyReady {
+                shoot: shoot.to_string(),
+                epoch,
+                member: shared.name().to_string(),
+            };
+            shared.propose_cmd(cmd).await?;
+            Ok("standby votes")
+        }
+        StandbyStep::Leave { keep } => {
+            ops.leave_standby(shoot, keep).await?;
+            lock(&shared.standbys).remove(shoot);
+            Ok("standby stopped: no longer assigned here")
+        }
+        StandbyStep::DropPeers { keep } => {
+            let res = ops.drop_peers(shoot, keep).await;
+            // the next health check looks again
+            if let Some(h) = lock(&shared.hosted).get_mut(shoot) {
+                h.etcd_peers = None;
+                h.etcd_quorum = None;
             }
-            .instrument(span),
-        );
-    }
-
-    /// On the host: keeps the shoot's etcd to the assigned standby.
-    pub(super) fn drop_peers(&self, shoot: String, keep: Option<u64>) {
-        let (executor, shared, retry) = (
-            self.executor.clone(),
-            self.shared.clone(),
-            self.standby_retry.clone(),
-        );
-        let span = tracing::info_span!("standby", %shoot);
-        self.spawn_once(
-            format!("standby:{shoot}"),
-            async move {
-                let Ok(ops) = executor.standby() else {
-                    return;
-                };
-                let res = ops.drop_peers(&shoot, keep).await;
-                // the next health check looks again
-                if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
-                    h.etcd_peers = None;
-                    h.etcd_quorum = None;
-                }
-                match res {
-                    Ok(()) => {
-                        tracing::info!(?keep, "the shoot's etcd keeps only its assigned standby")
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot remove a former standby; trying again");
-                        lock(&retry).insert(shoot, Instant::now() + STANDBY_RETRY);
-                    }
-                }
-            }
-            .instrument(span),
-        );
+            res?;
+            Ok("the shoot's etcd keeps only its assigned standby")
+        }
     }
 }

@@ -242,7 +242,16 @@ async fn begin_restore(shared: &Shared, op: &Operation) -> Result<(), RingError>
             at_ms: now_ms(),
             outcome: None,
         })
-        .await
+        .await?;
+    if op.promotes() {
+        // the standby was promoted while the old lease ran out: take the
+        // new epoch's lease in the same step (a round earlier; if this
+        // fails, the lease step takes it)
+        if let Err(e) = shared.renew_lease(op.shoot(), op.epoch()).await {
+            tracing::warn!(error = %e, "cannot take the new epoch's lease yet");
+        }
+    }
+    Ok(())
 }
 
 /// One step of a migration's source.

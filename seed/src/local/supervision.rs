@@ -139,8 +139,44 @@ impl LocalSeed {
         etcd_addr: SocketAddr,
         free: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        let shoot = &spec.shoot;
         let generation = self.begin(spec, free).await?;
+        self.run_components(&spec.shoot, generation, specs, etcd_addr)
+            .await
+    }
+
+    /// Starts the given components of a shoot whose supervision runs and
+    /// lacks them (etcd again after it was stopped to re-form it, say), in
+    /// order, leaving the others as they are: a kube-apiserver that runs
+    /// reconnects to the new etcd by itself. With nothing running, a start
+    /// of just those.
+    pub async fn start_missing(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
+        let supervised = {
+            let running = self.running.lock().await;
+            running
+                .get(&spec.shoot)
+                .map(|r| (r.generation, r.tasks.keys().copied().collect::<Vec<_>>()))
+        };
+        let Some((generation, present)) = supervised else {
+            return self.start_only(spec, only).await;
+        };
+        let specs = self
+            .component_specs(spec)
+            .into_iter()
+            .filter(|cs| only.contains(&cs.component) && !present.contains(&cs.component))
+            .collect();
+        let etcd = SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
+        self.run_components(&spec.shoot, generation, specs, etcd)
+            .await
+    }
+
+    /// Runs `specs` in order under the supervision `generation` began.
+    async fn run_components(
+        &self,
+        shoot: &str,
+        generation: u64,
+        specs: Vec<ComponentSpec>,
+        etcd_addr: SocketAddr,
+    ) -> Result<()> {
         for cs in specs {
             let c = cs.component;
             self.spawn_component(shoot, generation, cs).await?;
