@@ -29,8 +29,13 @@ pub struct DecisionTiming {
 #[derive(Debug, Clone)]
 pub struct LeaderView<'a> {
     pub now_ms: u64,
-    /// When this member became leader: silence is only counted from then.
+    /// When this member became leader: silence is only counted from then,
+    /// except the silence of `followed`.
     pub leader_since_ms: u64,
+    /// The member this leader followed before it led, and when it last
+    /// heard from it: that member's silence is known exactly (it is
+    /// typically the dead leader whose silence made this one).
+    pub followed: Option<(&'a str, u64)>,
     /// The leader's own name (always alive from its point of view).
     pub leader: &'a str,
     /// Member name → when its last health report arrived.
@@ -69,7 +74,11 @@ impl LeaderView<'_> {
             return self.now_ms;
         }
         let report = self.last_report_ms.get(member).copied().unwrap_or(0);
-        report.max(self.leader_since_ms)
+        let floor = match self.followed {
+            Some((followed, at)) if followed == member => at,
+            _ => self.leader_since_ms,
+        };
+        report.max(floor)
     }
 
     fn alive(&self, member: &str, t: &DecisionTiming) -> bool {

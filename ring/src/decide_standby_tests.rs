@@ -16,6 +16,7 @@ fn view<'a>(now_ms: u64, reports: &'a BTreeMap<String, u64>) -> LeaderView<'a> {
     LeaderView {
         now_ms,
         leader_since_ms: 0,
+        followed: None,
         leader: "b",
         last_report_ms: reports,
         lease_seen_ms: &NONE,

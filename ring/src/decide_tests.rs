@@ -70,6 +70,7 @@ fn nothing_happens_while_everyone_reports() {
     let view = LeaderView {
         now_ms: 10_000,
         leader_since_ms: 0,
+        followed: None,
         leader: "a",
         last_report_ms: &r,
         lease_seen_ms: &NONE,
@@ -85,10 +86,42 @@ fn silence_is_counted_from_leadership_not_from_zero() {
     let view = LeaderView {
         now_ms: 10_000,
         leader_since_ms: 9_000,
+        followed: None,
         leader: "a",
         last_report_ms: &r,
         lease_seen_ms: &NONE,
         revisions: &NO_REVISIONS,
+    };
+    assert!(decide(&s, &view, &T).is_empty());
+}
+
+/// A new leader knows when it last heard from the leader it followed: that
+/// member's silence counts from there, not from the election (one failure
+/// window after the old leader died, not an election plus a window).
+#[test]
+fn the_leader_followed_before_is_silent_since_its_last_message() {
+    let s = ring(&["a", "b", "c"]);
+    let r = reports(&[("c", 10_900)]);
+    // a leads since 9 s; it last heard from b, the old leader, at 7.5 s
+    let view = LeaderView {
+        now_ms: 11_000,
+        leader_since_ms: 9_000,
+        followed: Some(("b", 7_500)),
+        leader: "a",
+        last_report_ms: &r,
+        lease_seen_ms: &NONE,
+        revisions: &NO_REVISIONS,
+    };
+    let cmds = decide(&s, &view, &T);
+    assert!(
+        matches!(cmds.first(), Some(RingCommand::MarkDown { member, .. }) if member == "b"),
+        "{cmds:?}"
+    );
+    // c reported; without knowing b's last message, b's silence counts
+    // from the election: nothing yet
+    let view = LeaderView {
+        followed: None,
+        ..view
     };
     assert!(decide(&s, &view, &T).is_empty());
 }
@@ -110,6 +143,7 @@ fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
     let view = LeaderView {
         now_ms: 10_000,
         leader_since_ms: 0,
+        followed: None,
         leader: "a",
         last_report_ms: &r,
         lease_seen_ms: &seen,
@@ -134,6 +168,7 @@ fn dead_host_is_marked_down_and_its_shoot_fails_over_to_its_predecessor() {
         let later = LeaderView {
             now_ms,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &seen,
@@ -156,6 +191,7 @@ fn an_operation_without_a_step_until_the_deadline_fails_and_the_leader_chooses_a
     let view = |now_ms, r| LeaderView {
         now_ms,
         leader_since_ms: 0,
+        followed: None,
         leader: "a",
         last_report_ms: r,
         lease_seen_ms: &NONE,
@@ -243,6 +279,7 @@ fn a_failover_carries_the_freshest_etcd_revision_heard_from_the_old_host() {
         let view = LeaderView {
             now_ms: 10_000,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &NONE,
@@ -287,6 +324,7 @@ fn an_old_lease_ends_by_the_leader_s_record_not_the_holder_s_clock() {
         let view = |now_ms| LeaderView {
             now_ms,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &seen,
@@ -313,6 +351,7 @@ fn returning_member_is_marked_up_but_keeps_no_placement() {
         &LeaderView {
             now_ms: 10_000,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &NONE,
@@ -326,6 +365,7 @@ fn returning_member_is_marked_up_but_keeps_no_placement() {
         &LeaderView {
             now_ms: 11_100,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &NONE,
@@ -349,6 +389,7 @@ fn failover_whose_target_dies_is_failed_and_redone_elsewhere() {
         &LeaderView {
             now_ms: 10_000,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &NONE,
@@ -363,6 +404,7 @@ fn failover_whose_target_dies_is_failed_and_redone_elsewhere() {
         &LeaderView {
             now_ms: 20_000,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &NONE,
@@ -390,6 +432,7 @@ fn a_target_that_refused_a_failover_is_passed_over_for_a_while() {
     let view = |now_ms, r| LeaderView {
         now_ms,
         leader_since_ms: 0,
+        followed: None,
         leader: "a",
         last_report_ms: r,
         lease_seen_ms: &NONE,
@@ -423,6 +466,7 @@ fn no_target_without_healthy_members_other_than_the_dead() {
         &LeaderView {
             now_ms: 10_000,
             leader_since_ms: 0,
+            followed: None,
             leader: "a",
             last_report_ms: &r,
             lease_seen_ms: &NONE,
@@ -480,6 +524,7 @@ fn view_at<'a>(now_ms: u64, r: &'a BTreeMap<String, u64>) -> LeaderView<'a> {
     LeaderView {
         now_ms,
         leader_since_ms: 0,
+        followed: None,
         leader: "a",
         last_report_ms: r,
         lease_seen_ms: &NONE,

@@ -66,6 +66,9 @@ pub struct NodeView {
     pub state: Arc<RingState>,
     /// When this node last heard from a leader (or is the leader).
     pub last_leader_contact: Option<Instant>,
+    /// The last other member this node followed as leader, and when it last
+    /// heard from it (a new leader knows the old one's silence exactly).
+    pub followed: Option<(u64, Instant)>,
     /// Entries in the log after the last snapshot.
     pub log_entries: usize,
     pub snapshot_index: u64,
@@ -101,6 +104,7 @@ pub struct RaftCore {
     compact_every: u64,
     last_compacted: u64,
     last_leader_contact: Option<Instant>,
+    followed: Option<(u64, Instant)>,
     compact_pending: bool,
     lease_seen: Arc<LeaseSeen>,
 }
@@ -152,6 +156,7 @@ impl RaftCore {
             compact_every: tuning.compact_every.max(1),
             last_compacted: applied,
             last_leader_contact: None,
+            followed: None,
             compact_pending: false,
             lease_seen,
         })
@@ -198,6 +203,7 @@ impl RaftCore {
             )
         {
             self.last_leader_contact = Some(Instant::now());
+            self.followed = Some((msg.from, Instant::now()));
         }
         self.raw.step(msg).map_err(raft_err)
     }
@@ -437,6 +443,7 @@ impl RaftCore {
             voters,
             state: self.state.clone(),
             last_leader_contact: self.last_leader_contact,
+            followed: self.followed,
             log_entries: self.store.entry_count(),
             snapshot_index: self.store.snapshot_index(),
             lease_seen: self.lease_seen.clone(),

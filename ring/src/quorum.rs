@@ -178,6 +178,10 @@ pub(crate) async fn report_health(shared: Arc<Shared>, stop: CancellationToken) 
     }
 }
 
+/// This member's leadership: its term, since when (ms), and the leader it
+/// followed before with when it last heard from it.
+type Leadership = (u64, u64, Option<(String, u64)>);
+
 /// While this member leads: decides (`decide.rs`) and proposes, every heartbeat.
 pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
     let every = Duration::from_millis(shared.timing().heartbeat_ms);
@@ -190,14 +194,16 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
         operation_deadline_ms: t.operation_deadline_ms,
         protection: shared.config.protection,
     };
-    let mut leader_since: Option<(u64, u64)> = None; // (term, since)
+    let mut leader_since: Option<Leadership> = None;
     let mut last_round = Instant::now();
+    let mut stalled = false;
     while pause(&stop, every).await {
         // If this process itself stalled (SIGSTOP, swap, a long pause), the silence
         // it measured is its own: count silence from now, not from before.
         if last_round.elapsed() > every * 4 {
             tracing::warn!(stalled = ?last_round.elapsed(), "this member stalled; restarting failure detection");
             leader_since = None;
+            stalled = true;
         }
         last_round = Instant::now();
         let v = shared.node.view();
@@ -206,12 +212,17 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
             continue;
         }
         let now = now_ms();
-        let since = match leader_since {
-            Some((term, since)) if term == v.term => since,
+        let (since, followed) = match &leader_since {
+            Some((term, since, followed)) if *term == v.term => (*since, followed.clone()),
             _ => {
                 lock(&shared.reports).clear();
-                leader_since = Some((v.term, now));
-                now
+                let followed = match stalled {
+                    true => None,
+                    false => followed_silence(&shared, &v, now, t.election_timeout_ms),
+                };
+                stalled = false;
+                leader_since = Some((v.term, now, followed.clone()));
+                (now, followed)
             }
         };
         let reports: BTreeMap<String, u64> = lock(&shared.reports)
@@ -223,6 +234,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
         let view = LeaderView {
             now_ms: now,
             leader_since_ms: since,
+            followed: followed.as_ref().map(|(n, at)| (n.as_str(), *at)),
             leader: shared.name(),
             last_report_ms: &reports,
             lease_seen_ms: &lease_seen,
@@ -235,6 +247,27 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
     }
+}
+
+/// The leader this member followed before it led, and when it last heard
+/// from it (on the `now` frame), if that silence is what an election after
+/// it looks like (at most three election timeouts before now): the new
+/// leader then counts that member's silence from its last message rather
+/// than from its own election, one failure window after the old leader died
+/// instead of an election plus a window.
+fn followed_silence(
+    shared: &Shared,
+    v: &crate::node::NodeView,
+    now: u64,
+    election_timeout_ms: u64,
+) -> Option<(String, u64)> {
+    let (id, at) = v.followed?;
+    let ago = u64::try_from(at.elapsed().as_millis()).ok()?;
+    if ago > 3 * election_timeout_ms || id == v.id {
+        return None;
+    }
+    let (name, _) = shared.directory.by_id(id)?;
+    Some((name, now.saturating_sub(ago)))
 }
 
 /// Shoot → the etcd revision its current host last reported, and when.
