@@ -94,9 +94,7 @@ impl RingStatus {
             .find(|m| m.name == leader)
             .map(|m| m.address.as_str())
     }
-}
 
-impl RingStatus {
     /// The shoots that should have a voting standby (protection `standby`)
     /// but have none yet: a failover of them restores from the bucket.
     pub fn degraded(&self) -> Vec<&str> {

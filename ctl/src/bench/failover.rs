@@ -257,7 +257,7 @@ async fn prepare(ring: &BenchRing) -> Result<(AdminClient, String, u32), Bootstr
     let deadline = Instant::now() + Duration::from_secs(180);
     let status = loop {
         let status = leader_status(ring).await?;
-        if status.operations.iter().all(|o| o.step.is_finished()) {
+        if idle(&status) {
             break status;
         }
         if Instant::now() >= deadline {
@@ -288,9 +288,14 @@ async fn prepare(ring: &BenchRing) -> Result<(AdminClient, String, u32), Bootstr
     Ok((admin, host, pid))
 }
 
+/// Whether no operation is under way.
+fn idle(status: &RingStatus) -> bool {
+    status.operations.iter().all(|o| o.step.is_finished())
+}
+
 /// Whether m2 is still on `host` with no operation under way.
 fn settled(status: &RingStatus, host: &str) -> bool {
-    status.operations.iter().all(|o| o.step.is_finished())
+    idle(status)
         && status
             .placements
             .iter()

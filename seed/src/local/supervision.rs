@@ -68,14 +68,21 @@ impl LocalSeed {
     /// Starts only the given components of the shoot's control plane (e.g. etcd
     /// alone, to take a final snapshot without writers). Nothing may run yet.
     pub async fn start_only(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
-        let specs = self
-            .component_specs(spec)
-            .into_iter()
-            .filter(|cs| only.contains(&cs.component))
-            .collect();
-        let etcd = SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
-        self.supervise(spec, specs, etcd, || check_ports(spec))
+        let specs = self.specs_of(spec, |c| only.contains(&c));
+        self.supervise(spec, specs, etcd_addr(spec), || check_ports(spec))
             .await
+    }
+
+    /// The command lines of the shoot's components that `wanted`, in start order.
+    fn specs_of(
+        &self,
+        spec: &ControlPlaneSpec,
+        wanted: impl Fn(Component) -> bool,
+    ) -> Vec<ComponentSpec> {
+        self.component_specs(spec)
+            .into_iter()
+            .filter(|cs| wanted(cs.component))
+            .collect()
     }
 
     /// Runs a hot standby of the shoot's etcd here: a member joining the
@@ -159,13 +166,8 @@ impl LocalSeed {
         let Some((generation, present)) = supervised else {
             return self.start_only(spec, only).await;
         };
-        let specs = self
-            .component_specs(spec)
-            .into_iter()
-            .filter(|cs| only.contains(&cs.component) && !present.contains(&cs.component))
-            .collect();
-        let etcd = SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
-        self.run_components(&spec.shoot, generation, specs, etcd)
+        let specs = self.specs_of(spec, |c| only.contains(&c) && !present.contains(&c));
+        self.run_components(&spec.shoot, generation, specs, etcd_addr(spec))
             .await
     }
 
@@ -361,6 +363,11 @@ impl LocalSeed {
             .map(|r| r.tasks.keys().copied().collect())
             .unwrap_or_default()
     }
+}
+
+/// Where the shoot's etcd serves its clients.
+fn etcd_addr(spec: &ControlPlaneSpec) -> SocketAddr {
+    SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port))
 }
 
 /// A start whose supervision was stopped (a fence, a stop) before it ended.
