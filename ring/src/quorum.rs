@@ -196,14 +196,14 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
     };
     let mut leader_since: Option<Leadership> = None;
     let mut last_round = Instant::now();
-    let mut stalled = false;
+    let mut stall_ended: Option<Instant> = None;
     while pause(&stop, every).await {
         // If this process itself stalled (SIGSTOP, swap, a long pause), the silence
         // it measured is its own: count silence from now, not from before.
         if last_round.elapsed() > every * 4 {
             tracing::warn!(stalled = ?last_round.elapsed(), "this member stalled; restarting failure detection");
             leader_since = None;
-            stalled = true;
+            stall_ended = Some(Instant::now());
         }
         last_round = Instant::now();
         let v = shared.node.view();
@@ -216,11 +216,8 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
             Some((term, since, followed)) if *term == v.term => (*since, followed.clone()),
             _ => {
                 lock(&shared.reports).clear();
-                let followed = match stalled {
-                    true => None,
-                    false => followed_silence(&shared, &v, now, t.election_timeout_ms),
-                };
-                stalled = false;
+                let election = Duration::from_millis(t.election_timeout_ms);
+                let followed = followed_silence(&shared, &v, now, election, stall_ended);
                 leader_since = Some((v.term, now, followed.clone()));
                 (now, followed)
             }
@@ -251,23 +248,43 @@ pub(crate) async fn lead(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// The leader this member followed before it led, and when it last heard
 /// from it (on the `now` frame), if that silence is what an election after
-/// it looks like (at most three election timeouts before now): the new
-/// leader then counts that member's silence from its last message rather
-/// than from its own election, one failure window after the old leader died
-/// instead of an election plus a window.
+/// it looks like (`explained_silence`): the new leader then counts that
+/// member's silence from its last message rather than from its own
+/// election, one failure window after the old leader died instead of an
+/// election plus a window.
 fn followed_silence(
     shared: &Shared,
     v: &crate::node::NodeView,
     now: u64,
-    election_timeout_ms: u64,
+    election_timeout: Duration,
+    stall_ended: Option<Instant>,
 ) -> Option<(String, u64)> {
     let (id, at) = v.followed?;
-    let ago = u64::try_from(at.elapsed().as_millis()).ok()?;
-    if ago > 3 * election_timeout_ms || id == v.id {
+    if id == v.id {
         return None;
     }
+    let ago = explained_silence(at, Instant::now(), stall_ended, election_timeout)?;
+    let ago = u64::try_from(ago.as_millis()).ok()?;
     let (name, _) = shared.directory.by_id(id)?;
     Some((name, now.saturating_sub(ago)))
+}
+
+/// How long the followed leader has been silent (its last message at
+/// `last_heard`), if an election explains that silence: at most three
+/// election timeouts, and begun after this member's own last stall ended (a
+/// silence that spans this member's stall may be the stall, not the old
+/// leader's death; silence then counts from the election as for any member).
+fn explained_silence(
+    last_heard: Instant,
+    now: Instant,
+    stall_ended: Option<Instant>,
+    election_timeout: Duration,
+) -> Option<Duration> {
+    if stall_ended.is_some_and(|end| last_heard <= end) {
+        return None;
+    }
+    let ago = now.checked_duration_since(last_heard)?;
+    (ago <= election_timeout * 3).then_some(ago)
 }
 
 /// Shoot → the etcd revision its current host last reported, and when.
@@ -331,6 +348,37 @@ mod tests {
 
     fn entry(name: &str, id: u64) -> (String, u64, String) {
         (name.into(), id, format!("127.0.0.1:{id}"))
+    }
+
+    /// The followed leader's silence counts only when an election explains it
+    /// and it began after this member's own last stall (this used to be a
+    /// flag cleared only at this member's next election, so a stall long
+    /// before, while following, still discarded the followed leader's
+    /// silence at that election).
+    #[test]
+    fn the_followed_leader_s_silence_counts_only_after_this_member_s_last_stall() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let election = Duration::from_millis(1_000);
+        // (last heard, now, stall ended, silence counted)
+        let table: [(u64, u64, Option<u64>, Option<u64>); 6] = [
+            (10_000, 11_500, None, Some(1_500)),
+            (10_000, 13_000, None, Some(3_000)),
+            (10_000, 13_001, None, None),
+            // a stall long before the silence began does not matter
+            (10_000, 11_500, Some(2_000), Some(1_500)),
+            // the silence spans this member's stall: not counted
+            (10_000, 11_500, Some(11_000), None),
+            (10_000, 11_500, Some(10_000), None),
+        ];
+        for (heard, now, stall, want) in table {
+            let got = explained_silence(at(heard), at(now), stall.map(at), election);
+            assert_eq!(
+                got,
+                want.map(Duration::from_millis),
+                "heard {heard}, now {now}, stall ended {stall:?}"
+            );
+        }
     }
 
     /// m3 was in the first config but has left the ring: it is not
