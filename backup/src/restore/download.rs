@@ -189,8 +189,8 @@ mod tests {
         use crate::codec::{encode, FullMeta, FullTrailer, Header, Kind, Trailer, FORMAT};
         let store = std::sync::Arc::new(object_store::memory::InMemory::new());
         let bucket = Bucket::from_store(store, "base", "s", "memory://");
-        let dir = std::env::temp_dir().join(format!("ring-download-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let db: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
         for (case, hash) in [("good", Sha256::digest(&db)), ("bad", Sha256::digest(b"x"))] {
             let header = Header {
@@ -234,6 +234,5 @@ mod tests {
                 (case, other) => panic!("{case}: {other:?}"),
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
