@@ -123,7 +123,11 @@ pub struct RestoreReport {
     #[serde(default)]
     pub revisions_from_log: u64,
     pub replay_seconds: f64,
+    /// The source's key count at its last recorded revision, which the
+    /// restored etcd matched there.
     pub expected_keys: i64,
+    /// Keys at `reached_revision` (more or fewer than `expected_keys` when
+    /// the full snapshot held revisions past the last recorded one).
     pub keys: i64,
     /// What the `HashKV` check found.
     pub hash_kv: String,

@@ -319,6 +319,30 @@ pub(super) struct Replayer {
     last_report: Instant,
 }
 
+#[cfg(test)]
+impl Replayer {
+    /// A replay that reached `target` with nothing skipped, the source's
+    /// `expected_keys` known at `last_seen`.
+    pub(super) fn finished_at(ep: String, target: i64, last_seen: i64, expected_keys: i64) -> Self {
+        Replayer {
+            ep,
+            allow_gap: false,
+            leases: Leases::default(),
+            target,
+            restored_revision: last_seen,
+            current: target,
+            expected_keys,
+            aligned: true,
+            gaps: Vec::new(),
+            revisions: 0,
+            events: 0,
+            recorded_hashes: Vec::new(),
+            last_seen,
+            last_report: Instant::now(),
+        }
+    }
+}
+
 impl Replayer {
     fn new(
         opts: &RestoreOptions,
