@@ -393,6 +393,11 @@ pub(crate) struct FailoverBenchArgs {
     /// default: the ring's default).
     #[arg(long)]
     pub(crate) lease_ms: Option<u64>,
+    /// Keep each ring's dir when the benchmark ends (ringd logs, the nodes'
+    /// pod logs, the bucket), to find out where a slow run's time went;
+    /// the path is printed. Remove it by hand afterwards.
+    #[arg(long)]
+    pub(crate) keep: bool,
 }
 
 #[derive(Args)]

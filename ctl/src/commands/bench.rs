@@ -125,8 +125,12 @@ async fn failover(args: FailoverBenchArgs, format: Format) -> anyhow::Result<()>
             rate: args.rate,
         };
         let result = bench::failover::failover_bench(&dir, &ringd, seeds, options).await;
-        // the whole state dir, so that neither an error nor the end leaves it
-        let _ = std::fs::remove_dir_all(&root);
+        if args.keep {
+            eprintln!("bench failover: kept {} (remove it by hand)", dir.display());
+        } else {
+            // the whole state dir, so that neither an error nor the end leaves it
+            let _ = std::fs::remove_dir_all(&root);
+        }
         all.push(result?);
     }
     print(&all, format, || bench::failover::render_all(&all))
