@@ -383,8 +383,8 @@ impl TempEtcd {
             "--unsafe-no-fsync".to_string(),
             "--max-txn-ops=100000".to_string(),
             // etcd commits its backend every 1,000 applied entries instead of
-            // 10,000: a log of 100,000 revisions applies in ~4 s instead of
-            // ~9 s (a large uncommitted bbolt transaction makes every
+            // 10,000: it starts and applies a log of 100,000 revisions in ~5 s
+            // instead of ~9 s (a large uncommitted bbolt transaction makes every
             // insert slower; 100,000 made it 80 s)
             "--backend-batch-limit=1000".to_string(),
             // alone, it elects itself at once instead of after ~0.6 s

@@ -113,17 +113,16 @@ impl DbHashThread {
     }
 }
 
-/// Downloads full snapshot `name` into `path` (decrypted with `key`,
-/// decompressed), checking it on the way.
-pub async fn download_full(
+/// Streams full snapshot `name` (decrypted with `key`, decompressed) through
+/// `sink`, checking it on the way: the object's frames and SHA-256, etcd's
+/// own hash at the end of the database (on a thread of its own), the header
+/// against the name, and the trailer's revisions.
+pub(crate) async fn read_full(
     bucket: &Bucket,
     key: Option<&EncryptionKey>,
     name: &str,
-    path: &Path,
+    sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
 ) -> Result<FullInfo> {
-    let part = path.with_extension("part");
-    let file = std::fs::File::create(&part).map_err(io_at("creating", &part))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut reader = ObjectReader::new(name, bucket.shoot(), key);
     let db = DbHashThread::spawn();
     let mut stream = bucket.get(name).await?;
@@ -131,17 +130,11 @@ pub async fn download_full(
         let bytes = bytes?;
         reader.feed(&bytes, &mut |plain| {
             db.update(plain);
-            out.write_all(plain).map_err(io_at("writing", &part))
+            sink(plain)
         })?;
     }
     let decoded = reader.finish()?;
     let db_bytes = db.finish(name)?;
-    let file = out.into_inner().map_err(|e| BackupError::Io {
-        what: format!("writing {}", part.display()),
-        source: e.into_error(),
-    })?;
-    file.sync_all().map_err(io_at("syncing", &part))?;
-    std::fs::rename(&part, path).map_err(io_at("renaming", &part))?;
     let meta = decoded
         .header
         .full
@@ -158,6 +151,31 @@ pub async fn download_full(
         hash_kv: trailer.hash_kv,
         db_bytes,
     })
+}
+
+/// Downloads full snapshot `name` into `path` (decrypted with `key`,
+/// decompressed), checking it on the way ([`read_full`]); `path` appears
+/// only once every check passed.
+pub async fn download_full(
+    bucket: &Bucket,
+    key: Option<&EncryptionKey>,
+    name: &str,
+    path: &Path,
+) -> Result<FullInfo> {
+    let part = path.with_extension("part");
+    let file = std::fs::File::create(&part).map_err(io_at("creating", &part))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let full = read_full(bucket, key, name, &mut |plain| {
+        out.write_all(plain).map_err(io_at("writing", &part))
+    })
+    .await?;
+    let file = out.into_inner().map_err(|e| BackupError::Io {
+        what: format!("writing {}", part.display()),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(io_at("syncing", &part))?;
+    std::fs::rename(&part, path).map_err(io_at("renaming", &part))?;
+    Ok(full)
 }
 
 #[cfg(test)]
@@ -186,27 +204,18 @@ mod tests {
     /// checks that hash again (`--skip-hash-check`), so this is the check.
     #[tokio::test]
     async fn a_full_snapshot_with_a_wrong_etcd_hash_is_corrupt() {
-        use crate::codec::{encode, FullMeta, FullTrailer, Header, Kind, Trailer, FORMAT};
+        use crate::codec::{encode, FullMeta, FullTrailer, Kind, Trailer};
         let store = std::sync::Arc::new(object_store::memory::InMemory::new());
         let bucket = Bucket::from_store(store, "base", "s", "memory://");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let db: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
         for (case, hash) in [("good", Sha256::digest(&db)), ("bad", Sha256::digest(b"x"))] {
-            let header = Header {
-                format: FORMAT,
-                kind: Kind::Full,
-                shoot: "s".into(),
-                created_ms: 1,
-                compression: String::new(),
-                encryption: None,
-                full: Some(FullMeta {
-                    base_revision: 7,
-                    ..Default::default()
-                }),
-                delta: None,
-                epoch: 0,
+            let meta = FullMeta {
+                base_revision: 7,
+                ..Default::default()
             };
+            let header = crate::full::header("s", 1, meta, 0);
             let trailer = Trailer {
                 full: Some(FullTrailer {
                     revision_after: 7,

@@ -34,6 +34,7 @@ mod state;
 mod verify;
 mod wal;
 
+pub(crate) use download::read_full;
 pub use download::{check_name, download_full, fetch_delta, DbHash};
 pub use state::{step, Action, Outcome, RestoreState};
 
