@@ -5,10 +5,13 @@
 //! renews nothing, so its control plane stops at the fence time without it,
 //! as in a Kubernetes seed's pods.
 //!
-//! The file holds two numbers: the fence time and how long that was from
-//! when ringd wrote it (ms, by ringd's clock). A guard whose clock is not
-//! ringd's (a pod on a node reading the node's copy) counts that validity
-//! from its own observation of the new file, never from ringd's wall clock.
+//! The file holds two or three numbers: the fence time, how long that was
+//! from when ringd wrote it (ms, by ringd's clock) and, when ringd knows it,
+//! the ring epoch the holder serves at. A guard whose clock is not ringd's (a
+//! pod on a node reading the node's copy) counts that validity from its own
+//! observation of the new file, never from ringd's wall clock; a backup
+//! sidecar on the node takes the epoch from it, so it can start backing up
+//! while the seed cluster's API does not answer.
 
 use std::path::{Path, PathBuf};
 
@@ -36,20 +39,27 @@ pub struct LeaseFile {
     /// How long until then when it was written (ms); `None` in a file of an
     /// older Ring.
     pub valid_for_ms: Option<u64>,
+    /// The ring epoch the holder serves at; `None` when the writer did not
+    /// know it (a local seed's relay, an older Ring).
+    pub epoch: Option<u64>,
 }
 
-/// Records `fence_at_ms` (0: stop now) and the validity left until then,
-/// replacing the file at once (a guard never reads half a record).
-pub fn write(path: &Path, fence_at_ms: u64) -> Result<()> {
+/// Records `fence_at_ms` (0: stop now), the validity left until then and
+/// `epoch`, replacing the file at once (a guard never reads half a record).
+pub fn write(path: &Path, fence_at_ms: u64, epoch: Option<u64>) -> Result<()> {
     let valid_for = fence_at_ms.saturating_sub(crate::process::unix_now_ms());
-    crate::pki::write_private(path, format!("{fence_at_ms} {valid_for}").as_bytes())
+    let text = match epoch {
+        Some(epoch) => format!("{fence_at_ms} {valid_for} {epoch}"),
+        None => format!("{fence_at_ms} {valid_for}"),
+    };
+    crate::pki::write_private(path, text.as_bytes())
 }
 
-/// Records `fence_at_ms` for `layout`'s shoot (creating its dir): what every
-/// guard under the shoot's lease file then follows.
-pub fn record(layout: &ShootLayout, fence_at_ms: u64) -> Result<()> {
+/// Records `fence_at_ms` (and `epoch`) for `layout`'s shoot (creating its
+/// dir): what every guard under the shoot's lease file then follows.
+pub fn record(layout: &ShootLayout, fence_at_ms: u64, epoch: Option<u64>) -> Result<()> {
     crate::pki::create_private_dir(&layout.dir)?;
-    write(&path(layout), fence_at_ms)
+    write(&path(layout), fence_at_ms, epoch)
 }
 
 /// The record: fenced (0, no validity) when there is none yet; a file that
@@ -58,7 +68,7 @@ pub fn read(path: &Path) -> std::result::Result<LeaseFile, String> {
     match std::fs::read_to_string(path) {
         Ok(text) => parse(&text).ok_or_else(|| {
             format!(
-                "{} holds {:?}, not a fence time in unix milliseconds (and its validity)",
+                "{} holds {:?}, not a fence time in unix milliseconds (and its validity and epoch)",
                 path.display(),
                 text.trim()
             )
@@ -66,6 +76,7 @@ pub fn read(path: &Path) -> std::result::Result<LeaseFile, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LeaseFile {
             fence_at_ms: 0,
             valid_for_ms: None,
+            epoch: None,
         }),
         Err(e) => Err(format!("reading {}: {e}", path.display())),
     }
@@ -74,14 +85,18 @@ pub fn read(path: &Path) -> std::result::Result<LeaseFile, String> {
 fn parse(text: &str) -> Option<LeaseFile> {
     let mut parts = text.split_whitespace();
     let fence_at_ms = parts.next()?.parse().ok()?;
-    let valid_for_ms = match parts.next() {
-        Some(v) => Some(v.parse().ok()?),
-        None => None,
+    let mut optional = || match parts.next() {
+        Some(v) => v.parse().ok().map(Some),
+        None => Some(None),
     };
-    parts.next().is_none().then_some(LeaseFile {
+    let valid_for_ms = optional()?;
+    let epoch = optional()?;
+    let record = LeaseFile {
         fence_at_ms,
         valid_for_ms,
-    })
+        epoch,
+    };
+    parts.next().is_none().then_some(record)
 }
 
 /// `spec` run by `ring-agent guard` at `agent` under the lease file `lease`
@@ -118,12 +133,16 @@ mod tests {
             .unwrap()
             .as_millis() as u64
             + 60_000;
-        write(&p, in_a_minute).unwrap();
+        write(&p, in_a_minute, None).unwrap();
         assert_eq!(fence_at(&p), Ok(in_a_minute));
         let r = read(&p).unwrap();
         let valid = r.valid_for_ms.expect("the validity is recorded");
         assert!((59_000..=60_000).contains(&valid), "{r:?}");
-        write(&p, 0).unwrap();
+        assert_eq!(r.epoch, None, "no epoch given");
+        write(&p, in_a_minute, Some(7)).unwrap();
+        assert_eq!(read(&p).unwrap().epoch, Some(7));
+        assert_eq!(fence_at(&p), Ok(in_a_minute));
+        write(&p, 0, Some(7)).unwrap();
         assert_eq!(read(&p).unwrap().valid_for_ms, Some(0), "fenced");
         // a file of an older Ring: the fence time alone
         std::fs::write(&p, "1795000000123").unwrap();
@@ -132,7 +151,7 @@ mod tests {
             (old.fence_at_ms, old.valid_for_ms),
             (1_795_000_000_123, None)
         );
-        for garbage in ["soon", "1 2 3", "1 x"] {
+        for garbage in ["soon", "1 2 3 4", "1 x", "1 2 x"] {
             std::fs::write(&p, garbage).unwrap();
             let err = read(&p).unwrap_err();
             assert!(

@@ -39,12 +39,13 @@ pub async fn run(
         handover.clone(),
     ));
     let _stop_handover = handover.drop_guard();
+    let source = lease.clone();
     let (mut lease, _stop_reader) = super::follow_lease(lease, Duration::from_millis(500), &stop);
     loop {
         if !wait_for_lease(&mut lease, &stop).await {
             return Ok(());
         }
-        let epoch = match cluster.lease_epoch().await {
+        let epoch = match source.epoch(&cluster).await {
             Ok(epoch) => epoch,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the lease's epoch; trying again");
@@ -59,7 +60,12 @@ pub async fn run(
         let run = stop.child_token();
         let reporter = tokio::spawn(report(cluster.clone(), runner.progress(), run.clone()));
         let fence = tokio::spawn(cancel_at_fence(lease.clone(), run.clone()));
-        let new_epoch = tokio::spawn(cancel_on_new_epoch(cluster.clone(), epoch, run.clone()));
+        let new_epoch = tokio::spawn(cancel_on_new_epoch(
+            source.clone(),
+            cluster.clone(),
+            epoch,
+            run.clone(),
+        ));
         let res = runner.run(run.clone()).await;
         run.cancel();
         let _ = (reporter.await, fence.await, new_epoch.await);
@@ -90,12 +96,17 @@ async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
 
 /// Cancels `run` once the Lease records an epoch other than `epoch` (the
 /// shoot came back to this seed under a new one): the next run writes at it.
-async fn cancel_on_new_epoch(cluster: Cluster, epoch: u64, run: CancellationToken) {
+async fn cancel_on_new_epoch(
+    source: super::LeaseSource,
+    cluster: Cluster,
+    epoch: u64,
+    run: CancellationToken,
+) {
     loop {
         if !sleep_or_stop(EPOCH_POLL, &run).await {
             return;
         }
-        match cluster.lease_epoch().await {
+        match source.epoch(&cluster).await {
             Ok(now) if now != epoch => {
                 tracing::info!(
                     epoch,

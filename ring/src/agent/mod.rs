@@ -145,11 +145,29 @@ impl LeaseSource {
                     fence_at_ms: f.fence_at_ms,
                     valid_for_ms: f.valid_for_ms,
                 })
-                .map_err(|reason| RingError::Config {
-                    field: "--lease-file".into(),
-                    reason,
-                }),
+                .map_err(lease_file_error),
         }
+    }
+
+    /// The epoch the holder serves at: from the node's lease file when it
+    /// records one (no seed API needed: a sidecar starting while the seed
+    /// cluster's control plane is being failed over still backs up), else
+    /// from the Lease in `cluster`.
+    pub async fn epoch(&self, cluster: &Cluster) -> Result<u64, RingError> {
+        if let LeaseSource::File(path) = self {
+            let file = seed::lease_file::read(path).map_err(lease_file_error)?;
+            if let Some(epoch) = file.epoch {
+                return Ok(epoch);
+            }
+        }
+        cluster.lease_epoch().await
+    }
+}
+
+fn lease_file_error(reason: String) -> RingError {
+    RingError::Config {
+        field: "--lease-file".into(),
+        reason,
     }
 }
 
@@ -193,5 +211,31 @@ async fn watch_lease(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_epoch_comes_from_the_node_s_lease_file_without_the_seed_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(seed::lease_file::FILE_NAME);
+        // a seed cluster whose API does not answer (its control plane is
+        // being failed over)
+        let url = "https://127.0.0.1:9".parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let cluster = Cluster {
+            client,
+            namespace: "ring-m2".into(),
+        };
+        let source = LeaseSource::File(path.clone());
+        seed::lease_file::write(&path, now_ms() + 60_000, Some(7)).unwrap();
+        assert_eq!(source.epoch(&cluster).await.unwrap(), 7);
+        // a file without an epoch (an older ringd): the Lease is asked
+        seed::lease_file::write(&path, now_ms() + 60_000, None).unwrap();
+        let err = source.epoch(&cluster).await.unwrap_err();
+        assert!(err.to_string().contains("reading the lease"), "{err}");
     }
 }

@@ -117,7 +117,11 @@ impl KubernetesExecutor {
     /// Lets the relay of the shoot's stable endpoint listen until
     /// `fence_at_ms` (0: stop now).
     fn relay_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
-        Ok(seed::lease_file::record(&self.layout(shoot), fence_at_ms)?)
+        Ok(seed::lease_file::record(
+            &self.layout(shoot),
+            fence_at_ms,
+            None,
+        )?)
     }
 
     /// Records `record` and writes it to the Lease (if the control plane
@@ -127,7 +131,7 @@ impl KubernetesExecutor {
     async fn record_lease(&self, shoot: &str, record: LeaseRecord) -> Result<(), RingError> {
         lock(&self.leases).insert(shoot.to_string(), record.clone());
         if let Some(dir) = self.seed.node_dir(shoot) {
-            seed::lease_file::record(&ShootLayout { dir }, record.fence_at_ms)?;
+            seed::lease_file::record(&ShootLayout { dir }, record.fence_at_ms, Some(record.epoch))?;
         }
         self.seed.write_lease(shoot, &record).await?;
         Ok(())
