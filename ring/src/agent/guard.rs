@@ -118,20 +118,65 @@ pub enum Mode {
     Once,
 }
 
-/// Runs `command` under the lease in `source` until `stop`.
+/// What a guard runs, and how.
+#[derive(Debug, Clone)]
+pub struct Guarded {
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// Restart it, or run it once.
+    pub mode: Mode,
+    /// `HOST:PORT` that must accept a TCP connection before each start
+    /// (kube-apiserver waits for its etcd's Service: started before etcd
+    /// answers, it can take tens of seconds more to serve).
+    pub wait_for: Option<String>,
+}
+
+/// How long one connection attempt to [`Guarded::wait_for`] may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Whether `addr` accepts a TCP connection now.
+async fn answers(addr: &str) -> bool {
+    let connect = tokio::net::TcpStream::connect(addr);
+    matches!(
+        tokio::time::timeout(CONNECT_TIMEOUT, connect).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Whether the program may start now: what it waits for answers (logged
+/// once per wait).
+async fn dependency_answers(wait_for: Option<&str>, waiting: &mut bool) -> bool {
+    let Some(addr) = wait_for else {
+        return true;
+    };
+    let up = answers(addr).await;
+    if !up && !*waiting {
+        tracing::info!(%addr, "lease valid, waiting for this address to answer before starting");
+    }
+    *waiting = !up;
+    up
+}
+
+/// Runs `guarded` under the lease in `source` until `stop`.
 pub async fn run(
     source: super::LeaseSource,
-    command: Vec<String>,
-    mode: Mode,
+    guarded: Guarded,
     stop: CancellationToken,
 ) -> Result<(), RingError> {
+    let Guarded {
+        command,
+        mode,
+        wait_for,
+    } = guarded;
     let (mut lease, _stop_reader) = super::follow_lease(source, POLL, &stop);
     let mut child: Option<Child> = None;
     let mut restarts = Restarts::default();
+    let mut waiting = false;
     loop {
         let fence_at = *lease.borrow_and_update();
         let now = now_ms();
         match action(fence_at, now, child.is_some(), restarts.not_before) {
+            GuardAction::Start if !dependency_answers(wait_for.as_deref(), &mut waiting).await => {}
             GuardAction::Start => {
                 tracing::info!(fence_at_ms = fence_at, program = %command[0], "lease valid: starting");
                 child = Some(spawn(&command)?);
@@ -241,6 +286,59 @@ mod tests {
                 "{fence} {now} {running} {nb}"
             );
         }
+    }
+
+    /// Waits (bounded) until `path` exists.
+    async fn appears(path: &std::path::Path, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if path.exists() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        path.exists()
+    }
+
+    #[tokio::test]
+    async fn a_guard_that_waits_for_an_address_starts_its_program_once_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = dir.path().join(seed::lease_file::FILE_NAME);
+        seed::lease_file::write(&lease, now_ms() + 60_000, Some(1)).unwrap();
+        // a free port: nothing listens on it yet
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let started = dir.path().join("started");
+        let guarded = Guarded {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("touch {}; sleep 30", started.display()),
+            ],
+            mode: Mode::Restart,
+            wait_for: Some(addr.to_string()),
+        };
+        let stop = CancellationToken::new();
+        let _stop = stop.clone().drop_guard();
+        let guard = tokio::spawn(run(
+            super::super::LeaseSource::File(lease),
+            guarded,
+            stop.clone(),
+        ));
+        assert!(
+            !appears(&started, Duration::from_millis(1_500)).await,
+            "the program started although {addr} did not answer"
+        );
+        let _listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        assert!(
+            appears(&started, Duration::from_secs(5)).await,
+            "the program did not start within 5 s of {addr} answering"
+        );
+        stop.cancel();
+        let ended = tokio::time::timeout(Duration::from_secs(15), guard).await;
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
     }
 
     #[test]

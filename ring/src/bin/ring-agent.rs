@@ -32,6 +32,10 @@ enum Command {
         /// instead of exiting with it.
         #[arg(long, requires = "lease_file")]
         restart: bool,
+        /// Start PROGRAM only once HOST:PORT accepts a TCP connection
+        /// (kube-apiserver waits for its etcd's Service).
+        #[arg(long, value_name = "HOST:PORT")]
+        wait_for: Option<String>,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
@@ -116,6 +120,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
         Command::Guard {
             lease_file: Some(file),
             restart,
+            wait_for,
             program,
         } => {
             let source = LeaseSource::File(file);
@@ -124,17 +129,28 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
             } else {
                 guard::Mode::Once
             };
-            guard::run(source, program, mode, shutdown).await
+            let guarded = guard::Guarded {
+                command: program,
+                mode,
+                wait_for,
+            };
+            guard::run(source, guarded, shutdown).await
         }
         Command::Forward { listen, to } => ringd::agent::forward::run(listen, to, shutdown).await,
         // in a control plane's pod
         Command::Guard {
             lease_file: None,
+            wait_for,
             program,
             ..
         } => {
             let source = LeaseSource::Cluster(Cluster::from_pod().await?);
-            guard::run(source, program, guard::Mode::Restart, shutdown).await
+            let guarded = guard::Guarded {
+                command: program,
+                mode: guard::Mode::Restart,
+                wait_for,
+            };
+            guard::run(source, guarded, shutdown).await
         }
         Command::Backup {
             backup_config,

@@ -96,7 +96,9 @@ pub const LEASE_MOUNT: &str = "/var/run/ring-lease";
 /// Lease in the pod's namespace, or with `from_node` the lease file ringd
 /// writes on the node, mounted at [`LEASE_MOUNT`] (the pod needs
 /// [`lease_volume`]), restarting its child when the lease is renewed again.
-pub fn guarded(mut container: Value, from_node: bool) -> Value {
+/// With `wait_for` (`HOST:PORT`) the guard starts its child only once that
+/// address accepts a connection.
+pub fn guarded(mut container: Value, from_node: bool, wait_for: Option<&str>) -> Value {
     let mut command = vec![json!(AGENT), json!("guard")];
     if from_node {
         command.extend([
@@ -110,6 +112,9 @@ pub fn guarded(mut container: Value, from_node: bool) -> Value {
             .unwrap_or_default();
         mounts.push(lease_mount());
         container["volumeMounts"] = json!(mounts);
+    }
+    if let Some(addr) = wait_for {
+        command.extend([json!("--wait-for"), json!(addr)]);
     }
     command.push(json!("--"));
     if let Some(c) = container["command"].as_array() {
@@ -375,6 +380,7 @@ mod tests {
         let c = guarded(
             json!({"command": ["etcd"], "env": [{"name": "POD_NAME", "value": "x"}]}),
             false,
+            None,
         );
         assert_eq!(c["command"], json!([AGENT, "guard", "--", "etcd"]));
         let names: Vec<_> = c["env"]

@@ -277,7 +277,12 @@ impl Renderer<'_> {
         let guarded =
             self.wiring.guard && matches!(component, Component::Etcd | Component::KubeApiserver);
         if guarded {
-            container = agent::guarded(container, self.node_dir.is_some());
+            // kube-apiserver started before its etcd answers can take tens
+            // of seconds more to serve once it does (seen in self-hosted
+            // failovers): its guard waits for etcd's client Service
+            let etcd = format!("{ETCD_CLIENT_SERVICE}.{}.svc:2379", self.ns());
+            let wait_for = (component == Component::KubeApiserver).then_some(etcd.as_str());
+            container = agent::guarded(container, self.node_dir.is_some(), wait_for);
         }
         // ring-agent (guard, or etcd's backup sidecar) reads its lease
         let agent = guarded || (component == Component::Etcd && self.wiring.backup.is_some());

@@ -137,15 +137,26 @@ fn guards_of_a_ring_s_own_shoot_read_the_lease_file_on_the_node() {
             }
             guarded += 1;
             assert_eq!(
-                command[2..6],
+                command[2..5],
                 [
                     "--lease-file",
                     "/var/run/ring-lease/fence-at-ms",
                     "--restart",
-                    "--"
                 ],
                 "{c}"
             );
+            // kube-apiserver starts only once its etcd's Service answers
+            let rest = if c["name"] == "kube-apiserver" {
+                vec![
+                    "--wait-for",
+                    "etcd-client.shoot--demo--alpha.svc:2379",
+                    "--",
+                    "kube-apiserver",
+                ]
+            } else {
+                vec!["--", "etcd"]
+            };
+            assert_eq!(command[5..5 + rest.len()], rest, "{c}");
             assert!(
                 c["volumeMounts"]
                     .as_array()
