@@ -219,8 +219,15 @@ impl Renderer<'_> {
             owner,
             ETCD_CLIENT_SERVICE,
             ETCD,
+            // routed as soon as etcd's pod has an address, not only once its
+            // readiness probe passed and the endpoint reached kube-proxy
+            // (1-2 s later): kube-apiserver's guard waits for this Service to
+            // accept a connection, which it then does the moment etcd binds
+            // its port (etcd finishes the TLS handshake once it serves). One
+            // replica: there is no other endpoint to prefer.
             json!({
                 "type": "ClusterIP",
+                "publishNotReadyAddresses": true,
                 "ports": [{"name": "client", "port": 2379, "targetPort": 2379, "protocol": "TCP"}],
             }),
         )
@@ -389,7 +396,8 @@ impl Renderer<'_> {
                 {"name": "peer", "containerPort": 2380},
                 {"name": "metrics", "containerPort": 2381},
             ],
-            // every second: the Service (and so the shoot's endpoint) follows readiness
+            // every second: the pod's Ready condition (status, the
+            // PodDisruptionBudget) follows etcd's health closely
             "readinessProbe": {"httpGet": {"path": "/health", "port": 2381}, "periodSeconds": 1},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         });
