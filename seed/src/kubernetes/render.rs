@@ -152,7 +152,8 @@ impl Renderer<'_> {
         })
     }
 
-    /// Every object but the namespace and the anchor, in apply order.
+    /// Every object but the namespace and the anchor: what the workloads
+    /// need, then the workloads ([`is_workload`]; applied after the rest).
     pub fn objects(&self, owner: &Owner, pki: &BTreeMap<String, Vec<u8>>) -> Vec<Value> {
         let mut out = agent::objects(self.wiring, &|name| self.meta(name, None, owner));
         out.extend([
@@ -583,6 +584,12 @@ impl Renderer<'_> {
 }
 
 /// The workload (kind, name) running a component.
+/// Whether `object` runs pods (a StatefulSet or Deployment): applied only
+/// once the service account, Secrets and Services they use exist.
+pub fn is_workload(object: &Value) -> bool {
+    matches!(object["kind"].as_str(), Some("StatefulSet" | "Deployment"))
+}
+
 pub fn workload(component: Component) -> (&'static str, &'static str) {
     match component {
         Component::Etcd => ("StatefulSet", ETCD),

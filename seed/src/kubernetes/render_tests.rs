@@ -353,3 +353,42 @@ fn only_kube_apiserver_pods_are_killed_soon_after_sigterm() {
         }
     }
 }
+
+/// `start` applies the workloads in a second round: every service account
+/// and Secret their pods name is in the first.
+#[test]
+fn workloads_come_after_the_accounts_and_secrets_their_pods_use() {
+    let wiring = Wiring {
+        guard: true,
+        backup: Some(agent::PodBackup {
+            files: BTreeMap::from([(agent::BACKUP_CONFIG.to_string(), b"kind: Backup".to_vec())]),
+            host_dir: None,
+        }),
+    };
+    let (workloads, rest): (Vec<Value>, Vec<Value>) = owned_objects(&wiring)
+        .into_iter()
+        .partition(super::is_workload);
+    let kinds: Vec<&str> = workloads
+        .iter()
+        .filter_map(|w| w["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["StatefulSet", "Deployment", "Deployment", "Deployment"]
+    );
+    let exists = |kind: &str, name: &str| {
+        rest.iter()
+            .any(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    };
+    for w in &workloads {
+        let pod = &w["spec"]["template"]["spec"];
+        if let Some(account) = pod["serviceAccountName"].as_str() {
+            assert!(exists("ServiceAccount", account), "{account} of {w}");
+        }
+        for v in pod["volumes"].as_array().into_iter().flatten() {
+            if let Some(secret) = v["secret"]["secretName"].as_str() {
+                assert!(exists("Secret", secret), "{secret} of {w}");
+            }
+        }
+    }
+}
