@@ -584,17 +584,21 @@ impl Renderer<'_> {
 }
 
 /// The workload (kind, name) running a component.
-/// Whether `object` runs pods (a StatefulSet or Deployment): applied only
-/// once the service account, Secrets and Services they use exist.
-pub fn is_workload(object: &Value) -> bool {
-    matches!(object["kind"].as_str(), Some("StatefulSet" | "Deployment"))
-}
-
 pub fn workload(component: Component) -> (&'static str, &'static str) {
     match component {
         Component::Etcd => ("StatefulSet", ETCD),
         c => ("Deployment", c.name()),
     }
+}
+
+/// Whether `object` is one of the workloads running a component
+/// ([`workload`]): applied only once the service account, Secrets and
+/// Services its pods use exist.
+pub fn is_workload(object: &Value) -> bool {
+    Component::ALL.iter().any(|c| {
+        let (kind, name) = workload(*c);
+        object["kind"] == kind && object["metadata"]["name"] == name
+    })
 }
 
 impl ServiceType {
