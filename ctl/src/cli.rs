@@ -213,7 +213,7 @@ impl RingArgs {
     }
 
     /// The local ring in `--ring-dir` (none with `--address`, or without a ring there).
-    fn local_ring(
+    pub(crate) fn local_ring(
         &self,
     ) -> anyhow::Result<Option<(bootstrap::RingLayout, bootstrap::config::RingConfig)>> {
         if self.address.is_some() {
@@ -263,6 +263,10 @@ pub(crate) struct StatusView {
 pub(crate) enum PkiCommand {
     /// Create the CA (unless present), member certificates and the admin certificate.
     Init(PkiInitArgs),
+    /// When every certificate expires: each member's (ring CA, member, the PKI of
+    /// the control planes it hosts), ringctl's and the shoots' kubeconfigs; exits
+    /// non-zero when one is expired, expires within 30 days or cannot be checked.
+    Check(RingArgs),
 }
 
 #[derive(Args)]

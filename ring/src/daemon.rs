@@ -348,6 +348,7 @@ fn shared_metrics(shared: Arc<Shared>) -> impl Fn() -> String + Send + Sync + 's
             &shared.node.view(),
             lock(&shared.hosted).values().filter(|h| h.serving).count(),
         );
+        shared.metrics.certificates(&shared.certificates());
         shared.metrics.encode()
     }
 }

@@ -36,6 +36,7 @@ pub struct Metrics {
     rpo_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
     may_lose_revisions: Family<[(&'static str, String); 1], Gauge>,
     may_lose_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+    cert_expiry: Family<[(&'static str, String); 2], Gauge>,
 }
 
 fn step_histogram() -> Histogram {
@@ -73,6 +74,7 @@ impl Metrics {
             rpo_seconds: Family::default(),
             may_lose_revisions: Family::default(),
             may_lose_seconds: Family::default(),
+            cert_expiry: Family::default(),
         };
         root.register("is_leader", "1 on the Raft leader", m.is_leader.clone());
         root.register("term", "Raft term", m.term.clone());
@@ -152,6 +154,11 @@ impl Metrics {
             "failover_may_lose_seconds",
             "The span of those revisions: from the newest durable backup to the old host's last report",
             m.may_lose_seconds.clone(),
+        );
+        root.register(
+            "certificate_expiration_timestamp_seconds",
+            "When a certificate this member uses (ring CA, member) or keeps for a control plane it hosts (shoot PKI) stops being valid, unix seconds",
+            m.cert_expiry.clone(),
         );
         Metrics {
             registry: root,
@@ -234,6 +241,18 @@ impl Metrics {
         );
     }
 
+    /// Sets the expiry gauges to exactly `certs` (a shoot that moved away
+    /// drops out); unreadable certificates have no sample.
+    pub fn certificates(&self, certs: &[crate::certs::CertificateStatus]) {
+        self.cert_expiry.clear();
+        for c in certs {
+            if let Some(t) = c.not_after_unix {
+                let label = [("owner", c.owner.clone()), ("name", c.name.clone())];
+                self.cert_expiry.get_or_create(&label).set(t);
+            }
+        }
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -271,4 +290,44 @@ pub async fn serve(
             what: "serving /metrics".into(),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certs::CertificateStatus;
+
+    fn cert(owner: &str, name: &str, not_after: Option<i64>) -> CertificateStatus {
+        CertificateStatus {
+            owner: owner.into(),
+            name: name.into(),
+            source: String::new(),
+            not_after_unix: not_after,
+            error: not_after.is_none().then(|| "cannot read".into()),
+        }
+    }
+
+    #[test]
+    fn certificate_expiry_gauges_follow_the_latest_list() {
+        let m = Metrics::new("m1");
+        m.certificates(&[
+            cert("ring", "ca", Some(2_000_000_000)),
+            cert("shoot s2", "kube-apiserver", Some(1_900_000_000)),
+            cert("shoot s2", "admin", None),
+        ]);
+        let out = m.encode();
+        let line = |owner: &str, name: &str, v: i64| {
+            format!("ringd_certificate_expiration_timestamp_seconds{{member=\"m1\",owner=\"{owner}\",name=\"{name}\"}} {v}")
+        };
+        assert!(out.contains(&line("ring", "ca", 2_000_000_000)), "{out}");
+        assert!(
+            out.contains(&line("shoot s2", "kube-apiserver", 1_900_000_000)),
+            "{out}"
+        );
+        assert!(!out.contains("name=\"admin\""), "{out}");
+        // the shoot moved away: its certificates leave the metrics
+        m.certificates(&[cert("ring", "ca", Some(2_000_000_000))]);
+        let out = m.encode();
+        assert!(!out.contains("shoot s2"), "{out}");
+    }
 }

@@ -227,7 +227,23 @@ impl Shared {
             hosted: self.hosted_status(),
             operations: v.state.operations.clone(),
             protection: self.config.protection,
+            certificates: self.certificates(),
         }
+    }
+
+    /// The ring CA and member certificate in use, and the PKI of every
+    /// control plane this member hosts (read from disk on each call).
+    pub fn certificates(&self) -> Vec<crate::certs::CertificateStatus> {
+        let mut out = crate::certs::member(self.name(), &self.identity, &self.config.tls);
+        if let Some(executor) = &self.executor {
+            let shoots: Vec<String> = lock(&self.hosted).keys().cloned().collect();
+            for shoot in shoots {
+                if let Some(dir) = executor.pki_dir(&shoot) {
+                    out.extend(crate::certs::shoot(&shoot, &dir));
+                }
+            }
+        }
+        out
     }
 
     fn members_status(&self, v: &NodeView) -> Vec<MemberStatus> {

@@ -83,6 +83,10 @@ pub struct RingStatus {
     /// How the ring protects each shoot's etcd (the answering member's config).
     #[serde(default)]
     pub protection: Protection,
+    /// The answering member's certificates: the ring CA, its member
+    /// certificate, and the PKI of each control plane it hosts.
+    #[serde(default)]
+    pub certificates: Vec<crate::certs::CertificateStatus>,
 }
 
 impl RingStatus {
@@ -212,6 +216,10 @@ pub fn render(s: &RingStatus) -> String {
         }
         out.push_str(&format!("\n{t}\n"));
     }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    out.push_str(&certificates_summary(&s.certificates, now));
     if s.operations.is_empty() {
         out.push_str("\nno operations\n");
     } else {
@@ -241,6 +249,25 @@ pub fn render(s: &RingStatus) -> String {
             ]);
         }
         out.push_str(&format!("\n{t}\n"));
+    }
+    out
+}
+
+/// One line naming the soonest-expiring certificate of the answering member,
+/// then a warning line per certificate to act on.
+fn certificates_summary(certs: &[crate::certs::CertificateStatus], now_unix: i64) -> String {
+    let mut out = String::new();
+    if let Some(c) = crate::certs::soonest(certs) {
+        out.push_str(&format!(
+            "\ncertificates ({} checked here): the first to expire is {} {} in {} days\n",
+            certs.len(),
+            c.owner,
+            c.name,
+            c.days_left(now_unix).unwrap_or_default()
+        ));
+    }
+    for w in crate::certs::warnings(certs, now_unix) {
+        out.push_str(&format!("WARNING: {w}\n"));
     }
     out
 }
@@ -293,7 +320,29 @@ mod tests {
             hosted: vec![],
             operations: vec![],
             protection,
+            certificates: vec![],
         }
+    }
+
+    #[test]
+    fn the_certificate_summary_names_the_first_to_expire_and_warns() {
+        let now = 1_800_000_000;
+        let cert = |owner: &str, name: &str, days: i64| crate::certs::CertificateStatus {
+            owner: owner.into(),
+            name: name.into(),
+            source: format!("/pki/{name}.crt"),
+            not_after_unix: Some(now + days * 86_400 + 60),
+            error: None,
+        };
+        let certs = vec![cert("ring", "ca", 3000), cert("shoot s2", "admin", 700)];
+        assert_eq!(
+            certificates_summary(&certs, now),
+            "\ncertificates (2 checked here): the first to expire is shoot s2 admin in 700 days\n"
+        );
+        let certs = vec![cert("ring", "ca", 3000), cert("member m1", "member", 3)];
+        let out = certificates_summary(&certs, now);
+        assert!(out.contains("is member m1 member in 3 days\nWARNING: member m1 certificate member (/pki/member.crt) expires in 3 days"), "{out}");
+        assert_eq!(certificates_summary(&[], now), "");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 pub mod binaries;
 pub mod endpoint;
 mod error;
+pub mod expiry;
 pub mod forward;
 pub mod images;
 pub mod kubeconfig;

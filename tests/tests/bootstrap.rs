@@ -71,6 +71,43 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
         status.contains("leader m") && status.contains("m3"),
         "{status}"
     );
+    assert!(status.contains("the first to expire is"), "{status}");
+    assert!(!status.contains("WARNING"), "{status}");
+
+    // every certificate's expiry: each member's own and its hosted shoot's PKI,
+    // ringctl's and the kubeconfigs'; all fresh, so nothing needs attention
+    let out = ringctl_ok(&["pki", "check", "-o", "json"], &dir);
+    let check: serde_json::Value = serde_json::from_str(&out).expect("json check");
+    assert_eq!(check["unreachable"], serde_json::json!([]), "{check}");
+    let certs = check["certificates"].as_array().unwrap();
+    let days_left = |owner: &str, name: &str| {
+        let c = certs
+            .iter()
+            .find(|c| c["owner"] == owner && c["name"] == name)
+            .unwrap_or_else(|| panic!("no {owner} {name}: {check}"));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        (c["notAfterUnix"].as_i64().unwrap() - now) / 86_400
+    };
+    assert!(days_left("ring", "ca") >= 3649, "{check}");
+    assert!(days_left("ringctl", "admin") >= 729, "{check}");
+    for m in ["m1", "m2", "m3"] {
+        assert!(
+            days_left(&format!("member {m}"), "member") >= 729,
+            "{check}"
+        );
+        let shoot = format!("shoot {m}");
+        assert!(days_left(&shoot, "ca") >= 3649, "{check}");
+        assert!(days_left(&shoot, "kube-apiserver") >= 729, "{check}");
+        assert!(days_left(&shoot, "kubeconfig") >= 729, "{check}");
+    }
+    let table = ringctl_ok(&["pki", "check"], &dir);
+    assert!(
+        table.contains("every certificate is valid for at least 30 more days"),
+        "{table}"
+    );
 
     // grow to 5 members, then shrink to 4: after each change every member hosts
     // exactly its successor (joins and leaves re-link with planned migrations)

@@ -266,6 +266,17 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
         metrics.contains("ringd_operation_step_seconds_count{member=\"m3\",kind=\"migration\",role=\"target\",step=\"restore\"}"),
         "{metrics}"
     );
+    // and say when the certificates it uses and keeps for m2 expire
+    for (owner, name) in [
+        ("ring", "ca"),
+        ("member m3", "member"),
+        ("shoot m2", "kube-apiserver"),
+    ] {
+        let series = format!(
+            "ringd_certificate_expiration_timestamp_seconds{{member=\"m3\",owner=\"{owner}\",name=\"{name}\"}} "
+        );
+        assert!(metrics.contains(&series), "no {series} in {metrics}");
+    }
 
     // a migration to where it already is, or of an unknown shoot, is refused with a reason
     let again = ringctl_cmd(

@@ -3,6 +3,7 @@
 //! `bench`); the rest are here.
 
 pub mod bench;
+pub mod certs;
 pub mod controlplane;
 pub mod ring;
 

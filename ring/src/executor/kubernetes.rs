@@ -253,6 +253,10 @@ impl Executor for KubernetesExecutor {
     fn mover(&self) -> Result<&dyn Mover, String> {
         Ok(self)
     }
+
+    fn pki_dir(&self, shoot: &str) -> Option<std::path::PathBuf> {
+        Some(self.seed.pki_cache(shoot))
+    }
 }
 
 #[async_trait]

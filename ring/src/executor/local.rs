@@ -122,6 +122,10 @@ impl Executor for LocalExecutor {
         Ok(self)
     }
 
+    fn pki_dir(&self, shoot: &str) -> Option<std::path::PathBuf> {
+        Some(self.seed.layout(shoot).pki().dir().to_path_buf())
+    }
+
     fn standby(&self) -> Result<&dyn super::StandbyOps, String> {
         Ok(self)
     }

@@ -102,6 +102,12 @@ pub trait Executor: Send + Sync {
     fn standby(&self) -> Result<&dyn StandbyOps, String> {
         Err(format!("a {} seed runs no hot standby yet", self.kind()))
     }
+
+    /// Where this member keeps `shoot`'s PKI (its certificates' expiry shows
+    /// in status and metrics), if it keeps one.
+    fn pki_dir(&self, _shoot: &str) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// A seed's part in hot standbys (protection `standby`, [`backup::standby`]):

@@ -61,6 +61,7 @@ fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
         hosted: vec![],
         operations: vec![],
         protection: Default::default(),
+        certificates: vec![],
     }
 }
 
