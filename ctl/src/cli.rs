@@ -267,6 +267,22 @@ pub(crate) enum PkiCommand {
     /// the control planes it hosts), ringctl's and the shoots' kubeconfigs; exits
     /// non-zero when one is expired, expires within 30 days or cannot be checked.
     Check(RingArgs),
+    /// Issue new member certificates (and ringctl's) from the ring CA for a
+    /// local ring; each running ringd serves and calls with its new one
+    /// within seconds, without a restart or a lost quorum.
+    Renew(PkiRenewArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct PkiRenewArgs {
+    #[command(flatten)]
+    pub(crate) dir: RingDirArgs,
+    /// Renew the certificates that expire within this many days.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) within_days: i64,
+    /// Renew every member certificate and ringctl's, whatever their expiry.
+    #[arg(long)]
+    pub(crate) all: bool,
 }
 
 #[derive(Args)]

@@ -35,6 +35,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => ring::status(args, format).await,
         Command::Pki(PkiCommand::Init(args)) => ring::pki_init(args).await,
         Command::Pki(PkiCommand::Check(args)) => commands::certs::pki_check(args, format).await,
+        Command::Pki(PkiCommand::Renew(args)) => commands::certs::pki_renew(args, format).await,
         Command::Join(args) => ring::join(args, format).await,
         Command::Leave(args) => ring::leave(args, format).await,
         Command::Migrate(args) => ring::migrate(args, format).await,

@@ -20,7 +20,7 @@ pub struct CertificateStatus {
     pub owner: String,
     /// Which one: `ca`, `member`, `kube-apiserver`, ...
     pub name: String,
-    /// Where it was read from (a file, or the certificate ringd loaded at start).
+    /// Where it was read from (a file, or the identity ringd uses now).
     pub source: String,
     /// `notAfter` in unix seconds, if it could be read.
     pub not_after_unix: Option<i64>,
@@ -51,14 +51,14 @@ impl CertificateStatus {
     }
 }
 
-/// The ring CA and the member certificate ringd loaded at start (what its
-/// gRPC server and clients present until it restarts).
+/// The ring CA and the member certificate ringd uses now (what its gRPC
+/// server and clients present; see [`crate::identity::watch_files`]).
 pub fn member(
     member: &str,
     identity: &IdentityPem,
     files: &crate::config::TlsFiles,
 ) -> Vec<CertificateStatus> {
-    let loaded = |path: &Path| format!("{} (loaded at start)", path.display());
+    let loaded = |path: &Path| format!("{} (in use)", path.display());
     vec![
         CertificateStatus::from(
             "ring",

@@ -223,7 +223,7 @@ pub async fn start(
         config: config.clone(),
         node,
         directory: directory_of(&config),
-        identity,
+        identity: Arc::new(tokio::sync::watch::channel(identity).0),
         executor,
         metrics: Metrics::new(&config.name),
         reports: Mutex::new(BTreeMap::new()),
@@ -263,7 +263,7 @@ fn spawn_transport(
     let (node, directory, identity) = (
         shared.node.clone(),
         shared.directory.clone(),
-        shared.identity.clone(),
+        shared.identity_changes(),
     );
     let s = stop.clone();
     tasks.spawn(async move {
@@ -276,25 +276,66 @@ fn spawn_transport(
     })
     .max_decoding_message_size(16 * 1024 * 1024);
     let admin = RingAdminServer::new(AdminService::new(shared.clone()));
-    let tls = server_tls(&shared.identity);
-    let s = stop.clone();
-    let grpc = listeners.grpc;
+    let (s, grpc, identity) = (stop.clone(), listeners.grpc, shared.identity_changes());
+    tasks.spawn(serve_grpc(raft, admin, grpc, identity, s));
+    let files = shared.config.tls.clone();
+    let (live, s) = (shared.identity.clone(), stop.clone());
     tasks.spawn(async move {
-        tonic::transport::Server::builder()
-            .tls_config(tls)
-            .map_err(|e| RingError::Transport(format!("TLS setup: {e}")))?
-            .add_service(raft)
-            .add_service(admin)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc),
-                s.cancelled_owned(),
-            )
-            .await
-            .map_err(|e| RingError::Transport(format!("gRPC server: {e}")))
+        let files = IdentityFiles {
+            ca: files.ca,
+            cert: files.cert,
+            key: files.key,
+        };
+        crate::identity::watch_files(files, live, IDENTITY_CHECK_EVERY, s).await;
+        Ok(())
     });
     if let Some(l) = listeners.metrics {
         let (shared, s) = (shared.clone(), stop.clone());
         tasks.spawn(async move { crate::metrics::serve(l, shared_metrics(shared), s).await });
+    }
+}
+
+/// How often ringd looks for new member certificate files.
+const IDENTITY_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// The gRPC server (Raft transport + RingAdmin) until `stop`; when the member
+/// identity changes it stops gracefully and serves again with the new one
+/// on the same listener (peers reconnect; Raft resends what was lost).
+async fn serve_grpc(
+    raft: RaftTransportServer<RaftService>,
+    admin: RingAdminServer<AdminService>,
+    listener: tokio::net::TcpListener,
+    mut identity: tokio::sync::watch::Receiver<IdentityPem>,
+    stop: CancellationToken,
+) -> Result<(), RingError> {
+    let listener = Arc::new(listener);
+    loop {
+        let tls = server_tls(&identity.borrow_and_update());
+        let mut changes = identity.clone();
+        let s = stop.clone();
+        let restart = async move {
+            tokio::select! {
+                biased;
+                _ = s.cancelled() => {}
+                r = changes.changed() => if r.is_err() { std::future::pending::<()>().await },
+            }
+        };
+        let incoming = futures::stream::unfold(listener.clone(), |l| async move {
+            let conn = l.accept().await.map(|(c, _)| c);
+            Some((conn, l))
+        });
+        tonic::transport::Server::builder()
+            .tls_config(tls)
+            .map_err(|e| RingError::Transport(format!("TLS setup: {e}")))?
+            .add_service(raft.clone())
+            .add_service(admin.clone())
+            .serve_with_incoming_shutdown(Box::pin(incoming), restart)
+            .await
+            .map_err(|e| RingError::Transport(format!("gRPC server: {e}")))?;
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+        tracing::info!("serving gRPC with the new member identity");
     }
 }
 

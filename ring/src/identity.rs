@@ -76,6 +76,32 @@ impl RingPki {
         self.ensure(ADMIN_NAME, vec![], vec![], false)
     }
 
+    /// Issues a new certificate and key for member `name` from the ring CA,
+    /// replacing the old ones (a running ringd takes them within seconds).
+    pub fn renew_member(&self, name: &str, ip: IpAddr) -> Result<IdentityFiles, RingError> {
+        self.remove(name)?;
+        self.ensure_member(name, ip)
+    }
+
+    /// Issues a new administrator certificate and key for ringctl.
+    pub fn renew_admin(&self) -> Result<IdentityFiles, RingError> {
+        self.remove(ADMIN_NAME)?;
+        self.ensure_admin()
+    }
+
+    fn remove(&self, name: &str) -> Result<(), RingError> {
+        let files = self.files(name);
+        for path in [&files.cert, &files.key] {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io(format!("removing {}", path.display()))(e))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     fn ensure(
         &self,
         name: &str,
@@ -140,5 +166,113 @@ impl IdentityPem {
             cert: read(&files.cert, "certificate")?,
             key: read(&files.key, "private key")?,
         })
+    }
+}
+
+/// What to do with the identity files as read now, against the identity in use.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// The files hold the identity in use (or could not be read whole).
+    Keep,
+    /// The files hold a new, usable identity.
+    Replace,
+    /// The files changed but cannot be used; the identity in use stays.
+    Refuse(String),
+}
+
+/// Decides about `read` (the files now) against `current`; `check` tells
+/// whether an identity is usable (key of the certificate, issued by the CA).
+pub fn reload_decision(
+    current: &IdentityPem,
+    read: &Result<IdentityPem, RingError>,
+    check: impl Fn(&IdentityPem) -> Result<i64, String>,
+) -> Reload {
+    match read {
+        Ok(new) if new.ca == current.ca && new.cert == current.cert && new.key == current.key => {
+            Reload::Keep
+        }
+        Ok(new) => match check(new) {
+            Ok(_) => Reload::Replace,
+            Err(why) => Reload::Refuse(why),
+        },
+        Err(e) => Reload::Refuse(e.to_string()),
+    }
+}
+
+/// Whether `id`'s certificate belongs to its key and was issued by its CA
+/// file (which may hold the old and the new CA during a CA change).
+pub fn check_identity(id: &IdentityPem) -> Result<i64, String> {
+    seed::expiry::check_identity(id.ca.as_bytes(), id.cert.as_bytes(), &id.key)
+}
+
+/// Re-reads the identity files every `every` until `stop`; a new usable
+/// identity replaces the one in `live` (the gRPC server and every channel
+/// built afterwards use it), an unusable one is refused with a warning.
+pub async fn watch_files(
+    files: IdentityFiles,
+    live: std::sync::Arc<tokio::sync::watch::Sender<IdentityPem>>,
+    every: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    // a refusal is reported once it is seen twice in a row: a renewal writes
+    // the key and the certificate one after the other
+    let (mut seen, mut warned): (Option<String>, Option<String>) = (None, None);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let read = IdentityPem::read(&files);
+        let decision = reload_decision(&live.borrow(), &read, check_identity);
+        match (decision, read) {
+            (Reload::Replace, Ok(new)) => {
+                let not_after = check_identity(&new).unwrap_or_default();
+                live.send_replace(new);
+                (seen, warned) = (None, None);
+                tracing::info!(cert = %files.cert.display(), not_after, "member certificate files changed: serving and calling with the new identity");
+            }
+            (Reload::Refuse(why), _) => {
+                if seen.as_ref() == Some(&why) && warned.as_ref() != Some(&why) {
+                    tracing::warn!(cert = %files.cert.display(), reason = %why, "member certificate files changed but cannot be used; keeping the identity in use");
+                    warned = Some(why.clone());
+                }
+                seen = Some(why);
+            }
+            _ => seen = None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(cert: &str) -> IdentityPem {
+        IdentityPem {
+            ca: "ca".into(),
+            cert: cert.into(),
+            key: "key".into(),
+        }
+    }
+
+    #[test]
+    fn reload_replaces_only_a_changed_usable_identity() {
+        let ok = |_: &IdentityPem| Ok(1);
+        let bad = |_: &IdentityPem| Err("the key does not belong to the certificate".to_string());
+        assert_eq!(reload_decision(&id("a"), &Ok(id("a")), bad), Reload::Keep);
+        assert_eq!(reload_decision(&id("a"), &Ok(id("b")), ok), Reload::Replace);
+        assert_eq!(
+            reload_decision(&id("a"), &Ok(id("b")), bad),
+            Reload::Refuse("the key does not belong to the certificate".into())
+        );
+        let gone = Err(RingError::Config {
+            field: "m1.crt".into(),
+            reason: "is not a PEM certificate".into(),
+        });
+        assert!(matches!(
+            reload_decision(&id("a"), &gone, ok),
+            Reload::Refuse(_)
+        ));
     }
 }

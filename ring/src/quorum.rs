@@ -133,6 +133,7 @@ async fn first_epochs(
 pub(crate) async fn report_health(shared: Arc<Shared>, stop: CancellationToken) {
     let every = Duration::from_millis(shared.timing().heartbeat_ms);
     let mut client: Option<(String, RingAdminClient<Channel>)> = None;
+    let mut identity = shared.identity_changes();
     while pause(&stop, every).await {
         let v = shared.node.view();
         if v.leader_id == 0 {
@@ -155,8 +156,12 @@ pub(crate) async fn report_health(shared: Arc<Shared>, stop: CancellationToken) 
         let Some((leader, address)) = shared.directory.by_id(v.leader_id) else {
             continue;
         };
+        if identity.has_changed().unwrap_or(false) {
+            identity.borrow_and_update();
+            client = None;
+        }
         if client.as_ref().is_none_or(|(n, _)| *n != leader) {
-            match channel(&shared.identity, &address, &leader) {
+            match channel(&shared.identity(), &address, &leader) {
                 Ok(ch) => client = Some((leader.clone(), RingAdminClient::new(ch))),
                 Err(e) => {
                     tracing::warn!(error = %e, "no channel to the leader");

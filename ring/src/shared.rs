@@ -55,7 +55,8 @@ pub struct Shared {
     pub(crate) config: RingdConfig,
     pub(crate) node: NodeHandle,
     pub(crate) directory: Directory,
-    pub(crate) identity: IdentityPem,
+    /// The member identity in use (replaced when its files change).
+    pub(crate) identity: Arc<tokio::sync::watch::Sender<IdentityPem>>,
     /// The executor of this member's seed, if it hosts control planes.
     pub(crate) executor: Option<Arc<dyn Executor>>,
     pub(crate) metrics: Metrics,
@@ -101,9 +102,14 @@ impl Shared {
         &self.directory
     }
 
-    /// This member's TLS identity.
-    pub fn identity(&self) -> &IdentityPem {
-        &self.identity
+    /// This member's TLS identity now.
+    pub fn identity(&self) -> IdentityPem {
+        self.identity.borrow().clone()
+    }
+
+    /// Notices of a new identity (see [`crate::identity::watch_files`]).
+    pub fn identity_changes(&self) -> tokio::sync::watch::Receiver<IdentityPem> {
+        self.identity.subscribe()
     }
 
     /// The bucket this member backs up to and restores from, if configured.
@@ -234,7 +240,7 @@ impl Shared {
     /// The ring CA and member certificate in use, and the PKI of every
     /// control plane this member hosts (read from disk on each call).
     pub fn certificates(&self) -> Vec<crate::certs::CertificateStatus> {
-        let mut out = crate::certs::member(self.name(), &self.identity, &self.config.tls);
+        let mut out = crate::certs::member(self.name(), &self.identity(), &self.config.tls);
         if let Some(executor) = &self.executor {
             let shoots: Vec<String> = lock(&self.hosted).keys().cloned().collect();
             for shoot in shoots {

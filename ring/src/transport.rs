@@ -234,7 +234,7 @@ pub async fn run_outbound(
     mut outbox: Outbox,
     node: NodeHandle,
     directory: Directory,
-    identity: IdentityPem,
+    identity: tokio::sync::watch::Receiver<IdentityPem>,
     shutdown: CancellationToken,
 ) {
     let mut peers: BTreeMap<u64, mpsc::Sender<Message>> = BTreeMap::new();
@@ -270,7 +270,7 @@ async fn peer_sender(
     mut rx: mpsc::Receiver<Message>,
     node: NodeHandle,
     directory: Directory,
-    identity: IdentityPem,
+    mut identity: tokio::sync::watch::Receiver<IdentityPem>,
     shutdown: CancellationToken,
 ) {
     let mut client: Option<(String, RaftTransportClient<Channel>)> = None;
@@ -294,8 +294,13 @@ async fn peer_sender(
             node.unreachable(to);
             continue;
         };
+        if identity.has_changed().unwrap_or(false) {
+            identity.borrow_and_update();
+            client = None; // connect again, presenting the new certificate
+        }
         if client.as_ref().is_none_or(|(a, _)| *a != address) {
-            match channel(&identity, &address, &name) {
+            let id = identity.borrow().clone();
+            match channel(&id, &address, &name) {
                 Ok(ch) => client = Some((address.clone(), RaftTransportClient::new(ch))),
                 Err(e) => {
                     tracing::warn!(to, error = %e, "cannot build a channel");

@@ -45,6 +45,43 @@ pub fn kubeconfig_client_not_after(path: &Path) -> Result<i64, String> {
     not_after_pem(&pem).map_err(|e| format!("client-certificate-data {e}"))
 }
 
+/// The DER of every CERTIFICATE block in `pem`.
+fn certificates_der(pem: &[u8]) -> Vec<Vec<u8>> {
+    x509_parser::pem::Pem::iter_from_buffer(pem)
+        .filter_map(|b| b.ok())
+        .filter(|b| b.label == "CERTIFICATE")
+        .map(|b| b.contents)
+        .collect()
+}
+
+/// Checks that `cert_pem`'s first certificate belongs to the private key in
+/// `key_pem` and was issued by one of the CA certificates in `ca_pem` (a
+/// bundle during a CA change); returns its `notAfter` (unix seconds).
+pub fn check_identity(ca_pem: &[u8], cert_pem: &[u8], key_pem: &str) -> Result<i64, String> {
+    let cert = certificates_der(cert_pem)
+        .into_iter()
+        .next()
+        .ok_or("the certificate file holds no PEM CERTIFICATE block")?;
+    let (spki, facts) =
+        crate::pki::cert_facts(&cert).map_err(|e| format!("the certificate {e}"))?;
+    let key = rcgen::KeyPair::from_pem(key_pem)
+        .map_err(|e| format!("the key file is not a PEM private key ({e})"))?;
+    if rcgen::PublicKeyData::subject_public_key_info(&key) != spki {
+        return Err("the key does not belong to the certificate".into());
+    }
+    let cas = certificates_der(ca_pem);
+    if cas.is_empty() {
+        return Err("the CA file holds no PEM CERTIFICATE block".into());
+    }
+    if !cas
+        .iter()
+        .any(|ca| crate::pki::verify_issued_by(&cert, ca).is_ok())
+    {
+        return Err("the certificate was not issued by the CA in the CA file".into());
+    }
+    Ok(facts.not_after)
+}
+
 impl Pki {
     /// Every certificate of the shoot's PKI: (name, file), the CA first.
     pub fn certificates(&self) -> Vec<(String, PathBuf)> {
@@ -83,6 +120,43 @@ mod tests {
         // a key before the certificate (a combined file) is skipped
         let key = rcgen::KeyPair::generate().unwrap().serialize_pem();
         assert_eq!(not_after_pem(format!("{key}{pem}").as_bytes()), Ok(want));
+    }
+
+    #[test]
+    fn an_identity_is_checked_for_its_key_and_its_issuer() {
+        let (ca_cert, ca_key) = crate::pki::new_ca("ca-a").unwrap();
+        let (other_ca, _) = crate::pki::new_ca("ca-b").unwrap();
+        let spec = crate::pki::LeafSpec {
+            common_name: "m1",
+            organizations: &[],
+            ips: vec![],
+            dns_names: vec!["m1".into()],
+            server: true,
+            client: true,
+        };
+        let (cert, key) = crate::pki::issue(&ca_cert, &ca_key, &spec).unwrap();
+        let (_, other_key) = crate::pki::issue(&ca_cert, &ca_key, &spec).unwrap();
+        let want = not_after_pem(cert.as_bytes()).unwrap();
+        let ca = ca_cert.as_bytes();
+        assert_eq!(check_identity(ca, cert.as_bytes(), &key), Ok(want));
+        // a bundle of the old and the new CA (a CA change) is accepted
+        let bundle = format!("{other_ca}{ca_cert}");
+        assert_eq!(
+            check_identity(bundle.as_bytes(), cert.as_bytes(), &key),
+            Ok(want)
+        );
+        assert_eq!(
+            check_identity(ca, cert.as_bytes(), &other_key),
+            Err("the key does not belong to the certificate".into())
+        );
+        assert_eq!(
+            check_identity(other_ca.as_bytes(), cert.as_bytes(), &key),
+            Err("the certificate was not issued by the CA in the CA file".into())
+        );
+        assert_eq!(
+            check_identity(ca, key.as_bytes(), &key),
+            Err("the certificate file holds no PEM CERTIFICATE block".into())
+        );
     }
 
     #[test]

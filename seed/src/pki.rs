@@ -405,8 +405,8 @@ struct LoadedCa {
     key: KeyPair,
 }
 
-struct CertFacts {
-    not_after: i64,
+pub(crate) struct CertFacts {
+    pub(crate) not_after: i64,
     ips: Vec<IpAddr>,
 }
 
@@ -462,7 +462,7 @@ fn read_key(path: &Path) -> std::result::Result<KeyPair, String> {
 }
 
 /// The certificate's SubjectPublicKeyInfo (DER) and the facts Ring checks.
-fn cert_facts(der: &[u8]) -> std::result::Result<(Vec<u8>, CertFacts), String> {
+pub(crate) fn cert_facts(der: &[u8]) -> std::result::Result<(Vec<u8>, CertFacts), String> {
     let (_, cert) = X509Certificate::from_der(der)
         .map_err(|e| format!("is not a valid X.509 certificate ({e})"))?;
     let mut ips = Vec::new();
@@ -486,7 +486,7 @@ fn cert_facts(der: &[u8]) -> std::result::Result<(Vec<u8>, CertFacts), String> {
     ))
 }
 
-fn verify_issued_by(der: &[u8], ca_der: &[u8]) -> std::result::Result<(), String> {
+pub(crate) fn verify_issued_by(der: &[u8], ca_der: &[u8]) -> std::result::Result<(), String> {
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
     let (_, ca) = X509Certificate::from_der(ca_der).map_err(|e| e.to_string())?;
     cert.verify_signature(Some(ca.public_key()))

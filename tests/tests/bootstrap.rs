@@ -109,6 +109,23 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
         "{table}"
     );
 
+    // renewing: nothing is due, so nothing changes; with --all every member
+    // and ringctl get new certificates, and each running ringd serves and calls
+    // with its new one (the command waits until each reports it in use)
+    let none = ringctl_ok(&["pki", "renew"], &dir);
+    assert!(none.contains("nothing renewed"), "{none}");
+    let out = ringctl_ok(&["pki", "renew", "--all", "-o", "json"], &dir);
+    let renewed: serde_json::Value = serde_json::from_str(&out).expect("json renewal");
+    let renewed = renewed.as_array().unwrap();
+    assert_eq!(renewed.len(), 4, "{out}");
+    for r in renewed {
+        assert_eq!(r["inUse"], true, "{out}");
+        assert!(
+            r["newNotAfterUnix"].as_i64() > r["oldNotAfterUnix"].as_i64(),
+            "{out}"
+        );
+    }
+
     // grow to 5 members, then shrink to 4: after each change every member hosts
     // exactly its successor (joins and leaves re-link with planned migrations)
     let hosts_successor = |status: &serde_json::Value, order: &[&str]| {

@@ -92,3 +92,133 @@ fn status(
         error,
     }
 }
+
+/// How long a member may take to serve with its new certificate.
+const TAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One member's (or ringctl's) renewal.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Renewed {
+    name: String,
+    /// `notAfter` before and after (unix seconds).
+    old_not_after_unix: Option<i64>,
+    new_not_after_unix: i64,
+    /// The running ringd reports the new certificate as the one it uses.
+    in_use: bool,
+}
+
+pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let layout = bootstrap::RingLayout {
+        dir: args.dir.dir(),
+    };
+    let config = layout.read_config()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} holds no ring; run `ringctl bootstrap` first",
+            layout.dir.display()
+        )
+    })?;
+    let pki = ringd::identity::RingPki::new(layout.pki());
+    let due = |path: &std::path::Path| {
+        let left = seed::expiry::not_after_file(path).ok();
+        let now = now_unix();
+        let renew = args.all || left.is_none_or(|t| t - now < args.within_days * 86_400);
+        (left, renew)
+    };
+    let mut renewed = Vec::new();
+    let admin = pki.files(ringd::identity::ADMIN_NAME);
+    if let (old, true) = due(&admin.cert) {
+        let files = pki.renew_admin()?;
+        renewed.push(fresh(ringd::identity::ADMIN_NAME, old, &files.cert, true)?);
+    }
+    for (i, m) in config.members.iter().enumerate() {
+        if let (old, true) = due(&pki.files(&m.name).cert) {
+            let files = pki.renew_member(&m.name, config.member_ip_addr(i)?)?;
+            let mut r = fresh(&m.name, old, &files.cert, false)?;
+            r.in_use = taken(
+                &config.member_address(i),
+                &layout.pki(),
+                &m.name,
+                r.new_not_after_unix,
+            )
+            .await;
+            renewed.push(r);
+        }
+    }
+    print(&renewed, format, || {
+        render_renewed(&renewed, args.within_days)
+    })?;
+    let waiting: Vec<&str> = renewed
+        .iter()
+        .filter(|r| !r.in_use)
+        .map(|r| r.name.as_str())
+        .collect();
+    if !waiting.is_empty() {
+        anyhow::bail!(
+            "{} did not report the new certificate within {TAKE_TIMEOUT:?}; a ringd that is down takes it when it starts (see `ringctl pki check`)",
+            waiting.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn fresh(
+    name: &str,
+    old: Option<i64>,
+    cert: &std::path::Path,
+    in_use: bool,
+) -> anyhow::Result<Renewed> {
+    let new = seed::expiry::not_after_file(cert)
+        .map_err(|e| anyhow::anyhow!("the new certificate {} {e}", cert.display()))?;
+    Ok(Renewed {
+        name: name.into(),
+        old_not_after_unix: old,
+        new_not_after_unix: new,
+        in_use,
+    })
+}
+
+/// Waits (bounded) until the member at `address` reports `not_after` as its
+/// member certificate's.
+async fn taken(address: &str, pki: &std::path::Path, member: &str, not_after: i64) -> bool {
+    let deadline = tokio::time::Instant::now() + TAKE_TIMEOUT;
+    let owner = format!("member {member}");
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(status) = ask(address, pki).await {
+            let in_use = status.certificates.iter().any(|c| {
+                c.owner == owner && c.name == "member" && c.not_after_unix == Some(not_after)
+            });
+            if in_use {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+fn render_renewed(renewed: &[Renewed], within_days: i64) -> String {
+    if renewed.is_empty() {
+        return format!("no certificate expires within {within_days} days; nothing renewed (--all renews them anyway)\n");
+    }
+    let now = now_unix();
+    let days = |t: i64| (t - now).div_euclid(86_400).to_string();
+    let mut t =
+        crate::output::table(&["CERTIFICATE", "DAYS LEFT BEFORE", "DAYS LEFT NOW", "IN USE"]);
+    for r in renewed {
+        t.add_row(vec![
+            r.name.clone(),
+            r.old_not_after_unix.map_or("unreadable".into(), days),
+            days(r.new_not_after_unix),
+            if r.in_use { "yes" } else { "NOT YET" }.into(),
+        ]);
+    }
+    format!("{t}\n")
+}

@@ -29,7 +29,7 @@ pub(super) async fn fetch(
         .directory()
         .get(from)
         .ok_or_else(|| RingError::Transport(format!("no address for source {from}")))?;
-    let mut client = RingAdminClient::new(channel(shared.identity(), &address, from)?);
+    let mut client = RingAdminClient::new(channel(&shared.identity(), &address, from)?);
     let request = HandoverRequest {
         shoot: op.shoot().to_string(),
         operation: op.id,
