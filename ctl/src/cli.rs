@@ -271,6 +271,20 @@ pub(crate) enum PkiCommand {
     /// local ring; each running ringd serves and calls with its new one
     /// within seconds, without a restart or a lost quorum.
     Renew(PkiRenewArgs),
+    /// Replace the ring CA online (local ring): trust a new CA next to the old
+    /// one, issue every member's and ringctl's certificate from it, then retire
+    /// the old one; each step waits for every member, and a rerun resumes.
+    RotateCa(PkiRotateArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct PkiRotateArgs {
+    #[command(flatten)]
+    pub(crate) dir: RingDirArgs,
+    /// Seconds to wait for the members at each step before giving up (a
+    /// rerun resumes).
+    #[arg(long, default_value_t = 120)]
+    pub(crate) timeout: u64,
 }
 
 #[derive(Args)]

@@ -36,6 +36,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pki(PkiCommand::Init(args)) => ring::pki_init(args).await,
         Command::Pki(PkiCommand::Check(args)) => commands::certs::pki_check(args, format).await,
         Command::Pki(PkiCommand::Renew(args)) => commands::certs::pki_renew(args, format).await,
+        Command::Pki(PkiCommand::RotateCa(args)) => {
+            commands::certs::pki_rotate_ca(args, format).await
+        }
         Command::Join(args) => ring::join(args, format).await,
         Command::Leave(args) => ring::leave(args, format).await,
         Command::Migrate(args) => ring::migrate(args, format).await,

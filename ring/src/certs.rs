@@ -24,6 +24,10 @@ pub struct CertificateStatus {
     pub source: String,
     /// `notAfter` in unix seconds, if it could be read.
     pub not_after_unix: Option<i64>,
+    /// The serial number (hex), where it tells certificates apart (the ring
+    /// CAs and member certificates, while the ring CA changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
     /// Why it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -40,7 +44,22 @@ impl CertificateStatus {
             name: name.into(),
             source,
             not_after_unix,
+            serial: None,
             error,
+        }
+    }
+
+    /// One status per certificate in `pem` (every CA of a bundle), with serials.
+    fn each_in(owner: &str, name: &str, source: String, pem: &str) -> Vec<Self> {
+        match seed::expiry::infos_pem(pem.as_bytes()) {
+            Ok(infos) => infos
+                .into_iter()
+                .map(|i| CertificateStatus {
+                    serial: Some(i.serial),
+                    ..Self::from(owner, name, source.clone(), Ok(i.not_after))
+                })
+                .collect(),
+            Err(e) => vec![Self::from(owner, name, source, Err(e))],
         }
     }
 
@@ -59,20 +78,16 @@ pub fn member(
     files: &crate::config::TlsFiles,
 ) -> Vec<CertificateStatus> {
     let loaded = |path: &Path| format!("{} (in use)", path.display());
-    vec![
-        CertificateStatus::from(
-            "ring",
-            "ca",
-            loaded(&files.ca),
-            seed::expiry::not_after_pem(identity.ca.as_bytes()),
-        ),
-        CertificateStatus::from(
-            &format!("member {member}"),
-            "member",
-            loaded(&files.cert),
-            seed::expiry::not_after_pem(identity.cert.as_bytes()),
-        ),
-    ]
+    let mut out = CertificateStatus::each_in("ring", "ca", loaded(&files.ca), &identity.ca);
+    let mut mine = CertificateStatus::each_in(
+        &format!("member {member}"),
+        "member",
+        loaded(&files.cert),
+        &identity.cert,
+    );
+    mine.truncate(1); // the member's own; a chain after it is not checked here
+    out.extend(mine);
+    out
 }
 
 /// Every certificate of `shoot`'s PKI kept in `dir` (its CA and leaves).

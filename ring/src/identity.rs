@@ -89,6 +89,139 @@ impl RingPki {
         self.ensure_admin()
     }
 
+    /// The next CA's files while the ring CA changes (`ca-next.crt`, `ca-next.key`).
+    pub fn next_ca(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("ca-next.crt"), self.dir.join("ca-next.key"))
+    }
+
+    fn retiring_mark(&self) -> PathBuf {
+        self.dir.join("ca-retiring")
+    }
+
+    /// Creates the next CA unless it exists.
+    pub fn create_next_ca(&self) -> Result<(), RingError> {
+        let (crt, key) = self.next_ca();
+        if crt.exists() && key.exists() {
+            return Ok(());
+        }
+        let (cert_pem, key_pem) = new_ca("ring-ca")?;
+        write_private(&key, key_pem.as_bytes())?;
+        write_private(&crt, cert_pem.as_bytes())?;
+        Ok(())
+    }
+
+    /// Writes `ca.crt` as the current CA followed by the next one.
+    pub fn trust_both(&self) -> Result<(), RingError> {
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(io(format!("reading {}", p.display())));
+        let ca = self.dir.join("ca.crt");
+        let current = read(&ca)?;
+        let first = current
+            .split_inclusive("-----END CERTIFICATE-----")
+            .next()
+            .unwrap_or_default()
+            .trim();
+        let next = read(&self.next_ca().0)?;
+        write_private(&ca, format!("{first}\n{}\n", next.trim()).as_bytes())?;
+        Ok(())
+    }
+
+    /// Issues `name`'s certificate from the next CA (`ip`: a member's address;
+    /// none for ringctl).
+    pub fn reissue_from_next(&self, name: &str, ip: Option<IpAddr>) -> Result<(), RingError> {
+        let (crt, key) = self.next_ca();
+        let (ips, dns, server) = match ip {
+            Some(ip) => (
+                vec![ip],
+                vec![name.to_string(), ANY_MEMBER.to_string()],
+                true,
+            ),
+            None => (vec![], vec![], false),
+        };
+        self.issue_into(name, ips, dns, server, (&crt, &key))?;
+        Ok(())
+    }
+
+    /// Makes the next CA the ring CA (key first, so `ca.key` is never older
+    /// than what issues from it next) and marks the old one as retiring.
+    pub fn retire(&self) -> Result<(), RingError> {
+        let (crt, key) = self.next_ca();
+        let read = |p: &Path| std::fs::read(p).map_err(io(format!("reading {}", p.display())));
+        let (crt_pem, key_pem) = (read(&crt)?, read(&key)?);
+        write_private(&self.retiring_mark(), b"the old ring CA is retiring\n")?;
+        write_private(&self.dir.join("ca.key"), &key_pem)?;
+        write_private(&self.dir.join("ca.crt"), &crt_pem)?;
+        for p in [&crt, &key] {
+            std::fs::remove_file(p).map_err(io(format!("removing {}", p.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Ends a CA change (every member trusts only the new CA).
+    pub fn finish_rotation(&self) -> Result<(), RingError> {
+        let mark = self.retiring_mark();
+        match std::fs::remove_file(&mark) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io(format!("removing {}", mark.display()))(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What the directory holds for a CA change of a ring of `members`.
+    pub fn rotation_facts(
+        &self,
+        members: &[String],
+    ) -> Result<crate::ca_rotation::PkiFacts, RingError> {
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(io(format!("reading {}", p.display())));
+        let bad = |p: &Path| {
+            let field = p.display().to_string();
+            move |reason: String| RingError::Config { field, reason }
+        };
+        let ca = self.dir.join("ca.crt");
+        let trusted = seed::expiry::infos_pem(read(&ca)?.as_bytes())
+            .map_err(bad(&ca))?
+            .into_iter()
+            .map(|i| i.serial)
+            .collect();
+        let (next_crt, _) = self.next_ca();
+        let next_pem = next_crt.exists().then(|| read(&next_crt)).transpose()?;
+        let next = match &next_pem {
+            Some(pem) => seed::expiry::infos_pem(pem.as_bytes())
+                .map_err(bad(&next_crt))?
+                .into_iter()
+                .next()
+                .map(|i| i.serial),
+            None => None,
+        };
+        let mut facts = crate::ca_rotation::PkiFacts {
+            trusted,
+            next,
+            retiring: self.retiring_mark().exists(),
+            ..Default::default()
+        };
+        let names = members.iter().map(String::as_str).chain([ADMIN_NAME]);
+        for name in names {
+            let files = self.files(name);
+            let (cert, key) = (read(&files.cert)?, read(&files.key)?);
+            let by_next = next_pem.as_ref().is_some_and(|ca| {
+                seed::expiry::check_identity(ca.as_bytes(), cert.as_bytes(), &key).is_ok()
+            });
+            facts.issued_by_next.insert(name.to_string(), by_next);
+            if name != ADMIN_NAME {
+                let serial = seed::expiry::infos_pem(cert.as_bytes())
+                    .map_err(bad(&files.cert))?
+                    .into_iter()
+                    .next()
+                    .map(|i| i.serial)
+                    .unwrap_or_default();
+                facts.member_serials.insert(name.to_string(), serial);
+            }
+        }
+        Ok(facts)
+    }
+
     fn remove(&self, name: &str) -> Result<(), RingError> {
         let files = self.files(name);
         for path in [&files.cert, &files.key] {
@@ -114,11 +247,24 @@ impl RingPki {
         if files.cert.exists() && files.key.exists() {
             return Ok(files);
         }
-        let ca_cert = std::fs::read_to_string(&files.ca)
-            .map_err(io(format!("reading {}", files.ca.display())))?;
-        let ca_key_path = self.dir.join("ca.key");
-        let ca_key = std::fs::read_to_string(&ca_key_path)
-            .map_err(io(format!("reading {}", ca_key_path.display())))?;
+        let (ca, ca_key) = (files.ca.clone(), self.dir.join("ca.key"));
+        self.issue_into(name, ips, dns_names, server, (&ca, &ca_key))
+    }
+
+    /// Issues `name`'s certificate and key from the CA in `ca` (certificate,
+    /// key files; the first certificate of a bundle).
+    fn issue_into(
+        &self,
+        name: &str,
+        ips: Vec<IpAddr>,
+        dns_names: Vec<String>,
+        server: bool,
+        ca: (&Path, &Path),
+    ) -> Result<IdentityFiles, RingError> {
+        let files = self.files(name);
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(io(format!("reading {}", p.display())));
+        let (ca_cert, ca_key) = (read(ca.0)?, read(ca.1)?);
         let spec = LeafSpec {
             common_name: name,
             organizations: &["ring"],

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod agent;
 pub mod backups;
+pub mod ca_rotation;
 pub mod certs;
 pub mod client;
 pub mod config;

@@ -303,6 +303,7 @@ mod tests {
             name: name.into(),
             source: String::new(),
             not_after_unix: not_after,
+            serial: None,
             error: not_after.is_none().then(|| "cannot read".into()),
         }
     }

@@ -332,6 +332,7 @@ mod tests {
             name: name.into(),
             source: format!("/pki/{name}.crt"),
             not_after_unix: Some(now + days * 86_400 + 60),
+            serial: None,
             error: None,
         };
         let certs = vec![cert("ring", "ca", 3000), cert("shoot s2", "admin", 700)];

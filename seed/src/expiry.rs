@@ -22,6 +22,32 @@ pub fn not_after_pem(pem: &[u8]) -> Result<i64, String> {
     Err("holds no PEM CERTIFICATE block".into())
 }
 
+/// What identifies a certificate and when it ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    /// `notAfter`, unix seconds.
+    pub not_after: i64,
+    /// The serial number, hex with colons.
+    pub serial: String,
+}
+
+/// [`CertInfo`] of every certificate in `pem` (a CA bundle holds several).
+pub fn infos_pem(pem: &[u8]) -> Result<Vec<CertInfo>, String> {
+    let mut out = Vec::new();
+    for der in certificates_der(pem) {
+        let (_, cert) = X509Certificate::from_der(&der)
+            .map_err(|e| format!("is not a valid X.509 certificate ({e})"))?;
+        out.push(CertInfo {
+            not_after: cert.validity().not_after.timestamp(),
+            serial: cert.raw_serial_as_string(),
+        });
+    }
+    if out.is_empty() {
+        return Err("holds no PEM CERTIFICATE block".into());
+    }
+    Ok(out)
+}
+
 /// [`not_after_pem`] of the file at `path`; the error says whether the file
 /// could not be read or holds no certificate.
 pub fn not_after_file(path: &Path) -> Result<i64, String> {
@@ -120,6 +146,13 @@ mod tests {
         // a key before the certificate (a combined file) is skipped
         let key = rcgen::KeyPair::generate().unwrap().serialize_pem();
         assert_eq!(not_after_pem(format!("{key}{pem}").as_bytes()), Ok(want));
+        // every certificate of a bundle, each with its own serial
+        let (other, other_after) = cert_valid_for(20);
+        let infos = infos_pem(format!("{pem}{other}").as_bytes()).unwrap();
+        let afters: Vec<i64> = infos.iter().map(|i| i.not_after).collect();
+        assert_eq!(afters, vec![want, other_after]);
+        assert_ne!(infos[0].serial, infos[1].serial);
+        assert!(infos_pem(key.as_bytes()).is_err());
     }
 
     #[test]

@@ -126,6 +126,34 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
         );
     }
 
+    // the ring CA changes online: every member ends up trusting only the new
+    // CA and presenting a certificate from it; the rest of this test (joins
+    // with migrations, down and up) runs on the new CA
+    let ca_serials = |dir: &Path| -> Vec<String> {
+        let out = ringctl_ok(&["pki", "check", "-o", "json"], dir);
+        let check: serde_json::Value = serde_json::from_str(&out).expect("json check");
+        let mut serials: Vec<String> = check["certificates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["owner"] == "ring" && c["name"] == "ca")
+            .map(|c| c["serial"].as_str().unwrap_or_default().to_string())
+            .collect();
+        serials.dedup();
+        serials
+    };
+    let before = ca_serials(&dir);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let steps = ringctl_ok(&["pki", "rotate-ca"], &dir);
+    assert!(
+        steps.contains("every member trusts only the new ring CA"),
+        "{steps}"
+    );
+    let after = ca_serials(&dir);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(before, after, "the ring CA did not change: {steps}");
+    assert!(!dir.join("pki/ca-next.crt").exists(), "{steps}");
+
     // grow to 5 members, then shrink to 4: after each change every member hosts
     // exactly its successor (joins and leaves re-link with planned migrations)
     let hosts_successor = |status: &serde_json::Value, order: &[&str]| {

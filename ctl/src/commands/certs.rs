@@ -89,6 +89,7 @@ fn status(
         name: name.into(),
         source: path.display().to_string(),
         not_after_unix,
+        serial: None,
         error,
     }
 }
@@ -221,4 +222,100 @@ fn render_renewed(renewed: &[Renewed], within_days: i64) -> String {
         ]);
     }
     format!("{t}\n")
+}
+
+/// What a member reports using, for a CA change.
+fn in_use(status: &ringd::status::RingStatus, member: &str) -> ringd::ca_rotation::InUse {
+    let owner = format!("member {member}");
+    let certs = &status.certificates;
+    ringd::ca_rotation::InUse {
+        trusted: certs
+            .iter()
+            .filter(|c| c.owner == "ring" && c.name == "ca")
+            .filter_map(|c| c.serial.clone())
+            .collect(),
+        member_serial: certs
+            .iter()
+            .find(|c| c.owner == owner && c.name == "member")
+            .and_then(|c| c.serial.clone()),
+    }
+}
+
+pub async fn pki_rotate_ca(args: crate::cli::PkiRotateArgs, format: Format) -> anyhow::Result<()> {
+    use ringd::ca_rotation::{next_action, Action};
+    init_tracing("warn");
+    let layout = bootstrap::RingLayout {
+        dir: args.dir.dir(),
+    };
+    let config = layout.read_config()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} holds no ring; run `ringctl bootstrap` first",
+            layout.dir.display()
+        )
+    })?;
+    let pki = ringd::identity::RingPki::new(layout.pki());
+    let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
+    let started = tokio::time::Instant::now();
+    let timeout = Duration::from_secs(args.timeout);
+    let mut steps: Vec<String> = Vec::new();
+    let mut step =
+        |what: String| steps.push(format!("{:>5.1}s  {what}", started.elapsed().as_secs_f64()));
+    loop {
+        let facts = pki.rotation_facts(&names)?;
+        let mut reports = std::collections::BTreeMap::new();
+        for (i, m) in names.iter().enumerate() {
+            let report = ask(&config.member_address(i), &layout.pki()).await.ok();
+            reports.insert(m.clone(), report.map(|s| in_use(&s, m)));
+        }
+        let action = next_action(&facts, &reports);
+        let waiting = match &action {
+            Action::CreateNext => {
+                pki.create_next_ca()?;
+                step("created the next ring CA (ca-next.crt)".into());
+                None
+            }
+            Action::TrustBoth => {
+                pki.trust_both()?;
+                step("ca.crt trusts the old and the next CA".into());
+                None
+            }
+            Action::Reissue(who) => {
+                for name in who {
+                    let ip = match names.iter().position(|n| n == name) {
+                        Some(i) => Some(config.member_ip_addr(i)?),
+                        None => None, // ringctl
+                    };
+                    pki.reissue_from_next(name, ip)?;
+                }
+                step(format!("issued from the next CA: {}", who.join(", ")));
+                None
+            }
+            Action::Retire => {
+                pki.retire()?;
+                step("the next CA is the ring CA; the old one is no longer trusted".into());
+                None
+            }
+            Action::Done => {
+                pki.finish_rotation()?;
+                step("every member trusts only the new ring CA".into());
+                break;
+            }
+            Action::WaitTrust(m) => Some((m, "trust the next CA")),
+            Action::WaitInUse(m) => Some((m, "present its new certificate")),
+            Action::WaitRetired(m) => Some((m, "trust only the new CA")),
+        };
+        if let Some((members, what)) = waiting {
+            if started.elapsed() > timeout {
+                anyhow::bail!(
+                    "waited {timeout:?} for {} to {what} (a member that is down or unreachable cannot); \
+                     rerun `ringctl pki rotate-ca` to resume once they answer",
+                    members.join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    print(&steps, format, || {
+        steps.iter().map(|s| format!("{s}\n")).collect()
+    })
 }
