@@ -1,6 +1,8 @@
 //! `ringctl pki check`: when each certificate of the ring expires, as every
 //! member reports its own and those of the control planes it hosts, plus the
-//! files on this machine (ringctl's certificate, the shoots' kubeconfigs).
+//! files on this machine (ringctl's certificate, the shoots' kubeconfigs and
+//! nodes' client certificates); `pki renew` and `pki rotate-ca` change the
+//! ring's own certificates online.
 
 use std::time::Duration;
 
@@ -48,7 +50,8 @@ async fn ask(address: &str, pki: &std::path::Path) -> Result<ringd::status::Ring
     }
 }
 
-/// ringctl's own certificate and, for a local ring, every shoot's kubeconfig.
+/// ringctl's own certificate and, for a local ring, every shoot's kubeconfig
+/// and its nodes' client certificates.
 fn local_files(args: &RingArgs, pki: &std::path::Path) -> anyhow::Result<Vec<CertificateStatus>> {
     let files = ringd::identity::RingPki::new(pki).files(ringd::identity::ADMIN_NAME);
     let mut out = vec![status(
@@ -70,8 +73,32 @@ fn local_files(args: &RingArgs, pki: &std::path::Path) -> anyhow::Result<Vec<Cer
                 ));
             }
         }
+        out.extend(node_files(&layout, &config));
     }
     Ok(out)
+}
+
+/// Each node's client certificates (kubelet, kube-proxy), from its shoot's CA.
+fn node_files(
+    layout: &bootstrap::RingLayout,
+    config: &bootstrap::config::RingConfig,
+) -> Vec<CertificateStatus> {
+    let mut out = Vec::new();
+    for node in bootstrap::nodes::node_names(config) {
+        let Some(shoot) = bootstrap::nodes::shoot_of(config, &node) else {
+            continue;
+        };
+        let dir = bootstrap::nodes::node_dir(layout, &node).join("pki");
+        for (file, name) in [("node.crt", "kubelet"), ("kube-proxy.crt", "kube-proxy")] {
+            let path = dir.join(file);
+            if path.exists() {
+                let read = seed::expiry::not_after_file(&path);
+                let name = format!("node {node} {name}");
+                out.push(status(&format!("shoot {shoot}"), &name, &path, read));
+            }
+        }
+    }
+    out
 }
 
 fn status(

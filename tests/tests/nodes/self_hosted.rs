@@ -453,6 +453,27 @@ async fn a_closed_ring_hosts_every_control_plane_in_pods_and_cold_starts_after_d
         [row("m1", "m3"), row("m2", "m1"), row("m3", "m2")],
         "ringctl status names the node of each control plane"
     );
+    // certificates: each member reports the PKI of the control plane it runs
+    // in pods, ringctl adds every node's client certificates; all fresh
+    let out = ringctl_in(&dir, &["pki", "check", "-o", "json"]);
+    let check: serde_json::Value = serde_json::from_str(&out).expect("json check");
+    let certs = check["certificates"].as_array().unwrap();
+    for (shoot, host) in hosts {
+        let owner = format!("shoot {shoot}");
+        let api = certs
+            .iter()
+            .find(|c| c["owner"] == owner.as_str() && c["name"] == "kube-apiserver");
+        assert_eq!(
+            api.map(|c| c["checkedBy"].clone()),
+            Some(serde_json::json!(host)),
+            "{check}"
+        );
+        let kubelet = certs.iter().any(|c| {
+            let name = c["name"].as_str().unwrap_or_default();
+            c["owner"] == owner.as_str() && name.starts_with("node ") && name.ends_with(" kubelet")
+        });
+        assert!(kubelet, "no node certificate of {shoot}: {check}");
+    }
     let members = dir.join("members").display().to_string();
     let local_etcd = || processes("etcd", &["--initial-cluster-token=ring-", &members]);
     assert!(
