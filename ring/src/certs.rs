@@ -34,7 +34,8 @@ pub struct CertificateStatus {
 }
 
 impl CertificateStatus {
-    fn from(owner: &str, name: &str, source: String, read: Result<i64, String>) -> Self {
+    /// A certificate of `owner` read from `source`: its `notAfter`, or why not.
+    pub fn from(owner: &str, name: &str, source: String, read: Result<i64, String>) -> Self {
         let (not_after_unix, error) = match read {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(e)),

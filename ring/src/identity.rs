@@ -23,6 +23,17 @@ pub struct IdentityFiles {
     pub key: PathBuf,
 }
 
+/// Creates a ring CA in `crt` and `key` unless both exist.
+fn ensure_ca_files(crt: &Path, key: &Path) -> Result<(), RingError> {
+    if crt.exists() && key.exists() {
+        return Ok(());
+    }
+    let (cert_pem, key_pem) = new_ca("ring-ca")?;
+    write_private(key, key_pem.as_bytes())?;
+    write_private(crt, cert_pem.as_bytes())?;
+    Ok(())
+}
+
 /// The ring PKI directory: `ca.crt`, `ca.key`, `<name>.crt`, `<name>.key`.
 #[derive(Debug, Clone)]
 pub struct RingPki {
@@ -42,14 +53,7 @@ impl RingPki {
     /// Creates the CA unless it exists.
     pub fn ensure_ca(&self) -> Result<(), RingError> {
         create_private_dir(&self.dir)?;
-        let (crt, key) = (self.dir.join("ca.crt"), self.dir.join("ca.key"));
-        if crt.exists() && key.exists() {
-            return Ok(());
-        }
-        let (cert_pem, key_pem) = new_ca("ring-ca")?;
-        write_private(&key, key_pem.as_bytes())?;
-        write_private(&crt, cert_pem.as_bytes())?;
-        Ok(())
+        ensure_ca_files(&self.dir.join("ca.crt"), &self.dir.join("ca.key"))
     }
 
     /// Files of `name` (whether or not they exist).
@@ -101,13 +105,7 @@ impl RingPki {
     /// Creates the next CA unless it exists.
     pub fn create_next_ca(&self) -> Result<(), RingError> {
         let (crt, key) = self.next_ca();
-        if crt.exists() && key.exists() {
-            return Ok(());
-        }
-        let (cert_pem, key_pem) = new_ca("ring-ca")?;
-        write_private(&key, key_pem.as_bytes())?;
-        write_private(&crt, cert_pem.as_bytes())?;
-        Ok(())
+        ensure_ca_files(&crt, &key)
     }
 
     /// Writes `ca.crt` as the current CA followed by the next one.

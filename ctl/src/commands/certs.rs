@@ -107,18 +107,7 @@ fn status(
     path: &std::path::Path,
     read: Result<i64, String>,
 ) -> CertificateStatus {
-    let (not_after_unix, error) = match read {
-        Ok(t) => (Some(t), None),
-        Err(e) => (None, Some(e)),
-    };
-    CertificateStatus {
-        owner: owner.into(),
-        name: name.into(),
-        source: path.display().to_string(),
-        not_after_unix,
-        serial: None,
-        error,
-    }
+    CertificateStatus::from(owner, name, path.display().to_string(), read)
 }
 
 /// How long a member may take to serve with its new certificate.
@@ -138,15 +127,7 @@ struct Renewed {
 
 pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow::Result<()> {
     init_tracing("warn");
-    let layout = bootstrap::RingLayout {
-        dir: args.dir.dir(),
-    };
-    let config = layout.read_config()?.ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} holds no ring; run `ringctl bootstrap` first",
-            layout.dir.display()
-        )
-    })?;
+    let (layout, config) = local_ring(&args.dir)?;
     let pki = ringd::identity::RingPki::new(layout.pki());
     let due = |path: &std::path::Path| {
         let left = seed::expiry::not_after_file(path).ok();
@@ -189,6 +170,20 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
         );
     }
     Ok(())
+}
+
+/// The local ring in `--ring-dir`, which must exist.
+fn local_ring(
+    dir: &crate::cli::RingDirArgs,
+) -> anyhow::Result<(bootstrap::RingLayout, bootstrap::config::RingConfig)> {
+    let layout = bootstrap::RingLayout { dir: dir.dir() };
+    let config = layout.read_config()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} holds no ring; run `ringctl bootstrap` first",
+            layout.dir.display()
+        )
+    })?;
+    Ok((layout, config))
 }
 
 fn now_unix() -> i64 {
@@ -271,15 +266,7 @@ fn in_use(status: &ringd::status::RingStatus, member: &str) -> ringd::ca_rotatio
 pub async fn pki_rotate_ca(args: crate::cli::PkiRotateArgs, format: Format) -> anyhow::Result<()> {
     use ringd::ca_rotation::{next_action, Action};
     init_tracing("warn");
-    let layout = bootstrap::RingLayout {
-        dir: args.dir.dir(),
-    };
-    let config = layout.read_config()?.ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} holds no ring; run `ringctl bootstrap` first",
-            layout.dir.display()
-        )
-    })?;
+    let (layout, config) = local_ring(&args.dir)?;
     let pki = ringd::identity::RingPki::new(layout.pki());
     let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
     let started = tokio::time::Instant::now();
