@@ -238,11 +238,17 @@ impl Shared {
     }
 
     /// The ring CA and member certificate in use, and the PKI of every
-    /// control plane this member hosts (read from disk on each call).
+    /// control plane this member serves (read from disk on each call).
     pub fn certificates(&self) -> Vec<crate::certs::CertificateStatus> {
         let mut out = crate::certs::member(self.name(), &self.identity(), &self.config.tls);
         if let Some(executor) = &self.executor {
-            let shoots: Vec<String> = lock(&self.hosted).keys().cloned().collect();
+            // only what serves here: a fenced or moved-away control plane's
+            // PKI may stay on disk, but nothing here presents it
+            let shoots: Vec<String> = lock(&self.hosted)
+                .iter()
+                .filter(|(_, h)| h.serving)
+                .map(|(s, _)| s.clone())
+                .collect();
             for shoot in shoots {
                 if let Some(dir) = executor.pki_dir(&shoot) {
                     out.extend(crate::certs::shoot(&shoot, &dir));
