@@ -21,6 +21,9 @@ pub struct PkiFacts {
     pub issued_by_next: BTreeMap<String, bool>,
     /// Per member: the serial of its certificate file.
     pub member_serials: BTreeMap<String, String>,
+    /// Identities whose key file does not belong to their certificate file
+    /// (a crash between writing one and the other).
+    pub mismatched: Vec<String>,
 }
 
 /// What a member reports using (from its status), if it answered.
@@ -35,6 +38,10 @@ pub struct InUse {
 /// The next thing to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
+    /// Issue these identities again (key and certificate), from the next CA
+    /// once every member trusts it, else from the ring CA: their files do
+    /// not belong together, so nobody can use them.
+    Repair(Vec<String>),
     /// Create the next CA (`ca-next.crt`, `ca-next.key`).
     CreateNext,
     /// Write `ca.crt` as the old CA followed by the next one.
@@ -55,6 +62,9 @@ pub enum Action {
 
 /// Decides the next action from the files and what each member reports.
 pub fn next_action(f: &PkiFacts, members: &BTreeMap<String, Option<InUse>>) -> Action {
+    if !f.mismatched.is_empty() {
+        return Action::Repair(f.mismatched.clone());
+    }
     let waiting = |ok: &dyn Fn(&InUse) -> bool| -> Vec<String> {
         members
             .iter()
@@ -134,6 +144,7 @@ mod tests {
             retiring: false,
             issued_by_next: by_next.iter().map(|(n, b)| (s(n), *b)).collect(),
             member_serials: [(s("m1"), s("new1")), (s("m2"), s("new2"))].into(),
+            mismatched: vec![],
         }
     }
 
@@ -155,6 +166,15 @@ mod tests {
                 facts(&["OLD"], Some("NEXT"), &old_certs),
                 reports(&[("m1", Some((old_only, "a"))), ("m2", Some((old_only, "b")))]),
                 Action::TrustBoth,
+            ),
+            (
+                "ringctl's key was written, its certificate not (a crash): repair first",
+                PkiFacts {
+                    mismatched: vec![s("ringctl")],
+                    ..facts(&["OLD", "NEXT"], Some("NEXT"), &old_certs)
+                },
+                reports(&[("m1", None), ("m2", None)]),
+                Action::Repair(vec![s("ringctl")]),
             ),
             (
                 "m2 has not reloaded, m1 is down: wait for both",

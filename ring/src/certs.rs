@@ -128,7 +128,7 @@ fn renew_hint(c: &CertificateStatus) -> &'static str {
     if c.owner.starts_with("shoot ") && c.name != "ca" {
         "it is reissued when its control plane next starts (a planned `ringctl migrate` restarts it)"
     } else {
-        "issue a new one from the ring CA and restart ringd, one member at a time"
+        "`ringctl pki renew` issues new member certificates (`ringctl pki rotate-ca` a new ring CA); every ringd takes them without a restart"
     }
 }
 
@@ -259,7 +259,7 @@ mod tests {
         let w = warnings(&certs, NOW);
         assert_eq!(w.len(), 3, "{w:#?}");
         assert!(
-            w[0].starts_with("member m1 certificate member (/pki/member.crt) expires in 29 days: issue a new one"),
+            w[0].starts_with("member m1 certificate member (/pki/member.crt) expires in 29 days: `ringctl pki renew`"),
             "{}",
             w[0]
         );

@@ -298,9 +298,20 @@ fn spawn_transport(
 /// How often ringd looks for new member certificate files.
 const IDENTITY_CHECK_EVERY: Duration = Duration::from_secs(2);
 
-/// The gRPC server (Raft transport + RingAdmin) until `stop`; when the member
-/// identity changes it stops gracefully and serves again with the new one
-/// on the same listener (peers reconnect; Raft resends what was lost).
+/// How long a gRPC server that stopped accepting (new identity, or ringd
+/// stopping) may take to finish its open calls before they are cut.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// One running gRPC server: the token that ends it and its task.
+type Serving = (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), RingError>>,
+);
+
+/// The gRPC server (Raft transport + RingAdmin) until `stop`. When the member
+/// identity changes, a server with the new one takes over the same listener at
+/// once and the old one finishes its open calls (at most [`DRAIN`]); an
+/// identity rustls refuses is logged and the old server goes on.
 async fn serve_grpc(
     raft: RaftTransportServer<RaftService>,
     admin: RingAdminServer<AdminService>,
@@ -309,33 +320,67 @@ async fn serve_grpc(
     stop: CancellationToken,
 ) -> Result<(), RingError> {
     let listener = Arc::new(listener);
+    let mut current: Option<Serving> = None;
     loop {
         let tls = server_tls(&identity.borrow_and_update());
-        let mut changes = identity.clone();
-        let s = stop.clone();
-        let restart = async move {
-            tokio::select! {
-                biased;
-                _ = s.cancelled() => {}
-                r = changes.changed() => if r.is_err() { std::future::pending::<()>().await },
+        match tonic::transport::Server::builder().tls_config(tls) {
+            Ok(mut builder) => {
+                let router = builder.add_service(raft.clone()).add_service(admin.clone());
+                let token = stop.child_token();
+                let incoming = futures::stream::unfold(listener.clone(), |l| async move {
+                    let conn = l.accept().await.map(|(c, _)| c);
+                    Some((conn, l))
+                });
+                let ends = token.clone().cancelled_owned();
+                let task = tokio::spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(Box::pin(incoming), ends)
+                        .await
+                        .map_err(|e| RingError::Transport(format!("gRPC server: {e}")))
+                });
+                if let Some(old) = current.replace((token, task)) {
+                    tracing::info!("serving gRPC with the new member identity");
+                    tokio::spawn(drain(old));
+                }
             }
-        };
-        let incoming = futures::stream::unfold(listener.clone(), |l| async move {
-            let conn = l.accept().await.map(|(c, _)| c);
-            Some((conn, l))
-        });
-        tonic::transport::Server::builder()
-            .tls_config(tls)
-            .map_err(|e| RingError::Transport(format!("TLS setup: {e}")))?
-            .add_service(raft.clone())
-            .add_service(admin.clone())
-            .serve_with_incoming_shutdown(Box::pin(incoming), restart)
-            .await
-            .map_err(|e| RingError::Transport(format!("gRPC server: {e}")))?;
-        if stop.is_cancelled() {
-            return Ok(());
+            Err(e) if current.is_none() => {
+                return Err(RingError::Transport(format!("TLS setup: {e}")))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the new member identity cannot be served; serving with the one before")
+            }
         }
-        tracing::info!("serving gRPC with the new member identity");
+        let Some((_, task)) = current.as_mut() else {
+            return Ok(());
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            ended = task => {
+                return match ended {
+                    Ok(r) => r.and(Err(RingError::Transport("the gRPC server stopped".into()))),
+                    Err(e) => Err(RingError::Transport(format!("the gRPC server failed: {e}"))),
+                };
+            }
+            changed = identity.changed() => if changed.is_err() {
+                stop.cancelled().await;
+                break;
+            },
+        }
+    }
+    if let Some(old) = current {
+        drain(old).await;
+    }
+    Ok(())
+}
+
+/// Ends a server: it stops accepting, its open calls get [`DRAIN`], then the
+/// rest is cut.
+async fn drain((token, mut task): Serving) {
+    token.cancel();
+    if tokio::time::timeout(DRAIN, &mut task).await.is_err() {
+        tracing::warn!("gRPC calls still open after {DRAIN:?}; cutting them");
+        task.abort();
     }
 }
 

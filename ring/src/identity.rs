@@ -157,13 +157,16 @@ impl RingPki {
 
     /// Ends a CA change (every member trusts only the new CA).
     pub fn finish_rotation(&self) -> Result<(), RingError> {
-        let mark = self.retiring_mark();
-        match std::fs::remove_file(&mark) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(io(format!("removing {}", mark.display()))(e))
+        // a crash inside `retire` may have left the old next key behind
+        for path in [self.next_ca().1, self.retiring_mark()] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io(format!("removing {}", path.display()))(e))
+                }
+                _ => {}
             }
-            _ => Ok(()),
         }
+        Ok(())
     }
 
     /// What the directory holds for a CA change of a ring of `members`.
@@ -207,6 +210,9 @@ impl RingPki {
                 seed::expiry::check_identity(ca.as_bytes(), cert.as_bytes(), &key).is_ok()
             });
             facts.issued_by_next.insert(name.to_string(), by_next);
+            if !seed::expiry::key_matches(cert.as_bytes(), &key).map_err(bad(&files.key))? {
+                facts.mismatched.push(name.to_string());
+            }
             if name != ADMIN_NAME {
                 let serial = seed::expiry::infos_pem(cert.as_bytes())
                     .map_err(bad(&files.cert))?

@@ -108,6 +108,19 @@ pub fn check_identity(ca_pem: &[u8], cert_pem: &[u8], key_pem: &str) -> Result<i
     Ok(facts.not_after)
 }
 
+/// Whether the private key in `key_pem` belongs to the first certificate in
+/// `cert_pem`; an error says which of the two cannot be read.
+pub fn key_matches(cert_pem: &[u8], key_pem: &str) -> Result<bool, String> {
+    let cert = certificates_der(cert_pem)
+        .into_iter()
+        .next()
+        .ok_or("the certificate file holds no PEM CERTIFICATE block")?;
+    let (spki, _) = crate::pki::cert_facts(&cert).map_err(|e| format!("the certificate {e}"))?;
+    let key = rcgen::KeyPair::from_pem(key_pem)
+        .map_err(|e| format!("the key file is not a PEM private key ({e})"))?;
+    Ok(rcgen::PublicKeyData::subject_public_key_info(&key) == spki)
+}
+
 impl Pki {
     /// Every certificate of the shoot's PKI: (name, file), the CA first.
     pub fn certificates(&self) -> Vec<(String, PathBuf)> {
@@ -182,6 +195,8 @@ mod tests {
             check_identity(ca, cert.as_bytes(), &other_key),
             Err("the key does not belong to the certificate".into())
         );
+        assert_eq!(key_matches(cert.as_bytes(), &key), Ok(true));
+        assert_eq!(key_matches(cert.as_bytes(), &other_key), Ok(false));
         assert_eq!(
             check_identity(other_ca.as_bytes(), cert.as_bytes(), &key),
             Err("the certificate was not issued by the CA in the CA file".into())

@@ -145,13 +145,11 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
         if let (old, true) = due(&pki.files(&m.name).cert) {
             let files = pki.renew_member(&m.name, config.member_ip_addr(i)?)?;
             let mut r = fresh(&m.name, old, &files.cert, false)?;
-            r.in_use = taken(
-                &config.member_address(i),
-                &layout.pki(),
-                &m.name,
-                r.new_not_after_unix,
-            )
-            .await;
+            let serial = seed::expiry::infos_pem(&std::fs::read(&files.cert)?)
+                .map_err(|e| anyhow::anyhow!("the new certificate {} {e}", files.cert.display()))?
+                .remove(0)
+                .serial;
+            r.in_use = taken(&config.member_address(i), &layout.pki(), &m.name, &serial).await;
             renewed.push(r);
         }
     }
@@ -208,15 +206,15 @@ fn fresh(
     })
 }
 
-/// Waits (bounded) until the member at `address` reports `not_after` as its
-/// member certificate's.
-async fn taken(address: &str, pki: &std::path::Path, member: &str, not_after: i64) -> bool {
+/// Waits (bounded) until the member at `address` reports the certificate
+/// with `serial` as the one it presents.
+async fn taken(address: &str, pki: &std::path::Path, member: &str, serial: &str) -> bool {
     let deadline = tokio::time::Instant::now() + TAKE_TIMEOUT;
     let owner = format!("member {member}");
     while tokio::time::Instant::now() < deadline {
         if let Ok(status) = ask(address, pki).await {
             let in_use = status.certificates.iter().any(|c| {
-                c.owner == owner && c.name == "member" && c.not_after_unix == Some(not_after)
+                c.owner == owner && c.name == "member" && c.serial.as_deref() == Some(serial)
             });
             if in_use {
                 return true;
@@ -246,6 +244,64 @@ fn render_renewed(renewed: &[Renewed], within_days: i64) -> String {
     format!("{t}\n")
 }
 
+/// Carries out one file action of a CA change; says what it did.
+fn perform(
+    action: &ringd::ca_rotation::Action,
+    pki: &ringd::identity::RingPki,
+    config: &bootstrap::config::RingConfig,
+    facts: &ringd::ca_rotation::PkiFacts,
+) -> anyhow::Result<String> {
+    use ringd::ca_rotation::Action;
+    let ip_of = |name: &str| -> anyhow::Result<Option<std::net::IpAddr>> {
+        match config.members.iter().position(|m| m.name == name) {
+            Some(i) => Ok(Some(config.member_ip_addr(i)?)),
+            None => Ok(None), // ringctl
+        }
+    };
+    Ok(match action {
+        Action::Repair(who) => {
+            let next_trusted = facts
+                .next
+                .as_ref()
+                .is_some_and(|n| facts.trusted.contains(n));
+            for name in who {
+                match (next_trusted, ip_of(name)?) {
+                    (true, ip) => pki.reissue_from_next(name, ip)?,
+                    (false, Some(ip)) => drop(pki.renew_member(name, ip)?),
+                    (false, None) => drop(pki.renew_admin()?),
+                }
+            }
+            format!(
+                "issued again (key and certificate did not belong together): {}",
+                who.join(", ")
+            )
+        }
+        Action::CreateNext => {
+            pki.create_next_ca()?;
+            "created the next ring CA (ca-next.crt)".into()
+        }
+        Action::TrustBoth => {
+            pki.trust_both()?;
+            "ca.crt trusts the old and the next CA".into()
+        }
+        Action::Reissue(who) => {
+            for name in who {
+                pki.reissue_from_next(name, ip_of(name)?)?;
+            }
+            format!("issued from the next CA: {}", who.join(", "))
+        }
+        Action::Retire => {
+            pki.retire()?;
+            "the next CA is the ring CA; the old one is no longer trusted".into()
+        }
+        Action::Done => {
+            pki.finish_rotation()?;
+            "every member trusts only the new ring CA".into()
+        }
+        Action::WaitTrust(_) | Action::WaitInUse(_) | Action::WaitRetired(_) => String::new(),
+    })
+}
+
 /// What a member reports using, for a CA change.
 fn in_use(status: &ringd::status::RingStatus, member: &str) -> ringd::ca_rotation::InUse {
     let owner = format!("member {member}");
@@ -270,64 +326,45 @@ pub async fn pki_rotate_ca(args: crate::cli::PkiRotateArgs, format: Format) -> a
     let pki = ringd::identity::RingPki::new(layout.pki());
     let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
     let started = tokio::time::Instant::now();
+    let mut step_started = started;
     let timeout = Duration::from_secs(args.timeout);
     let mut steps: Vec<String> = Vec::new();
-    let mut step =
-        |what: String| steps.push(format!("{:>5.1}s  {what}", started.elapsed().as_secs_f64()));
     loop {
         let facts = pki.rotation_facts(&names)?;
         let mut reports = std::collections::BTreeMap::new();
+        let mut errors = Vec::new();
         for (i, m) in names.iter().enumerate() {
-            let report = ask(&config.member_address(i), &layout.pki()).await.ok();
-            reports.insert(m.clone(), report.map(|s| in_use(&s, m)));
+            match ask(&config.member_address(i), &layout.pki()).await {
+                Ok(s) => reports.insert(m.clone(), Some(in_use(&s, m))),
+                Err(e) => {
+                    errors.push(format!("{m} {e}"));
+                    reports.insert(m.clone(), None)
+                }
+            };
         }
         let action = next_action(&facts, &reports);
-        let waiting = match &action {
-            Action::CreateNext => {
-                pki.create_next_ca()?;
-                step("created the next ring CA (ca-next.crt)".into());
-                None
-            }
-            Action::TrustBoth => {
-                pki.trust_both()?;
-                step("ca.crt trusts the old and the next CA".into());
-                None
-            }
-            Action::Reissue(who) => {
-                for name in who {
-                    let ip = match names.iter().position(|n| n == name) {
-                        Some(i) => Some(config.member_ip_addr(i)?),
-                        None => None, // ringctl
-                    };
-                    pki.reissue_from_next(name, ip)?;
+        let (members, what) = match &action {
+            Action::WaitTrust(m) => (m, "trust the next CA"),
+            Action::WaitInUse(m) => (m, "present its new certificate"),
+            Action::WaitRetired(m) => (m, "trust only the new CA"),
+            _ => {
+                let done = perform(&action, &pki, &config, &facts)?;
+                steps.push(format!("{:>5.1}s  {done}", started.elapsed().as_secs_f64()));
+                step_started = tokio::time::Instant::now();
+                if action == Action::Done {
+                    break;
                 }
-                step(format!("issued from the next CA: {}", who.join(", ")));
-                None
+                continue;
             }
-            Action::Retire => {
-                pki.retire()?;
-                step("the next CA is the ring CA; the old one is no longer trusted".into());
-                None
-            }
-            Action::Done => {
-                pki.finish_rotation()?;
-                step("every member trusts only the new ring CA".into());
-                break;
-            }
-            Action::WaitTrust(m) => Some((m, "trust the next CA")),
-            Action::WaitInUse(m) => Some((m, "present its new certificate")),
-            Action::WaitRetired(m) => Some((m, "trust only the new CA")),
         };
-        if let Some((members, what)) = waiting {
-            if started.elapsed() > timeout {
-                anyhow::bail!(
-                    "waited {timeout:?} for {} to {what} (a member that is down or unreachable cannot); \
-                     rerun `ringctl pki rotate-ca` to resume once they answer",
-                    members.join(", ")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        if step_started.elapsed() > timeout {
+            anyhow::bail!(
+                "waited {timeout:?} for {} to {what} ({}); rerun `ringctl pki rotate-ca` to resume once they answer",
+                members.join(", "),
+                if errors.is_empty() { "they answer, but not yet with it".into() } else { errors.join("; ") }
+            );
         }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     print(&steps, format, || {
         steps.iter().map(|s| format!("{s}\n")).collect()
