@@ -322,14 +322,16 @@ fn in_use(status: &ringd::status::RingStatus, member: &str) -> ringd::ca_rotatio
 pub async fn pki_rotate_ca(args: crate::cli::PkiRotateArgs, format: Format) -> anyhow::Result<()> {
     use ringd::ca_rotation::{next_action, Action};
     init_tracing("warn");
-    let (layout, config) = local_ring(&args.dir)?;
+    let (layout, _) = local_ring(&args.dir)?;
     let pki = ringd::identity::RingPki::new(layout.pki());
-    let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
     let started = tokio::time::Instant::now();
     let mut step_started = started;
     let timeout = Duration::from_secs(args.timeout);
     let mut steps: Vec<String> = Vec::new();
     loop {
+        // read each round: a member that joined meanwhile is reissued too
+        let (_, config) = local_ring(&args.dir)?;
+        let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
         let facts = pki.rotation_facts(&names)?;
         let mut reports = std::collections::BTreeMap::new();
         let mut errors = Vec::new();
