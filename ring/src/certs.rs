@@ -12,6 +12,11 @@ use crate::identity::IdentityPem;
 /// leaves are reissued at their control plane's next start from then on).
 pub const WARN_WITHIN_DAYS: i64 = 30;
 
+/// Seconds since the Unix epoch (what `not_after_unix` is compared with).
+pub fn now_unix() -> i64 {
+    (crate::now_ms() / 1000) as i64
+}
+
 /// One certificate's end of validity.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -199,11 +199,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<RunningDaemon, RingError> {
     config.validate()?;
-    let identity = IdentityPem::read(&IdentityFiles {
-        ca: config.tls.ca.clone(),
-        cert: config.tls.cert.clone(),
-        key: config.tls.key.clone(),
-    })?;
+    let identity = IdentityPem::read(&IdentityFiles::from(&config.tls))?;
     seed::pki::create_private_dir(&config.data_dir)?;
     let store = open_store(&config, &shutdown).await?;
     let (node_task, node, outbox) = raft_node(&config, store)?;
@@ -278,14 +274,9 @@ fn spawn_transport(
     let admin = RingAdminServer::new(AdminService::new(shared.clone()));
     let (s, grpc, identity) = (stop.clone(), listeners.grpc, shared.identity_changes());
     tasks.spawn(serve_grpc(raft, admin, grpc, identity, s));
-    let files = shared.config.tls.clone();
+    let files = IdentityFiles::from(&shared.config.tls);
     let (live, s) = (shared.identity.clone(), stop.clone());
     tasks.spawn(async move {
-        let files = IdentityFiles {
-            ca: files.ca,
-            cert: files.cert,
-            key: files.key,
-        };
         crate::identity::watch_files(files, live, IDENTITY_CHECK_EVERY, s).await;
         Ok(())
     });

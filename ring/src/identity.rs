@@ -34,6 +34,16 @@ fn ensure_ca_files(crt: &Path, key: &Path) -> Result<(), RingError> {
     Ok(())
 }
 
+impl From<&crate::config::TlsFiles> for IdentityFiles {
+    fn from(tls: &crate::config::TlsFiles) -> Self {
+        IdentityFiles {
+            ca: tls.ca.clone(),
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+        }
+    }
+}
+
 /// The ring PKI directory: `ca.crt`, `ca.key`, `<name>.crt`, `<name>.key`.
 #[derive(Debug, Clone)]
 pub struct RingPki {

@@ -216,10 +216,10 @@ pub fn render(s: &RingStatus) -> String {
         }
         out.push_str(&format!("\n{t}\n"));
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    out.push_str(&certificates_summary(&s.certificates, now));
+    out.push_str(&certificates_summary(
+        &s.certificates,
+        crate::certs::now_unix(),
+    ));
     if s.operations.is_empty() {
         out.push_str("\nno operations\n");
     } else {

@@ -84,15 +84,8 @@ fn certificates_der(pem: &[u8]) -> Vec<Vec<u8>> {
 /// `key_pem` and was issued by one of the CA certificates in `ca_pem` (a
 /// bundle during a CA change); returns its `notAfter` (unix seconds).
 pub fn check_identity(ca_pem: &[u8], cert_pem: &[u8], key_pem: &str) -> Result<i64, String> {
-    let cert = certificates_der(cert_pem)
-        .into_iter()
-        .next()
-        .ok_or("the certificate file holds no PEM CERTIFICATE block")?;
-    let (spki, facts) =
-        crate::pki::cert_facts(&cert).map_err(|e| format!("the certificate {e}"))?;
-    let key = rcgen::KeyPair::from_pem(key_pem)
-        .map_err(|e| format!("the key file is not a PEM private key ({e})"))?;
-    if rcgen::PublicKeyData::subject_public_key_info(&key) != spki {
+    let (cert, facts, matches) = first_with_key(cert_pem, key_pem)?;
+    if !matches {
         return Err("the key does not belong to the certificate".into());
     }
     let cas = certificates_der(ca_pem);
@@ -111,14 +104,25 @@ pub fn check_identity(ca_pem: &[u8], cert_pem: &[u8], key_pem: &str) -> Result<i
 /// Whether the private key in `key_pem` belongs to the first certificate in
 /// `cert_pem`; an error says which of the two cannot be read.
 pub fn key_matches(cert_pem: &[u8], key_pem: &str) -> Result<bool, String> {
+    first_with_key(cert_pem, key_pem).map(|(_, _, matches)| matches)
+}
+
+/// The first certificate in `cert_pem` (DER and facts) and whether the key
+/// in `key_pem` belongs to it.
+fn first_with_key(
+    cert_pem: &[u8],
+    key_pem: &str,
+) -> Result<(Vec<u8>, crate::pki::CertFacts, bool), String> {
     let cert = certificates_der(cert_pem)
         .into_iter()
         .next()
         .ok_or("the certificate file holds no PEM CERTIFICATE block")?;
-    let (spki, _) = crate::pki::cert_facts(&cert).map_err(|e| format!("the certificate {e}"))?;
+    let (spki, facts) =
+        crate::pki::cert_facts(&cert).map_err(|e| format!("the certificate {e}"))?;
     let key = rcgen::KeyPair::from_pem(key_pem)
         .map_err(|e| format!("the key file is not a PEM private key ({e})"))?;
-    Ok(rcgen::PublicKeyData::subject_public_key_info(&key) == spki)
+    let matches = rcgen::PublicKeyData::subject_public_key_info(&key) == spki;
+    Ok((cert, facts, matches))
 }
 
 impl Pki {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ringd::certs::{CertificateStatus, RingCheck};
+use ringd::certs::{now_unix, CertificateStatus, RingCheck};
 
 use crate::cli::RingArgs;
 use crate::output::Format;
@@ -29,9 +29,7 @@ pub async fn pki_check(args: RingArgs, format: Format) -> anyhow::Result<()> {
         }
     }
     check.add("ringctl", local_files(&args, &pki)?);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = now_unix();
     print(&check, format, || check.render(now))?;
     let attention = check.warnings(now).len();
     if attention > 0 {
@@ -121,6 +119,9 @@ struct Renewed {
     /// `notAfter` before and after (unix seconds).
     old_not_after_unix: Option<i64>,
     new_not_after_unix: i64,
+    /// The new certificate's serial (what its ringd reports once it uses it).
+    #[serde(skip)]
+    serial: String,
     /// The running ringd reports the new certificate as the one it uses.
     in_use: bool,
 }
@@ -145,11 +146,7 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
         if let (old, true) = due(&pki.files(&m.name).cert) {
             let files = pki.renew_member(&m.name, config.member_ip_addr(i)?)?;
             let mut r = fresh(&m.name, old, &files.cert, false)?;
-            let serial = seed::expiry::infos_pem(&std::fs::read(&files.cert)?)
-                .map_err(|e| anyhow::anyhow!("the new certificate {} {e}", files.cert.display()))?
-                .remove(0)
-                .serial;
-            r.in_use = taken(&config.member_address(i), &layout.pki(), &m.name, &serial).await;
+            r.in_use = taken(&config.member_address(i), &layout.pki(), &m.name, &r.serial).await;
             renewed.push(r);
         }
     }
@@ -184,24 +181,22 @@ fn local_ring(
     Ok((layout, config))
 }
 
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
 fn fresh(
     name: &str,
     old: Option<i64>,
     cert: &std::path::Path,
     in_use: bool,
 ) -> anyhow::Result<Renewed> {
-    let new = seed::expiry::not_after_file(cert)
-        .map_err(|e| anyhow::anyhow!("the new certificate {} {e}", cert.display()))?;
+    let pem = std::fs::read(cert)
+        .map_err(|e| anyhow::anyhow!("reading the new certificate {}: {e}", cert.display()))?;
+    let new = seed::expiry::infos_pem(&pem)
+        .map_err(|e| anyhow::anyhow!("the new certificate {} {e}", cert.display()))?
+        .remove(0); // infos_pem returns at least one
     Ok(Renewed {
         name: name.into(),
         old_not_after_unix: old,
-        new_not_after_unix: new,
+        new_not_after_unix: new.not_after,
+        serial: new.serial,
         in_use,
     })
 }
@@ -210,13 +205,9 @@ fn fresh(
 /// with `serial` as the one it presents.
 async fn taken(address: &str, pki: &std::path::Path, member: &str, serial: &str) -> bool {
     let deadline = tokio::time::Instant::now() + TAKE_TIMEOUT;
-    let owner = format!("member {member}");
     while tokio::time::Instant::now() < deadline {
         if let Ok(status) = ask(address, pki).await {
-            let in_use = status.certificates.iter().any(|c| {
-                c.owner == owner && c.name == "member" && c.serial.as_deref() == Some(serial)
-            });
-            if in_use {
+            if in_use(&status, member).member_serial.as_deref() == Some(serial) {
                 return true;
             }
         }
