@@ -10,11 +10,12 @@ use tracing::Instrument;
 
 use crate::bucket::{Bucket, PART_SIZE};
 use crate::catalog::object_name_in_epoch;
+use crate::checksum::{check_db, TailHasher};
 use crate::codec::{
     EncryptionKey, FullMeta, FullTrailer, HashKv, Header, Kind, ObjectWriter, Trailer,
 };
 use crate::etcd;
-use crate::{now_ms, Result};
+use crate::{now_ms, BackupError, Result};
 
 /// Parallel part uploads of one full snapshot (memory: this many parts + one).
 const UPLOAD_CONCURRENCY: usize = 2;
@@ -102,6 +103,8 @@ async fn take_in_span(
                 base_revision: status.revision,
                 etcd_version: status.version.clone(),
                 cluster_id: status.cluster_id,
+                // write_object finishes the object only when it matched
+                db_hash_checked: true,
             },
             encoding.epoch,
         ),
@@ -201,6 +204,9 @@ async fn write_object(
         .map_err(|e| etcd::err(endpoint, "snapshot", e))?;
     let (mut db_bytes, mut stored_bytes) = (0u64, 0u64);
     let mut revision_after = None;
+    // etcd's own SHA-256 at the end of the database, checked beside the
+    // compression so that a restore need not hash the database again
+    let mut db = TailHasher::on_a_thread();
     while let Some(msg) = stream
         .message()
         .await
@@ -211,6 +217,7 @@ async fn write_object(
             revision_after = Some(etcd::status(&mut client.clone(), endpoint).await?.revision);
         }
         db_bytes += msg.blob().len() as u64;
+        db.update(msg.blob());
         writer.write(msg.blob())?;
         if writer.ready() >= PART_SIZE {
             let bytes = writer.take();
@@ -225,6 +232,14 @@ async fn write_object(
             "etcd sent an empty snapshot",
         ));
     }
+    let damaged = |e: BackupError| {
+        let why =
+            "the snapshot arrived damaged and is not stored (the next full snapshot tries again)";
+        etcd::err(endpoint, "snapshot stream", format!("{e}: {why}"))
+    };
+    db.finish(target.name)
+        .and_then(|summed| check_db(summed, target.name))
+        .map_err(damaged)?;
     let revision_after = revision_after.unwrap_or(base);
     let trailer = Trailer {
         full: Some(FullTrailer {

@@ -8,10 +8,10 @@ use std::path::Path;
 
 use crate::bucket::{Bucket, PART_SIZE};
 use crate::catalog::object_name_in_epoch;
+use crate::checksum::DbHash;
 use crate::codec::{FullMeta, FullTrailer, Kind, ObjectWriter, Trailer};
 use crate::error::io_at;
 use crate::full::{Encoding, FullSnapshot};
-use crate::restore::DbHash;
 use crate::{now_ms, Result};
 
 /// What is known of a snapshot file: etcd's state at one revision.
@@ -49,6 +49,8 @@ pub async fn store_file(
         base_revision: snap.revision,
         etcd_version: String::new(),
         cluster_id: 0,
+        // the object is finished only when etcd's hash of the file matched
+        db_hash_checked: true,
     };
     let header = crate::full::header(shoot, time_ms, meta, encoding.epoch);
     let mut writer = ObjectWriter::new(header, encoding.level, encoding.key.as_ref())?;

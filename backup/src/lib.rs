@@ -22,6 +22,7 @@
 pub mod bench;
 pub mod bucket;
 pub mod catalog;
+pub mod checksum;
 pub mod codec;
 pub mod config;
 pub mod delta;

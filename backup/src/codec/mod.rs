@@ -127,6 +127,12 @@ pub struct FullMeta {
     pub base_revision: i64,
     pub etcd_version: String,
     pub cluster_id: u64,
+    /// The writer checked etcd's own SHA-256 at the end of the database and
+    /// finishes the object only when it matched, so a restore need not hash
+    /// the database again (the object's SHA-256 covers it). Absent in
+    /// objects written before it was checked there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub db_hash_checked: bool,
 }
 
 /// The header of an object.

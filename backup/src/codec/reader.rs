@@ -9,6 +9,7 @@ use super::{
     hex, EncryptionKey, Header, Trailer, FORMAT, FRAME_DATA, FRAME_END, FRAME_LAST, MAGIC,
     MAX_FRAME, MAX_META,
 };
+use crate::checksum::TailHasher;
 use crate::{BackupError, Result};
 
 /// What a complete, checked object held.
@@ -42,10 +43,9 @@ pub struct ObjectReader {
     key: Option<EncryptionKey>,
     stage: Stage,
     buf: Vec<u8>,
-    hasher: Sha256,
-    /// The last 32 bytes seen are held back from `whole`: they may be the checksum.
-    whole: Sha256,
-    tail: Vec<u8>,
+    /// SHA-256 of every byte fed but the last 32 (held back: they may be the
+    /// checksum); the object's checksum when the read ends well.
+    whole: TailHasher,
     offset: u64,
     header: Option<Header>,
     header_digest: [u8; 32],
@@ -71,9 +71,7 @@ impl ObjectReader {
             key: key.cloned(),
             stage: Stage::Magic,
             buf: Vec::new(),
-            hasher: Sha256::new(),
-            whole: Sha256::new(),
-            tail: Vec::with_capacity(64),
+            whole: TailHasher::here(),
             offset: 0,
             header: None,
             header_digest: [0; 32],
@@ -87,6 +85,14 @@ impl ObjectReader {
             failed: None,
             recorded: None,
         }
+    }
+
+    /// The same, computing the object's checksum on a thread of its own
+    /// beside the decryption, decompression and whatever takes the plain
+    /// bytes (for a large full snapshot).
+    pub fn hashing_on_a_thread(mut self) -> Self {
+        self.whole = TailHasher::on_a_thread();
+        self
     }
 
     /// The header, once read.
@@ -141,12 +147,7 @@ impl ObjectReader {
     }
 
     fn keep_whole(&mut self, data: &[u8]) {
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > 32 {
-            let cut = self.tail.len() - 32;
-            self.whole.update(&self.tail[..cut]);
-            self.tail.drain(..cut);
-        }
+        self.whole.update(data);
     }
 
     /// Remembers the first decoding problem; the rest is only hashed, so
@@ -171,11 +172,9 @@ impl ObjectReader {
                         String::from_utf8_lossy(MAGIC)
                     )));
                 }
-                self.hasher.update(unit);
                 self.stage = Stage::HeaderLen;
             }
             Stage::HeaderLen => {
-                self.hasher.update(unit);
                 let n = u32::from_be_bytes([unit[0], unit[1], unit[2], unit[3]]) as usize;
                 if n == 0 || n > MAX_META {
                     return Err(self.corrupt(format!("header length {n} is impossible")));
@@ -183,7 +182,6 @@ impl ObjectReader {
                 self.stage = Stage::Header(n);
             }
             Stage::Header(_) => {
-                self.hasher.update(unit);
                 let header: Header = serde_json::from_slice(unit)
                     .map_err(|e| self.corrupt(format!("unreadable header: {e}")))?;
                 self.header_digest = Sha256::digest(unit).into();
@@ -192,7 +190,6 @@ impl ObjectReader {
                 self.stage = Stage::FrameHead;
             }
             Stage::FrameHead => {
-                self.hasher.update(unit);
                 let kind = unit[0];
                 let n = u32::from_be_bytes([unit[1], unit[2], unit[3], unit[4]]) as usize;
                 let ok_kind = matches!(kind, FRAME_DATA | FRAME_LAST | FRAME_END);
@@ -214,7 +211,6 @@ impl ObjectReader {
                 }
             }
             Stage::Frame(kind, _) => {
-                self.hasher.update(unit);
                 if kind == FRAME_END {
                     if !self.seen_last {
                         return Err(self.corrupt("the end marker comes before the last chunk"));
@@ -364,8 +360,8 @@ impl ObjectReader {
 
     /// Checks the object was complete and intact; returns what it held.
     pub fn finish(self) -> Result<Decoded> {
-        let computed = self.whole.clone().finalize();
-        let tail_matches = self.tail.len() == 32 && computed[..] == self.tail[..];
+        let summed = self.whole.finish(&self.name)?;
+        let (computed, tail_matches) = (summed.digest, summed.tail_is_digest());
         if let Some(problem) = self.failed {
             return Err(if tail_matches {
                 BackupError::corrupt(&self.name, problem)
@@ -410,7 +406,9 @@ impl ObjectReader {
                 },
             ));
         };
-        let own = self.hasher.finalize();
+        // every byte before the checksum went into `whole`, and the
+        // checksum is the last 32 bytes (anything after it failed the read)
+        let own = computed;
         if own[..] != recorded[..] {
             return Err(BackupError::corrupt(
                 &self.name,

@@ -4,15 +4,14 @@
 use std::io::Write;
 use std::path::Path;
 
-use futures::StreamExt;
-use sha2::{Digest, Sha256};
-
 use super::FullInfo;
 use crate::bucket::Bucket;
+use crate::checksum::{check_db, TailHasher};
 use crate::codec::{self, EncryptionKey, ObjectReader};
 use crate::delta::{self, RevisionRecord};
 use crate::error::io_at;
 use crate::{BackupError, Result};
+use futures::StreamExt;
 
 /// Downloads, checks and decodes a delta.
 pub async fn fetch_delta(
@@ -42,99 +41,44 @@ pub fn check_name(name: &str, first: i64, last: i64) -> Result<()> {
     }
 }
 
-/// Checks etcd's own SHA-256 at the end of a snapshot database.
-#[derive(Default)]
-pub struct DbHash {
-    hasher: Sha256,
-    tail: Vec<u8>,
-    bytes: u64,
-}
-
-impl DbHash {
-    /// Adds plain bytes.
-    pub fn update(&mut self, data: &[u8]) {
-        self.bytes += data.len() as u64;
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > 32 {
-            let cut = self.tail.len() - 32;
-            self.hasher.update(&self.tail[..cut]);
-            self.tail.drain(..cut);
-        }
-    }
-
-    /// Whether the last 32 bytes are the SHA-256 of the rest (etcd appends it).
-    pub fn check(self, object: &str) -> Result<u64> {
-        let digest = self.hasher.finalize();
-        if self.tail.len() != 32 || digest[..] != self.tail[..] {
-            return Err(BackupError::corrupt(
-                object,
-                "etcd's own checksum at the end of the snapshot does not match its data",
-            ));
-        }
-        Ok(self.bytes)
-    }
-}
-
-/// A [`DbHash`] computed on a thread of its own, beside the download's
-/// decompression and writing (SHA-256 of 600 MiB takes ~3 s on a core
-/// without SHA instructions, as long as the rest of the download).
-struct DbHashThread {
-    chunks: std::sync::mpsc::SyncSender<Vec<u8>>,
-    thread: std::thread::JoinHandle<DbHash>,
-}
-
-impl DbHashThread {
-    fn spawn() -> Self {
-        let (chunks, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(16);
-        let thread = std::thread::spawn(move || {
-            let mut db = DbHash::default();
-            for chunk in rx {
-                db.update(&chunk);
-            }
-            db
-        });
-        DbHashThread { chunks, thread }
-    }
-
-    /// Hands plain bytes to the thread (waits while 16 chunks are queued).
-    fn update(&self, data: &[u8]) {
-        // the thread ends only when `chunks` is dropped (in `finish`)
-        let _ = self.chunks.send(data.to_vec());
-    }
-
-    /// Waits for the hash and checks it ([`DbHash::check`]).
-    fn finish(self, object: &str) -> Result<u64> {
-        drop(self.chunks);
-        let db = self.thread.join().map_err(|_| BackupError::Io {
-            what: format!("checking etcd's hash of {object}"),
-            source: std::io::Error::other("the hashing thread panicked"),
-        })?;
-        db.check(object)
-    }
-}
-
 /// Streams full snapshot `name` (decrypted with `key`, decompressed) through
-/// `sink`, checking it on the way: the object's frames and SHA-256, etcd's
-/// own hash at the end of the database (on a thread of its own), the header
-/// against the name, and the trailer's revisions.
+/// `sink`, checking it on the way: the object's frames and SHA-256, the header
+/// against the name, the trailer's revisions, and etcd's own hash at the end
+/// of the database (on a thread of its own) unless the header says the writer
+/// checked it (it finishes an object only when the hash matched, and the
+/// object's SHA-256 covers every byte since).
 pub(crate) async fn read_full(
     bucket: &Bucket,
     key: Option<&EncryptionKey>,
     name: &str,
     sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
 ) -> Result<FullInfo> {
-    let mut reader = ObjectReader::new(name, bucket.shoot(), key);
-    let db = DbHashThread::spawn();
+    let mut reader = ObjectReader::new(name, bucket.shoot(), key).hashing_on_a_thread();
+    let mut db = Some(TailHasher::on_a_thread());
+    let (mut db_bytes, mut header_seen) = (0u64, false);
     let mut stream = bucket.get(name).await?;
     while let Some(bytes) = stream.next().await {
         let bytes = bytes?;
         reader.feed(&bytes, &mut |plain| {
-            db.update(plain);
+            db_bytes += plain.len() as u64;
+            if let Some(db) = &mut db {
+                db.update(plain);
+            }
             sink(plain)
         })?;
+        if !header_seen {
+            if let Some(header) = reader.header() {
+                header_seen = true;
+                if header.full.as_ref().is_some_and(|f| f.db_hash_checked) {
+                    db = None;
+                }
+            }
+        }
     }
     let decoded = reader.finish()?;
-    let db_bytes = db.finish(name)?;
+    if let Some(db) = db {
+        check_db(db.finish(name)?, name)?;
+    }
     let meta = decoded
         .header
         .full
@@ -183,25 +127,11 @@ mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
 
-    #[test]
-    fn etcd_db_hash_is_checked() {
-        let data = b"some database bytes".to_vec();
-        let mut with_hash = data.clone();
-        with_hash.extend_from_slice(&Sha256::digest(&data));
-        let mut h = DbHash::default();
-        for piece in with_hash.chunks(5) {
-            h.update(piece);
-        }
-        assert_eq!(h.check("o").unwrap(), with_hash.len() as u64);
-        let mut bad = DbHash::default();
-        bad.update(&data);
-        assert!(bad.check("o").is_err());
-    }
-
     /// A full snapshot object whose frames are intact (its SHA-256 matches)
     /// but whose database does not end with etcd's hash of it is refused as
-    /// corrupt while it downloads: `etcdctl snapshot restore` no longer
-    /// checks that hash again (`--skip-hash-check`), so this is the check.
+    /// corrupt while it downloads, unless its writer checked that hash:
+    /// `etcdctl snapshot restore` no longer checks it again
+    /// (`--skip-hash-check`), so this is the check.
     #[tokio::test]
     async fn a_full_snapshot_with_a_wrong_etcd_hash_is_corrupt() {
         use crate::codec::{encode, FullMeta, FullTrailer, Kind, Trailer};
@@ -210,9 +140,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let db: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
-        for (case, hash) in [("good", Sha256::digest(&db)), ("bad", Sha256::digest(b"x"))] {
+        let cases = [
+            ("good", Sha256::digest(&db), false),
+            ("bad", Sha256::digest(b"x"), false),
+            // the writer says it checked the hash: the download trusts it
+            // (the object's own SHA-256 covers every byte since) and does
+            // not hash the database again
+            ("writer-checked", Sha256::digest(b"x"), true),
+        ];
+        for (case, hash, db_hash_checked) in cases {
             let meta = FullMeta {
                 base_revision: 7,
+                db_hash_checked,
                 ..Default::default()
             };
             let header = crate::full::header("s", 1, meta, 0);
@@ -236,7 +175,9 @@ mod tests {
             bucket.put(&name, obj.into()).await.unwrap();
             let got = download_full(&bucket, None, &name, &dir.join(format!("{case}.db"))).await;
             match (case, got) {
-                ("good", Ok(full)) => assert_eq!(full.db_bytes, body.len() as u64),
+                ("good" | "writer-checked", Ok(full)) => {
+                    assert_eq!(full.db_bytes, body.len() as u64)
+                }
                 ("bad", Err(BackupError::Corrupt { problem, .. })) => {
                     assert!(problem.contains("etcd's own checksum"), "{problem}")
                 }

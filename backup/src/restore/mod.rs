@@ -29,15 +29,18 @@ use crate::{BackupError, Result};
 
 mod download;
 mod plan;
+mod prefetch;
 mod replay;
 mod state;
 mod verify;
 mod wal;
 
+pub use crate::checksum::DbHash;
 pub(crate) use download::read_full;
-pub use download::{check_name, download_full, fetch_delta, DbHash};
+pub use download::{check_name, download_full, fetch_delta};
 pub use state::{step, Action, Outcome, RestoreState};
 
+use prefetch::Prefetch;
 use state::{load_state, save_state};
 
 /// What to restore to.
@@ -186,9 +189,16 @@ async fn run(
             opts.data_dir.display()
         )));
     }
+    // the deltas, fetched while the full snapshot downloads and restores
+    let mut prefetch: Option<Prefetch> = None;
     loop {
         if cancel.is_cancelled() {
             return Err(BackupError::Cancelled);
+        }
+        if let Some(plan) = state.plan() {
+            if !prefetch.as_ref().is_some_and(|p| p.is_for(plan)) {
+                prefetch = Prefetch::start(opts, plan);
+            }
         }
         let outcome = match &state {
             RestoreState::Start { excluded } => {
@@ -199,7 +209,8 @@ async fn run(
             }
             RestoreState::Downloaded { .. } => restore_snapshot_step(opts, &work, progress).await?,
             RestoreState::SnapshotRestored { plan, full, .. } => {
-                replay::replay(opts, &work, plan, full, progress, cancel).await?
+                let ahead = prefetch.take().filter(|p| p.is_for(plan));
+                replay::replay(opts, &work, plan, full, ahead, progress, cancel).await?
             }
             RestoreState::Replayed { .. } => finalize_step(opts, &work)?,
             RestoreState::Done { report } => {

@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;
 
+use super::prefetch::Prefetch;
 use super::verify::{self, Checked};
 use super::wal::{self, Requests};
 use super::{fetch_delta, FullInfo, Outcome, RestoreOptions, RestoreReport, RestoreTarget};
-use crate::catalog::Plan;
+use crate::catalog::{Entry, Plan};
 use crate::codec::{DeltaMeta, HashKv};
 use crate::delta::RevisionRecord;
 use crate::etcd::{self, TempEtcd};
@@ -77,12 +78,13 @@ pub(super) async fn replay(
     work: &Path,
     plan: &Plan,
     full: &FullInfo,
+    mut ahead: Option<Prefetch>,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &CancellationToken,
 ) -> Result<Outcome> {
     let data = work.join("data");
     let t = Instant::now();
-    let mut logged = log_step(opts, &data, plan, full, progress, cancel).await?;
+    let mut logged = log_step(opts, &data, plan, full, &mut ahead, progress, cancel).await?;
     let mut temp =
         TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &work.join("etcd.log"))
             .await?;
@@ -93,7 +95,10 @@ pub(super) async fn replay(
             "etcd applied its log: {handed:.1}s from fetching the deltas to etcd answering"
         ));
     }
-    let result = replay_into(&temp, opts, plan, full, logged.as_mut(), progress, cancel).await;
+    let result = match deltas_to_replay(opts, plan, logged.as_mut(), ahead).await {
+        Ok(deltas) => replay_into(&temp, opts, plan, full, deltas, progress, cancel).await,
+        Err(e) => Err(e),
+    };
     temp.stop().await;
     let mut outcome = result?;
     if let (Outcome::Replayed(report), Some(logged)) = (&mut outcome, &logged) {
@@ -132,6 +137,7 @@ async fn log_step(
     data: &Path,
     plan: &Plan,
     full: &FullInfo,
+    ahead: &mut Option<Prefetch>,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &CancellationToken,
 ) -> Result<Option<Logged>> {
@@ -147,22 +153,40 @@ async fn log_step(
         return Ok(None);
     }
     let t = Instant::now();
-    let mut deltas = Vec::with_capacity(plan.deltas.len());
-    for d in &plan.deltas {
+    let (mut deltas, rest, ahead_secs) = match ahead.take() {
+        Some(p) => {
+            let got = p.take(plan).await?;
+            (got.deltas, got.rest, Some(got.seconds))
+        }
+        None => (Vec::new(), plan.deltas.clone(), None),
+    };
+    for d in &rest {
         if cancel.is_cancelled() {
             return Err(BackupError::Cancelled);
         }
         let fetched = fetch_delta(&opts.bucket, &d.name, opts.key.as_ref()).await?;
         deltas.push((d.name.clone(), fetched));
     }
-    let fetch_secs = t.elapsed().as_secs_f64();
+    let fetched = match ahead_secs {
+        Some(ahead) => format!(
+            "{} deltas fetched and decoded ({} of them while the full snapshot was restored, in {ahead:.1}s; {:.1}s waited here)",
+            deltas.len(),
+            deltas.len() - rest.len(),
+            t.elapsed().as_secs_f64()
+        ),
+        None => format!(
+            "{} deltas fetched and decoded in {:.1}s",
+            deltas.len(),
+            t.elapsed().as_secs_f64()
+        ),
+    };
     let t = Instant::now();
     let requests = wal::requests(&deltas, snapshot_revision, target);
     if !requests.is_empty() {
         let last = wal::append(&tail, &requests)?;
         progress(&format!(
-            "handed {} revisions ({} events) after revision {snapshot_revision} to etcd's log (entries up to {last}): {} deltas fetched and decoded in {fetch_secs:.1}s, the log written in {:.1}s",
-            requests.revisions, requests.events, deltas.len(), t.elapsed().as_secs_f64()
+            "handed {} revisions ({} events) after revision {snapshot_revision} to etcd's log (entries up to {last}): {fetched}, the log written in {:.1}s",
+            requests.revisions, requests.events, t.elapsed().as_secs_f64()
         ));
     }
     Ok(Some(Logged {
@@ -188,7 +212,7 @@ async fn replay_into(
     opts: &RestoreOptions,
     plan: &Plan,
     full: &FullInfo,
-    logged: Option<&mut Logged>,
+    deltas: Deltas,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &CancellationToken,
 ) -> Result<Outcome> {
@@ -215,10 +239,7 @@ async fn replay_into(
     let _stop_keeper = stop_keeper.drop_guard();
     // Download and decode the next deltas while the current one is applied
     // (fetched already when the log took them).
-    let (mut rx, _abort) = match logged {
-        Some(l) => fetched(std::mem::take(&mut l.deltas)),
-        None => fetch_ahead(opts, plan),
-    };
+    let (mut rx, _abort) = deltas;
 
     let t = Instant::now();
     let mut r = Replayer::new(opts, plan, full, ep, leases, target, restored_revision);
@@ -253,18 +274,41 @@ async fn existing_leases(client: &mut Client, ep: &str) -> Result<Leases> {
     Ok(Arc::new(Mutex::new(existing)))
 }
 
-/// Fetches the plan's deltas in order, two ahead of the replay; the first
-/// failure ends the stream.
-fn fetch_ahead(
+/// The deltas to replay, in order, and what stops their fetching.
+type Deltas = (tokio::sync::mpsc::Receiver<Fetched>, AbortOnDrop);
+
+/// The plan's deltas for the transactions: those etcd's log took (the
+/// transactions only check them), else those fetched ahead and the rest.
+async fn deltas_to_replay(
     opts: &RestoreOptions,
     plan: &Plan,
-) -> (tokio::sync::mpsc::Receiver<Fetched>, AbortOnDrop) {
+    logged: Option<&mut Logged>,
+    ahead: Option<Prefetch>,
+) -> Result<Deltas> {
+    Ok(match (logged, ahead) {
+        (Some(l), _) => fetch_ahead(opts, std::mem::take(&mut l.deltas), Vec::new()),
+        (None, Some(p)) => {
+            let got = p.take(plan).await?;
+            fetch_ahead(opts, got.deltas, got.rest)
+        }
+        (None, None) => fetch_ahead(opts, Vec::new(), plan.deltas.clone()),
+    })
+}
+
+/// The deltas `fetched` already, then `rest` fetched in order two ahead of
+/// the replay; the first failure ends the stream.
+fn fetch_ahead(opts: &RestoreOptions, fetched: Vec<Delta>, rest: Vec<Entry>) -> Deltas {
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     let bucket = opts.bucket.clone();
     let key = opts.key.clone();
-    let names: Vec<String> = plan.deltas.iter().map(|d| d.name.clone()).collect();
     let fetcher = tokio::spawn(async move {
-        for name in names {
+        for d in fetched {
+            if tx.send(Ok(d)).await.is_err() {
+                return;
+            }
+        }
+        for entry in rest {
+            let name = entry.name;
             let r = fetch_delta(&bucket, &name, key.as_ref())
                 .await
                 .map(|x| (name, x));
@@ -275,19 +319,6 @@ fn fetch_ahead(
         }
     });
     (rx, AbortOnDrop(fetcher))
-}
-
-/// The deltas fetched already, as a stream.
-fn fetched(deltas: Vec<Delta>) -> (tokio::sync::mpsc::Receiver<Fetched>, AbortOnDrop) {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
-    let feeder = tokio::spawn(async move {
-        for d in deltas {
-            if tx.send(Ok(d)).await.is_err() {
-                return;
-            }
-        }
-    });
-    (rx, AbortOnDrop(feeder))
 }
 
 /// What a recorded revision asks for.

@@ -37,6 +37,20 @@ pub enum RestoreState {
     Done { report: RestoreReport },
 }
 
+impl RestoreState {
+    /// The objects chosen, once they are and until the replay ends.
+    pub fn plan(&self) -> Option<&Plan> {
+        match self {
+            RestoreState::Planned { plan, .. }
+            | RestoreState::Downloaded { plan, .. }
+            | RestoreState::SnapshotRestored { plan, .. } => Some(plan),
+            RestoreState::Start { .. }
+            | RestoreState::Replayed { .. }
+            | RestoreState::Done { .. } => None,
+        }
+    }
+}
+
 /// The next thing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

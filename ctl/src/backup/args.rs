@@ -167,6 +167,10 @@ pub struct RestoreBenchArgs {
     /// Runs of the restore (median).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Keep the bench's dir (the bucket, etcd's data, the restored data) and
+    /// print where it is, to restore again by hand with `ringctl backup restore`.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// An error naming the flag to fix.

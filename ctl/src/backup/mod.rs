@@ -210,7 +210,15 @@ pub async fn bench_restore(args: RestoreBenchArgs, ringctl: PathBuf, format: For
         dir: crate::bench::temp_state_dir(),
     };
     let result = backup::bench::restore::run(&opts).await;
-    let _ = std::fs::remove_dir_all(&opts.dir);
+    if args.keep {
+        eprintln!(
+            "bench restore: kept {} (bucket: file://{}/bucket, shoot bench)",
+            opts.dir.display(),
+            opts.dir.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&opts.dir);
+    }
     let result = result?;
     print(&result, format, || backup::bench::restore::render(&result))
 }
