@@ -359,10 +359,66 @@ pub fn reload_decision(
     }
 }
 
-/// Whether `id`'s certificate belongs to its key and was issued by its CA
-/// file (which may hold the old and the new CA during a CA change).
-pub fn check_identity(id: &IdentityPem) -> Result<i64, String> {
-    seed::expiry::check_identity(id.ca.as_bytes(), id.cert.as_bytes(), &id.key)
+/// A unix time as RFC 3339 (UTC), for messages.
+fn date(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .ok()
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("unix time {t}"))
+}
+
+/// Clock skew allowed for a new certificate's `notBefore` (Ring issues
+/// them an hour back; another tool may not).
+pub const NOT_BEFORE_SKEW_SECS: i64 = 300;
+
+/// Whether `id`'s certificate belongs to its key, was issued by its CA file
+/// (which may hold the old and the new CA during a CA change) and is
+/// [`usable`] in place of the identity named `name_in_use` at `now`; its
+/// `notAfter`.
+pub fn check_identity(
+    id: &IdentityPem,
+    name_in_use: Option<&str>,
+    now: i64,
+) -> Result<i64, String> {
+    let facts = seed::expiry::check_identity(id.ca.as_bytes(), id.cert.as_bytes(), &id.key)?;
+    usable(&facts, name_in_use, now)?;
+    Ok(facts.not_after)
+}
+
+/// Whether a certificate that says `facts` of itself may replace the one in
+/// use (named `name_in_use`) at `now` (unix seconds): it is valid now, within
+/// [`NOT_BEFORE_SKEW_SECS`] of clock skew, and names the same member (peers
+/// know a caller by that name: another member's certificate would make this
+/// member speak as that one).
+pub fn usable(
+    facts: &seed::expiry::IdentityFacts,
+    name_in_use: Option<&str>,
+    now: i64,
+) -> Result<(), String> {
+    if facts.not_after <= now {
+        return Err(format!(
+            "the certificate expired at {}",
+            date(facts.not_after)
+        ));
+    }
+    if facts.not_before > now + NOT_BEFORE_SKEW_SECS {
+        return Err(format!(
+            "the certificate is not valid before {} (is this machine's clock right?)",
+            date(facts.not_before)
+        ));
+    }
+    match (name_in_use, facts.common_name.as_deref()) {
+        (Some(in_use), Some(new)) if in_use != new => Err(format!(
+            "the certificate names {new:?}, but this member is {in_use:?} (copied from another member?)"
+        )),
+        (Some(in_use), None) => Err(format!(
+            "the certificate names no member, but this member is {in_use:?}"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Re-reads the identity files every `every` until `stop`; a new usable
@@ -384,10 +440,13 @@ pub async fn watch_files(
             _ = tokio::time::sleep(every) => {}
         }
         let read = IdentityPem::read(&files);
-        let decision = reload_decision(&live.borrow(), &read, check_identity);
+        let name_in_use = seed::expiry::common_name_pem(live.borrow().cert.as_bytes());
+        let now = crate::certs::now_unix();
+        let check = |id: &IdentityPem| check_identity(id, name_in_use.as_deref(), now);
+        let decision = reload_decision(&live.borrow(), &read, check);
         match (decision, read) {
             (Reload::Replace, Ok(new)) => {
-                let not_after = check_identity(&new).unwrap_or_default();
+                let not_after = check(&new).unwrap_or_default();
                 live.send_replace(new);
                 (seen, warned) = (None, None);
                 tracing::info!(cert = %files.cert.display(), not_after, "member certificate files changed: serving and calling with the new identity");
@@ -413,6 +472,81 @@ mod tests {
             ca: "ca".into(),
             cert: cert.into(),
             key: "key".into(),
+        }
+    }
+
+    /// A renewed certificate replaces the one in use only if it is valid now
+    /// (within the allowed skew) and names the same member.
+    #[test]
+    fn a_new_certificate_must_be_valid_now_and_name_this_member() {
+        let now = 1_000_000;
+        let facts =
+            |not_before: i64, not_after: i64, cn: Option<&str>| seed::expiry::IdentityFacts {
+                not_before,
+                not_after,
+                common_name: cn.map(str::to_string),
+            };
+        let cases: &[(
+            &str,
+            seed::expiry::IdentityFacts,
+            Option<&str>,
+            Option<&str>,
+        )] = &[
+            (
+                "fresh",
+                facts(now - 3600, now + 86400, Some("m1")),
+                Some("m1"),
+                None,
+            ),
+            (
+                "clock a little behind",
+                facts(now + 200, now + 86400, Some("m1")),
+                Some("m1"),
+                None,
+            ),
+            (
+                "expired",
+                facts(now - 7200, now - 1, Some("m1")),
+                Some("m1"),
+                Some("expired at"),
+            ),
+            (
+                "expires this second",
+                facts(now - 7200, now, Some("m1")),
+                Some("m1"),
+                Some("expired at"),
+            ),
+            (
+                "not yet valid",
+                facts(now + 3600, now + 86400, Some("m1")),
+                Some("m1"),
+                Some("not valid before"),
+            ),
+            (
+                "another member's",
+                facts(now - 3600, now + 86400, Some("m2")),
+                Some("m1"),
+                Some("names \"m2\", but this member is \"m1\""),
+            ),
+            (
+                "no name",
+                facts(now - 3600, now + 86400, None),
+                Some("m1"),
+                Some("names no member"),
+            ),
+            (
+                "name in use unknown",
+                facts(now - 3600, now + 86400, Some("m2")),
+                None,
+                None,
+            ),
+        ];
+        for (case, facts, in_use, want) in cases {
+            match (usable(facts, *in_use, now), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(w)) => assert!(e.contains(w), "{case}: {e}"),
+                (got, want) => panic!("{case}: got {got:?}, want {want:?}"),
+            }
         }
     }
 

@@ -80,10 +80,25 @@ fn certificates_der(pem: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// What a member's identity certificate says of itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityFacts {
+    /// `notBefore` and `notAfter`, unix seconds.
+    pub not_before: i64,
+    pub not_after: i64,
+    /// The subject's common name (the member's name in the ring).
+    pub common_name: Option<String>,
+}
+
 /// Checks that `cert_pem`'s first certificate belongs to the private key in
 /// `key_pem` and was issued by one of the CA certificates in `ca_pem` (a
-/// bundle during a CA change); returns its `notAfter` (unix seconds).
-pub fn check_identity(ca_pem: &[u8], cert_pem: &[u8], key_pem: &str) -> Result<i64, String> {
+/// bundle during a CA change); returns what it says of itself (its dates and
+/// name are for the caller to judge).
+pub fn check_identity(
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &str,
+) -> Result<IdentityFacts, String> {
     let (cert, facts, matches) = first_with_key(cert_pem, key_pem)?;
     if !matches {
         return Err("the key does not belong to the certificate".into());
@@ -98,7 +113,17 @@ pub fn check_identity(ca_pem: &[u8], cert_pem: &[u8], key_pem: &str) -> Result<i
     {
         return Err("the certificate was not issued by the CA in the CA file".into());
     }
-    Ok(facts.not_after)
+    Ok(IdentityFacts {
+        not_before: facts.not_before,
+        not_after: facts.not_after,
+        common_name: facts.common_name,
+    })
+}
+
+/// The subject's common name of the first certificate in `cert_pem`.
+pub fn common_name_pem(cert_pem: &[u8]) -> Option<String> {
+    let der = certificates_der(cert_pem).into_iter().next()?;
+    crate::pki::common_name(&der)
 }
 
 /// Whether the private key in `key_pem` belongs to the first certificate in
@@ -186,14 +211,22 @@ mod tests {
         };
         let (cert, key) = crate::pki::issue(&ca_cert, &ca_key, &spec).unwrap();
         let (_, other_key) = crate::pki::issue(&ca_cert, &ca_key, &spec).unwrap();
-        let want = not_after_pem(cert.as_bytes()).unwrap();
+        let not_after = not_after_pem(cert.as_bytes()).unwrap();
         let ca = ca_cert.as_bytes();
-        assert_eq!(check_identity(ca, cert.as_bytes(), &key), Ok(want));
+        let facts = check_identity(ca, cert.as_bytes(), &key).unwrap();
+        assert_eq!(facts.not_after, not_after);
+        assert_eq!(facts.common_name.as_deref(), Some("m1"));
+        // issued an hour back, against clock skew
+        assert!(
+            facts.not_before < time::OffsetDateTime::now_utc().unix_timestamp() - 3000,
+            "{facts:?}"
+        );
+        assert_eq!(common_name_pem(cert.as_bytes()).as_deref(), Some("m1"));
         // a bundle of the old and the new CA (a CA change) is accepted
         let bundle = format!("{other_ca}{ca_cert}");
         assert_eq!(
             check_identity(bundle.as_bytes(), cert.as_bytes(), &key),
-            Ok(want)
+            Ok(facts)
         );
         assert_eq!(
             check_identity(ca, cert.as_bytes(), &other_key),

@@ -406,7 +406,9 @@ struct LoadedCa {
 }
 
 pub(crate) struct CertFacts {
+    pub(crate) not_before: i64,
     pub(crate) not_after: i64,
+    pub(crate) common_name: Option<String>,
     ips: Vec<IpAddr>,
 }
 
@@ -480,7 +482,9 @@ pub(crate) fn cert_facts(der: &[u8]) -> std::result::Result<(Vec<u8>, CertFacts)
     Ok((
         cert.public_key().raw.to_vec(),
         CertFacts {
+            not_before: cert.validity().not_before.timestamp(),
             not_after: cert.validity().not_after.timestamp(),
+            common_name: common_name(der),
             ips,
         },
     ))

@@ -301,6 +301,37 @@ async fn foreign_ca_and_unexpected_identities_are_refused() {
         log.contains("dropped a peer's proposal") && log.contains("only the leader proposes"),
         "{log}"
     );
+
+    // m2's certificate and key copied over m1's (a valid pair from the ring's
+    // CA): m1's ringd must not take it on its next read of the files, or it
+    // would speak to its peers as m2
+    let pki = RingPki::new(&ring.pki);
+    let (m1, m2) = (pki.files("m1"), pki.files("m2"));
+    let kept = (
+        std::fs::read(&m1.cert).unwrap(),
+        std::fs::read(&m1.key).unwrap(),
+    );
+    std::fs::copy(&m2.key, &m1.key).unwrap();
+    std::fs::copy(&m2.cert, &m1.cert).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = std::fs::read_to_string(ring.log(0)).unwrap();
+        assert!(
+            !log.contains("serving and calling with the new identity"),
+            "m1 took m2's certificate: {log}"
+        );
+        if log.contains("cannot be used") && log.contains("but this member is") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "m1 did not refuse m2's certificate within 20 s: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    std::fs::write(&m1.key, &kept.1).unwrap();
+    std::fs::write(&m1.cert, &kept.0).unwrap();
+    commit_via(&ring, 0, START).await;
 }
 
 /// m1 hosts m2's real control plane. Cut m1 off from the quorum: it must stop

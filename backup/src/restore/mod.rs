@@ -313,6 +313,7 @@ async fn restore_snapshot_step(
     if data.exists() {
         std::fs::remove_dir_all(&data).map_err(io_at("removing", &data))?;
     }
+    let t = Instant::now();
     etcd::restore_snapshot(
         &opts.etcdctl,
         &work.join("snapshot.db"),
@@ -320,7 +321,10 @@ async fn restore_snapshot_step(
         &opts.member,
     )
     .await?;
-    progress("etcdctl snapshot restore done");
+    progress(&format!(
+        "etcdctl snapshot restore done in {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
     Ok(Outcome::SnapshotRestored)
 }
 

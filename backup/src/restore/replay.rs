@@ -250,10 +250,14 @@ async fn replay_into(
     }
     let replay_seconds = t.elapsed().as_secs_f64();
     r.summarize(replay_seconds, progress);
+    let t = Instant::now();
     let checked = verify::verify(&mut client, &r).await?;
     progress(&format!(
-        "verified: revision {}, {} keys, HashKV {}",
-        checked.reached, checked.keys, checked.hash_kv
+        "verified in {:.1}s: revision {}, {} keys, HashKV {}",
+        t.elapsed().as_secs_f64(),
+        checked.reached,
+        checked.keys,
+        checked.hash_kv
     ));
     Ok(Outcome::Replayed(r.report(
         opts,
