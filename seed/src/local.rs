@@ -99,6 +99,17 @@ impl LocalSeed {
         self
     }
 
+    /// Stops supervising every control plane this seed started in this
+    /// process, without waiting: no component is restarted any more (each
+    /// supervisor stops its own). For an owner that goes away while its
+    /// processes are killed and its dir removed (a test's sandbox), where a
+    /// supervisor would otherwise start them again into the removed dir.
+    pub fn stop_supervising(&mut self) {
+        for running in self.running.get_mut().values() {
+            running.cancel();
+        }
+    }
+
     /// The file layout of `shoot` on this seed.
     pub fn layout(&self, shoot: &str) -> ShootLayout {
         ShootLayout {

@@ -49,6 +49,14 @@ pub(super) struct Running {
 }
 
 impl Running {
+    /// Tells every component's supervisor to stop (none restarts its
+    /// component any more), without waiting.
+    pub(super) fn cancel(&self) {
+        for t in self.tokens.values() {
+            t.cancel();
+        }
+    }
+
     /// Stops components in reverse start order, waiting for each.
     pub(super) async fn shutdown(mut self) {
         for c in Component::ALL.iter().rev() {
