@@ -169,7 +169,7 @@ async fn log_step(
     }
     let fetched = match ahead_secs {
         Some(ahead) => format!(
-            "{} deltas fetched and decoded ({} of them while the full snapshot was restored, in {ahead:.1}s; {:.1}s waited here)",
+            "{} deltas fetched and decoded ({} of them while the full snapshot was downloaded and restored, in {ahead:.1}s; {:.1}s waited here)",
             deltas.len(),
             deltas.len() - rest.len(),
             t.elapsed().as_secs_f64()
