@@ -359,15 +359,9 @@ pub fn reload_decision(
     }
 }
 
-/// A unix time as RFC 3339 (UTC), for messages.
+/// A unix time (seconds) as RFC 3339, for messages.
 fn date(t: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(t)
-        .ok()
-        .and_then(|d| {
-            d.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| format!("unix time {t}"))
+    backup::catalog::rfc3339(t.saturating_mul(1000))
 }
 
 /// Clock skew allowed for a new certificate's `notBefore` (Ring issues

@@ -390,14 +390,12 @@ fn issue_leaf(
 /// The common name of a DER certificate's subject, if it has one.
 pub fn common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    Some(cn)
+    subject_common_name(&cert)
+}
+
+fn subject_common_name(cert: &X509Certificate) -> Option<String> {
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(cn.to_string())
 }
 
 struct LoadedCa {
@@ -484,7 +482,7 @@ pub(crate) fn cert_facts(der: &[u8]) -> std::result::Result<(Vec<u8>, CertFacts)
         CertFacts {
             not_before: cert.validity().not_before.timestamp(),
             not_after: cert.validity().not_after.timestamp(),
-            common_name: common_name(der),
+            common_name: subject_common_name(&cert),
             ips,
         },
     ))

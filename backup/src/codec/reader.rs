@@ -408,14 +408,13 @@ impl ObjectReader {
         };
         // every byte before the checksum went into `whole`, and the
         // checksum is the last 32 bytes (anything after it failed the read)
-        let own = computed;
-        if own[..] != recorded[..] {
+        if computed[..] != recorded[..] {
             return Err(BackupError::corrupt(
                 &self.name,
                 format!(
                     "checksum mismatch: sha256 recorded {}, computed {}: the object is corrupted",
                     hex(&recorded),
-                    hex(&own)
+                    hex(&computed)
                 ),
             ));
         }

@@ -4,6 +4,8 @@
 use std::io::Write;
 use std::path::Path;
 
+use futures::StreamExt;
+
 use super::FullInfo;
 use crate::bucket::Bucket;
 use crate::checksum::{check_db, TailHasher};
@@ -11,7 +13,6 @@ use crate::codec::{self, EncryptionKey, ObjectReader};
 use crate::delta::{self, RevisionRecord};
 use crate::error::io_at;
 use crate::{BackupError, Result};
-use futures::StreamExt;
 
 /// Downloads, checks and decodes a delta.
 pub async fn fetch_delta(
@@ -55,24 +56,18 @@ pub(crate) async fn read_full(
 ) -> Result<FullInfo> {
     let mut reader = ObjectReader::new(name, bucket.shoot(), key).hashing_on_a_thread();
     let mut db = Some(TailHasher::on_a_thread());
-    let (mut db_bytes, mut header_seen) = (0u64, false);
     let mut stream = bucket.get(name).await?;
     while let Some(bytes) = stream.next().await {
         let bytes = bytes?;
         reader.feed(&bytes, &mut |plain| {
-            db_bytes += plain.len() as u64;
             if let Some(db) = &mut db {
                 db.update(plain);
             }
             sink(plain)
         })?;
-        if !header_seen {
-            if let Some(header) = reader.header() {
-                header_seen = true;
-                if header.full.as_ref().is_some_and(|f| f.db_hash_checked) {
-                    db = None;
-                }
-            }
+        let writer_checked = reader.header().and_then(|h| h.full.as_ref());
+        if db.is_some() && writer_checked.is_some_and(|f| f.db_hash_checked) {
+            db = None;
         }
     }
     let decoded = reader.finish()?;
@@ -93,7 +88,8 @@ pub(crate) async fn read_full(
         revision_after: trailer.revision_after,
         keys: trailer.keys,
         hash_kv: trailer.hash_kv,
-        db_bytes,
+        // the reader checked that the plain bytes were as many
+        db_bytes: decoded.trailer.plain_bytes,
     })
 }
 
