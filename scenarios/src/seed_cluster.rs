@@ -268,10 +268,6 @@ impl SeedCluster {
 impl Drop for SeedCluster {
     fn drop(&mut self) {
         self.stop_node();
-        // the control plane's supervisors live in this process: without this
-        // they start etcd and the rest again once the owner's sandbox killed
-        // them, into the dir being removed (a test left it behind)
-        self.seed.stop_supervising();
     }
 }
 

@@ -62,6 +62,19 @@ pub struct LocalSeed {
     running: Mutex<HashMap<String, Running>>,
 }
 
+/// Dropping the seed stops supervising every control plane it started in
+/// this process, without waiting: no component is restarted any more (each
+/// supervisor stops its own). An owner that goes away while its processes
+/// are killed and its dir removed (a test's sandbox) would otherwise see
+/// them started again into the removed dir.
+impl Drop for LocalSeed {
+    fn drop(&mut self) {
+        for running in self.running.get_mut().values() {
+            running.cancel();
+        }
+    }
+}
+
 impl LocalSeed {
     /// A local seed keeping its shoots under `state_dir/shoots`.
     pub fn new(state_dir: impl Into<PathBuf>, bins: Binaries) -> Self {
@@ -97,17 +110,6 @@ impl LocalSeed {
     ) -> Self {
         self.advertise = advertise;
         self
-    }
-
-    /// Stops supervising every control plane this seed started in this
-    /// process, without waiting: no component is restarted any more (each
-    /// supervisor stops its own). For an owner that goes away while its
-    /// processes are killed and its dir removed (a test's sandbox), where a
-    /// supervisor would otherwise start them again into the removed dir.
-    pub fn stop_supervising(&mut self) {
-        for running in self.running.get_mut().values() {
-            running.cancel();
-        }
     }
 
     /// The file layout of `shoot` on this seed.

@@ -168,6 +168,31 @@ async fn crashed_apiserver_is_restarted_by_the_supervisor() {
     seed.stop("cp-crash").await.unwrap();
 }
 
+/// A seed dropped in the process that started its control plane stops
+/// supervising it: its components stop and are not started again (a test's
+/// seed, dropped before its sandbox, left its dir behind that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_seed_stops_what_it_supervised() {
+    let sandbox = Sandbox::new();
+    let seed = sandbox.seed();
+    let spec = ControlPlaneSpec::new("cp-drop");
+    seed.start_only(&spec, &[Component::Etcd])
+        .await
+        .expect("start etcd");
+    wait_for("etcd to run", READY, || async {
+        let status = seed.inspect("cp-drop").await.ok()?;
+        status.components.iter().any(|c| c.running).then_some(())
+    })
+    .await;
+    assert!(!sandbox.processes().is_empty(), "etcd runs in the sandbox");
+    drop(seed);
+    let left = sandbox.wait_no_processes(Duration::from_secs(30));
+    assert!(
+        left.is_empty(),
+        "still running after the seed was dropped: {left:?}"
+    );
+}
+
 /// The CLI end to end: `up` leaves a detached supervisor, `kubectl` works with the
 /// printed kubeconfig, and kill -9 of that supervisor takes every component with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

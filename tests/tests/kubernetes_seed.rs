@@ -40,30 +40,12 @@ const READY: Duration = Duration::from_secs(120);
 const GC: Duration = Duration::from_secs(60);
 
 /// A running seed cluster: a local control plane; returns (seed, admin kubeconfig).
-/// A local seed whose supervisors (in this test process) stop supervising
-/// when it is dropped: otherwise they start its components again once the
-/// sandbox killed them, writing into the dir being removed.
-struct OwnedSeed(LocalSeed);
-
-impl std::ops::Deref for OwnedSeed {
-    type Target = LocalSeed;
-    fn deref(&self) -> &LocalSeed {
-        &self.0
-    }
-}
-
-impl Drop for OwnedSeed {
-    fn drop(&mut self) {
-        self.0.stop_supervising();
-    }
-}
-
-async fn seed_cluster(sandbox: &Sandbox, name: &str) -> (OwnedSeed, PathBuf) {
-    let seed = OwnedSeed(sandbox.seed());
+async fn seed_cluster(sandbox: &Sandbox, name: &str) -> (LocalSeed, PathBuf) {
+    let seed = sandbox.seed();
     seed.start(&ControlPlaneSpec::new(name))
         .await
         .expect("start seed cluster");
-    wait_ready(&*seed, name, READY)
+    wait_ready(&seed, name, READY)
         .await
         .expect("seed cluster ready");
     let kubeconfig = seed.layout(name).admin_kubeconfig();
@@ -76,7 +58,7 @@ async fn kubernetes_seed(
     sandbox: &Sandbox,
     cluster: &str,
     ring: &str,
-) -> (OwnedSeed, PathBuf, kube::Client, PathBuf, KubernetesSeed) {
+) -> (LocalSeed, PathBuf, kube::Client, PathBuf, KubernetesSeed) {
     let (local, kc) = seed_cluster(sandbox, cluster).await;
     let client = kube_client(&kc).await;
     let state = sandbox.path().join("ringd-state");
