@@ -98,6 +98,8 @@ pub(crate) struct Scan {
     pub end: usize,
     /// The CRC of the last record (the next one chains from it).
     pub crc: u32,
+    /// The index of the first entry record, if the file holds any.
+    pub first_index: Option<u64>,
     /// The index of the last entry record, if the file holds any.
     pub last_index: Option<u64>,
     /// The file holds a normal entry with data (a request).
@@ -112,6 +114,7 @@ pub(crate) fn scan(file: &Path, bytes: &[u8]) -> Result<Scan> {
     let mut s = Scan {
         end: 0,
         crc: 0,
+        first_index: None,
         last_index: None,
         requests: false,
         state: None,
@@ -144,6 +147,7 @@ pub(crate) fn scan(file: &Path, bytes: &[u8]) -> Result<Scan> {
             ENTRY => {
                 let e = Entry::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?;
                 s.requests |= e.r#type == 0 && !e.data.is_empty();
+                s.first_index.get_or_insert(e.index);
                 s.last_index = Some(e.index);
             }
             STATE => {

@@ -15,7 +15,7 @@ use crate::{BackupError, Result};
 /// take the encoded bytes with [`take`](Self::take), end with [`finish`](Self::finish).
 pub struct ObjectWriter {
     out: Vec<u8>,
-    hasher: Sha256,
+    hasher: crate::checksum::Sha256,
     compressor: Option<zstd::stream::write::Encoder<'static, Vec<u8>>>,
     pending: Vec<u8>,
     cipher: Option<(Aes256Gcm, [u8; 12])>,
@@ -51,7 +51,7 @@ impl ObjectWriter {
         };
         let mut w = ObjectWriter {
             out: Vec::with_capacity(CHUNK + 1024),
-            hasher: Sha256::new(),
+            hasher: Default::default(),
             compressor,
             pending: Vec::new(),
             cipher,
