@@ -334,14 +334,15 @@ impl IdentityPem {
 pub enum Reload {
     /// The files hold the identity in use (or could not be read whole).
     Keep,
-    /// The files hold a new, usable identity.
-    Replace,
+    /// The files hold a new, usable identity, valid until `not_after` (unix seconds).
+    Replace { not_after: i64 },
     /// The files changed but cannot be used; the identity in use stays.
     Refuse(String),
 }
 
 /// Decides about `read` (the files now) against `current`; `check` tells
-/// whether an identity is usable (key of the certificate, issued by the CA).
+/// whether an identity is usable (key of the certificate, issued by the CA)
+/// and until when.
 pub fn reload_decision(
     current: &IdentityPem,
     read: &Result<IdentityPem, RingError>,
@@ -352,7 +353,7 @@ pub fn reload_decision(
             Reload::Keep
         }
         Ok(new) => match check(new) {
-            Ok(_) => Reload::Replace,
+            Ok(not_after) => Reload::Replace { not_after },
             Err(why) => Reload::Refuse(why),
         },
         Err(e) => Reload::Refuse(e.to_string()),
@@ -439,8 +440,7 @@ pub async fn watch_files(
         let check = |id: &IdentityPem| check_identity(id, name_in_use.as_deref(), now);
         let decision = reload_decision(&live.borrow(), &read, check);
         match (decision, read) {
-            (Reload::Replace, Ok(new)) => {
-                let not_after = check(&new).unwrap_or_default();
+            (Reload::Replace { not_after }, Ok(new)) => {
                 live.send_replace(new);
                 (seen, warned) = (None, None);
                 tracing::info!(cert = %files.cert.display(), not_after, "member certificate files changed: serving and calling with the new identity");
@@ -549,7 +549,10 @@ mod tests {
         let ok = |_: &IdentityPem| Ok(1);
         let bad = |_: &IdentityPem| Err("the key does not belong to the certificate".to_string());
         assert_eq!(reload_decision(&id("a"), &Ok(id("a")), bad), Reload::Keep);
-        assert_eq!(reload_decision(&id("a"), &Ok(id("b")), ok), Reload::Replace);
+        assert_eq!(
+            reload_decision(&id("a"), &Ok(id("b")), ok),
+            Reload::Replace { not_after: 1 }
+        );
         assert_eq!(
             reload_decision(&id("a"), &Ok(id("b")), bad),
             Reload::Refuse("the key does not belong to the certificate".into())
