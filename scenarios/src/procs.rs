@@ -250,9 +250,24 @@ pub fn kill_all_mentioning(dir: &Path, timeout: Duration) -> usize {
         for (pid, _, _) in procs {
             if kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
                 n += 1;
+                remove_faketime_shm(pid);
             }
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Removes what libfaketime shares between a process started under
+/// [`faketime_env`] and its children (`/dev/shm/faketime_shm_<pid>` and its
+/// semaphore): the library removes them when that process exits normally,
+/// never after kill -9 (Debian's libfaketime creates them even with
+/// `FAKETIME_DISABLE_SHM=1`). Nothing happens for other pids.
+pub fn remove_faketime_shm(pid: u32) {
+    for name in [
+        format!("faketime_shm_{pid}"),
+        format!("sem.faketime_sem_{pid}"),
+    ] {
+        let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
     }
 }
 
@@ -304,6 +319,39 @@ pub fn notable_lines(log: &str, patterns: &[&str], max: usize) -> Vec<(i64, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process started under libfaketime and killed by
+    /// [`kill_all_mentioning`] leaves nothing in `/dev/shm`.
+    #[test]
+    fn killing_a_faketime_process_removes_its_shared_memory() {
+        let dir = std::env::temp_dir().join(format!("ring-faketime-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("log");
+        std::fs::write(&file, b"").unwrap();
+        // a command line that names the dir, as a drill's processes do
+        let mut child = std::process::Command::new("tail")
+            .arg("-f")
+            .arg(&file)
+            .envs(faketime_env("+5s").expect("libfaketime (scripts/setup)"))
+            .spawn()
+            .unwrap();
+        let (pid, shm) = (child.id(), Path::new("/dev/shm"));
+        let shm_file = shm.join(format!("faketime_shm_{pid}"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !shm_file.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            shm_file.exists(),
+            "libfaketime made no {}",
+            shm_file.display()
+        );
+        assert_eq!(kill_all_mentioning(&dir, Duration::from_secs(10)), 1);
+        let _ = child.wait();
+        assert!(!shm_file.exists());
+        assert!(!shm.join(format!("sem.faketime_sem_{pid}")).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn member_and_shoot_come_from_the_seed_path() {

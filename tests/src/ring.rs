@@ -149,7 +149,7 @@ impl RingFixture {
         self.signal(i, libc::SIGKILL);
         if let Some(mut c) = self.members[i].child.take() {
             let _ = c.wait();
-            remove_faketime_shm(c.id());
+            scenarios::procs::remove_faketime_shm(c.id());
         }
     }
 
@@ -166,7 +166,7 @@ impl RingFixture {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            remove_faketime_shm(c.id());
+            scenarios::procs::remove_faketime_shm(c.id());
         }
     }
 
@@ -273,19 +273,6 @@ impl Drop for RingFixture {
             self.signal(i, libc::SIGCONT);
             self.kill(i);
         }
-    }
-}
-
-/// Removes what libfaketime shares between a process started under
-/// [`faketime`] and its children (`/dev/shm/faketime_shm_<pid>` and its
-/// semaphore): the library removes them when that process exits normally,
-/// never after kill -9.
-fn remove_faketime_shm(pid: u32) {
-    for name in [
-        format!("faketime_shm_{pid}"),
-        format!("sem.faketime_sem_{pid}"),
-    ] {
-        let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
     }
 }
 
