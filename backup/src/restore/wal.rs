@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 
 use super::replay::{lease_ttl, Delta};
-use crate::delta::RevisionRecord;
+use crate::delta::{EventRecord, RevisionRecord};
 use crate::error::io_at;
 use crate::etcd_wal::{chained, corrupt, files, scan, Entry, HardState, ENTRY, STATE};
 use crate::Result;
@@ -125,34 +125,21 @@ impl Requests {
                 });
             }
         }
-        let mut ops: Vec<RequestOp> = r.events.iter().map(request_op).collect();
         // a revision of one event goes as that request alone: etcd applies a
         // put or a delete without the read view a transaction opens first,
         // which copies every write buffered since etcd's last backend commit
-        let req = match (ops.pop(), ops.is_empty()) {
-            (
-                Some(RequestOp {
-                    request_put: Some(put),
-                    ..
-                }),
-                true,
-            ) => InternalRaftRequest {
-                put: Some(put),
+        let req = match &r.events[..] {
+            [e] if e.delete => InternalRaftRequest {
+                delete_range: Some(delete_request(e)),
                 ..Default::default()
             },
-            (
-                Some(RequestOp {
-                    request_delete_range: Some(delete),
-                    ..
-                }),
-                true,
-            ) => InternalRaftRequest {
-                delete_range: Some(delete),
+            [e] => InternalRaftRequest {
+                put: Some(put_request(e)),
                 ..Default::default()
             },
-            (last, _) => InternalRaftRequest {
+            events => InternalRaftRequest {
                 txn: Some(TxnRequest {
-                    success: ops.into_iter().chain(last).collect(),
+                    success: events.iter().map(request_op).collect(),
                 }),
                 ..Default::default()
             },
@@ -176,21 +163,29 @@ impl Requests {
 }
 
 /// One recorded event as an operation of a transaction.
-fn request_op(e: &crate::delta::EventRecord) -> RequestOp {
+fn request_op(e: &EventRecord) -> RequestOp {
     match e.delete {
         true => RequestOp {
-            request_delete_range: Some(DeleteRangeRequest { key: e.key.clone() }),
+            request_delete_range: Some(delete_request(e)),
             ..Default::default()
         },
         false => RequestOp {
-            request_put: Some(PutRequest {
-                key: e.key.clone(),
-                value: e.value.clone(),
-                lease: e.lease,
-            }),
+            request_put: Some(put_request(e)),
             ..Default::default()
         },
     }
+}
+
+fn put_request(e: &EventRecord) -> PutRequest {
+    PutRequest {
+        key: e.key.clone(),
+        value: e.value.clone(),
+        lease: e.lease,
+    }
+}
+
+fn delete_request(e: &EventRecord) -> DeleteRangeRequest {
+    DeleteRangeRequest { key: e.key.clone() }
 }
 
 /// The requests for the revisions after `from` up to `target`, in order,
@@ -319,7 +314,6 @@ fn start_from_the_log(snap: &Path) -> Result<()> {
 mod tests {
     use super::super::replay::DEFAULT_LEASE_TTL;
     use super::*;
-    use crate::delta::EventRecord;
 
     use crate::etcd_wal::tests::{entry, log_from, state};
 
