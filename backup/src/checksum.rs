@@ -29,6 +29,13 @@ impl Sha256 {
         self.0.update(data);
     }
 
+    /// The digest of `data` alone.
+    pub fn digest(data: &[u8]) -> [u8; 32] {
+        let mut h = Self::default();
+        h.update(data);
+        h.finalize()
+    }
+
     /// The digest of everything added.
     pub fn finalize(self) -> [u8; 32] {
         let mut out = [0u8; 32];

@@ -4,9 +4,9 @@
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine;
-use sha2::{Digest, Sha256};
 
 use super::{EncryptionHeader, MAX_META};
+use crate::checksum::Sha256;
 use crate::config::EncryptionConfig;
 use crate::{BackupError, Result};
 
@@ -89,9 +89,9 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 impl EncryptionKey {
     /// A key from its 32 bytes; `id` defaults to the check value.
     pub fn new(key: [u8; 32], id: Option<String>) -> Self {
-        let mut h = Sha256::new();
+        let mut h = Sha256::default();
         h.update(b"ring-backup key check\0");
-        h.update(key);
+        h.update(&key);
         let check = hex(&h.finalize()[..8]);
         EncryptionKey {
             key,

@@ -2,7 +2,6 @@
 
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
-use sha2::{Digest, Sha256};
 
 use super::key::{aad, nonce_for};
 use super::{
@@ -184,7 +183,7 @@ impl ObjectReader {
             Stage::Header(_) => {
                 let header: Header = serde_json::from_slice(unit)
                     .map_err(|e| self.corrupt(format!("unreadable header: {e}")))?;
-                self.header_digest = Sha256::digest(unit).into();
+                self.header_digest = crate::checksum::Sha256::digest(unit);
                 self.start(&header)?;
                 self.header = Some(header);
                 self.stage = Stage::FrameHead;

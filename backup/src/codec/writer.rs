@@ -2,20 +2,20 @@
 
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
-use sha2::{Digest, Sha256};
 
 use super::key::{aad, nonce_for};
 use super::{
     hex, EncryptionHeader, EncryptionKey, Header, Trailer, CHUNK, FORMAT, FRAME_DATA, FRAME_END,
     FRAME_LAST, MAGIC,
 };
+use crate::checksum::Sha256;
 use crate::{BackupError, Result};
 
 /// Writes an object incrementally: feed plain bytes with [`write`](Self::write),
 /// take the encoded bytes with [`take`](Self::take), end with [`finish`](Self::finish).
 pub struct ObjectWriter {
     out: Vec<u8>,
-    hasher: crate::checksum::Sha256,
+    hasher: Sha256,
     compressor: Option<zstd::stream::write::Encoder<'static, Vec<u8>>>,
     pending: Vec<u8>,
     cipher: Option<(Aes256Gcm, [u8; 12])>,
@@ -40,7 +40,7 @@ impl ObjectWriter {
         }
         let json = serde_json::to_vec(&header)
             .map_err(|e| BackupError::Catalog(format!("cannot encode a header: {e}")))?;
-        let header_digest: [u8; 32] = Sha256::digest(&json).into();
+        let header_digest = Sha256::digest(&json);
         let compressor = if level > 0 {
             Some(
                 zstd::stream::write::Encoder::new(Vec::with_capacity(CHUNK), level)
