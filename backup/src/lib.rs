@@ -32,6 +32,7 @@ mod etcd_wal;
 pub mod full;
 pub mod full_file;
 pub mod metrics;
+pub mod objects;
 pub mod restore;
 pub mod retention;
 pub mod runner;

@@ -158,6 +158,7 @@ fn restore_opts(
         etcd: etcd_bin(),
         etcdctl: etcdctl_bin(),
         work_dir: None,
+        count_objects: false,
     }
 }
 
@@ -209,6 +210,39 @@ async fn restore_exactly(
     assert_eq!(report.reached_revision, revision, "{report:?}");
     let restored = assert_restored(&opts.data_dir, &opts.member.name, source, revision).await;
     (report, restored)
+}
+
+/// The restore counted the objects and took `HashKV` at `revision` as the
+/// source has them there.
+async fn assert_counted_like_the_source(
+    report: &RestoreReport,
+    source: &mut Client,
+    revision: i64,
+) {
+    let objects = backup::objects::count_objects(source, revision)
+        .await
+        .expect("counting the source's objects");
+    assert_eq!(report.objects.as_ref(), Some(&objects), "{report:?}");
+    let hash = source
+        .hash_kv(revision)
+        .await
+        .expect("source HashKV")
+        .hash();
+    assert_eq!(report.hash_kv_at_reached, Some(hash), "{report:?}");
+}
+
+/// Revisions went to etcd's log, and the restored data holds a raft
+/// snapshot (the membership) again: etcd restarted on a log alone waits out
+/// a whole election timeout before it serves.
+fn assert_starts_with_its_membership(report: &RestoreReport, data_dir: &Path) {
+    assert!(report.revisions_from_log > 0, "{report:?}");
+    let snap = data_dir.join("member").join("snap");
+    let snapshots = std::fs::read_dir(&snap)
+        .expect("member/snap")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
+        .count();
+    assert!(snapshots > 0, "no raft snapshot in {}", snap.display());
 }
 
 /// The shoot's catalog, from the bucket listing.
@@ -353,6 +387,7 @@ async fn full_and_deltas_round_trip_through_s3_with_tls_and_encryption() {
         report.revisions_from_log, report.revisions_replayed,
         "{report:?}"
     );
+    assert_starts_with_its_membership(&report, &opts.data_dir);
 
     // A wrong key and a missing key are named, never garbage.
     let mut wrong = restore_opts(
@@ -443,15 +478,18 @@ async fn point_in_time_restore_by_revision_and_by_time() {
     assert_eq!(report["verified"], true);
     assert_restored(&dir, "pit", &mut c, rev_a).await;
 
-    // in the middle of a delta
+    // in the middle of a delta, counting the objects and taking HashKV in
+    // the restore's own etcd
     let mid = rev_a + 7;
-    let opts = restore_opts(
+    let mut opts = restore_opts(
         &bucket,
         "pit",
         work.path().join("mid"),
         RestoreTarget::Revision(mid),
     );
-    restore_exactly(&opts, &mut c, mid).await;
+    opts.count_objects = true;
+    let (report, _) = restore_exactly(&opts, &mut c, mid).await;
+    assert_counted_like_the_source(&report, &mut c, mid).await;
 
     // by time: everything received up to t_a
     let opts = restore_opts(

@@ -13,6 +13,7 @@
 //! objects), `download.rs` (fetching and checking them), `replay.rs` (the
 //! temporary etcd and the replay) and `verify.rs` (the checks after it).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -71,6 +72,11 @@ pub struct RestoreOptions {
     pub etcdctl: PathBuf,
     /// Scratch space [default: `<data_dir>.restore` next to the data dir].
     pub work_dir: Option<PathBuf>,
+    /// Also count the objects per resource type and take `HashKV` at the
+    /// revision reached, in the temporary etcd that verified the restore (the
+    /// report's `objects` and `hashKvAtReached`): no second etcd needs to
+    /// start on the data for them.
+    pub count_objects: bool,
 }
 
 impl RestoreOptions {
@@ -144,6 +150,13 @@ pub struct RestoreReport {
     /// was wrong (the restore used an older one and replayed more deltas).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub corrupt: Vec<CorruptObject>,
+    /// Objects per resource type at `reached_revision`, when asked for
+    /// ([`RestoreOptions::count_objects`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<BTreeMap<String, u64>>,
+    /// `HashKV` at `reached_revision`, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_kv_at_reached: Option<u32>,
 }
 
 /// An object of the bucket a restore found damaged.

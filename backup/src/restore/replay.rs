@@ -85,9 +85,10 @@ pub(super) async fn replay(
     let data = work.join("data");
     let t = Instant::now();
     let mut logged = log_step(opts, &data, plan, full, &mut ahead, progress, cancel).await?;
+    let snapshot_at = logged.as_ref().and_then(|l| l.last_index);
+    let log = work.join("etcd.log");
     let mut temp =
-        TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &work.join("etcd.log"))
-            .await?;
+        TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &log, snapshot_at).await?;
     // etcd has applied its log once it answers
     let handed = t.elapsed().as_secs_f64();
     if logged.as_ref().is_some_and(|l| !l.requests.is_empty()) {
@@ -126,6 +127,8 @@ pub(super) struct Logged {
     requests: Requests,
     /// The full snapshot's revision (etcd's before it applies the log).
     snapshot_revision: i64,
+    /// The log's last entry, when revisions were appended to it.
+    last_index: Option<u64>,
 }
 
 /// Appends the plan's revisions from the snapshot's on to the fresh log of
@@ -182,8 +185,10 @@ async fn log_step(
     };
     let t = Instant::now();
     let requests = wal::requests(&deltas, snapshot_revision, target);
+    let mut last_index = None;
     if !requests.is_empty() {
         let last = wal::append(&tail, &requests)?;
+        last_index = Some(last);
         progress(&format!(
             "handed {} revisions ({} events) after revision {snapshot_revision} to etcd's log (entries up to {last}): {fetched}, the log written in {:.1}s",
             requests.revisions, requests.events, t.elapsed().as_secs_f64()
@@ -193,6 +198,7 @@ async fn log_step(
         deltas,
         requests,
         snapshot_revision,
+        last_index,
     }))
 }
 
@@ -251,7 +257,7 @@ async fn replay_into(
     let replay_seconds = t.elapsed().as_secs_f64();
     r.summarize(replay_seconds, progress);
     let t = Instant::now();
-    let checked = verify::verify(&mut client, &r).await?;
+    let mut checked = verify::verify(&mut client, &r).await?;
     progress(&format!(
         "verified in {:.1}s: revision {}, {} keys, HashKV {}",
         t.elapsed().as_secs_f64(),
@@ -259,6 +265,9 @@ async fn replay_into(
         checked.keys,
         checked.hash_kv
     ));
+    if opts.count_objects {
+        checked.inspected = Some(verify::inspect(&mut client, &temp.url, checked.reached).await?);
+    }
     Ok(Outcome::Replayed(r.report(
         opts,
         plan,
@@ -537,6 +546,8 @@ impl Replayer {
             verified: self.aligned,
             total_seconds: 0.0,
             corrupt: Vec::new(),
+            hash_kv_at_reached: checked.inspected.as_ref().map(|i| i.1),
+            objects: checked.inspected.map(|i| i.0),
         }
     }
 }

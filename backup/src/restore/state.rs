@@ -232,6 +232,8 @@ mod tests {
             verified: true,
             total_seconds: 0.0,
             corrupt: vec![],
+            objects: None,
+            hash_kv_at_reached: None,
         }
     }
 

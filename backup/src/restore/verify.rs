@@ -16,7 +16,12 @@ pub(super) struct Checked {
     pub(super) keys: i64,
     /// What the `HashKV` check found.
     pub(super) hash_kv: String,
+    /// Objects per resource type and `HashKV` at `reached`, when asked for.
+    pub(super) inspected: Option<Inspected>,
 }
+
+/// Objects per resource type and `HashKV` at the revision reached.
+pub(super) type Inspected = (std::collections::BTreeMap<String, u64>, u32);
 
 /// Checks the restored etcd after the replay `r`; any mismatch is an error.
 /// A replay that skipped revisions is only described (it cannot match).
@@ -68,7 +73,18 @@ pub(super) async fn verify(client: &mut Client, r: &Replayer) -> Result<Checked>
         reached,
         keys,
         hash_kv,
+        inspected: None,
     })
+}
+
+/// Objects per resource type and `HashKV` at `revision` (asked for by
+/// [`RestoreOptions::count_objects`]).
+pub(super) async fn inspect(client: &mut Client, ep: &str, revision: i64) -> Result<Inspected> {
+    let objects = crate::objects::count_objects(client, revision)
+        .await
+        .map_err(|e| etcd::err(ep, &format!("counting objects at revision {revision}"), e))?;
+    let hash = etcd::hash_kv(client, ep, revision).await?.hash;
+    Ok((objects, hash))
 }
 
 /// Compares `HashKV` at a recorded revision; compacts the restored etcd to the

@@ -298,7 +298,11 @@ pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
 /// snapshot" (~0.4 s for a 646 MiB database, of ~4 s from start to
 /// serving). The database's applied index stays etcdctl's, so the entries
 /// after it are applied as before. A crash before etcd started changes
-/// nothing: started again, it reads the same log.
+/// nothing: started again, it reads the same log. The temporary etcd that
+/// applies the log takes a raft snapshot at its end
+/// ([`crate::etcd::TempEtcd::start_unsynced`]), so the etcd that serves
+/// the data later knows its membership from the start and elects itself at
+/// once.
 fn start_from_the_log(snap: &Path) -> Result<()> {
     let entries = std::fs::read_dir(snap).map_err(io_at("listing", snap))?;
     for entry in entries {

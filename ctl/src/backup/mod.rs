@@ -137,6 +137,7 @@ async fn restore(args: RestoreArgs, format: Format, shutdown: CancellationToken)
         etcd: backup::etcd::find_binary("etcd", args.bin_dir.as_deref())?,
         etcdctl: backup::etcd::find_binary("etcdctl", args.bin_dir.as_deref())?,
         work_dir: args.work_dir.as_deref().map(absolute).transpose()?,
+        count_objects: false,
     };
     let report =
         backup::restore::restore(&opts, &|line| eprintln!("restore: {line}"), &shutdown).await?;

@@ -2,7 +2,8 @@
 //! (operation `N`) that this volume has not done yet, restores from the bucket
 //! (full + deltas, verified) the newest durable revision, or exactly the
 //! `revision` asked for (a migration's final one), counts the objects per
-//! resource and takes `HashKV` at the revision reached, records all that
+//! resource and takes `HashKV` at the revision reached (in the restore's
+//! temporary etcd, which verified it), records all that
 //! there, and marks the volume. A pod restart after that finds the mark and
 //! starts etcd on the data as is.
 
@@ -62,7 +63,12 @@ pub async fn run(
     };
     move_aside(&args.data_dir)?;
     let report = restore(&args, target, &stop).await?;
-    let (objects, hash) = inspect(&args, report.reached_revision).await?;
+    // counted by the restore's own etcd; a restore resumed from an earlier
+    // run may not have them, and another etcd counts on the restored data
+    let (objects, hash) = match (&report.objects, report.hash_kv_at_reached) {
+        (Some(objects), Some(hash)) => (objects.clone(), hash),
+        _ => inspect(&args, report.reached_revision).await?,
+    };
     let data = BTreeMap::from([
         ("restored", op.clone()),
         ("report", to_json(&report)?),
@@ -106,6 +112,7 @@ async fn restore(
         etcd: backup::etcd::find_binary("etcd", None)?,
         etcdctl: backup::etcd::find_binary("etcdctl", None)?,
         work_dir: Some(args.data_dir.with_file_name("restore-work")),
+        count_objects: true,
     };
     Ok(backup::restore::restore(&opts, &|msg| tracing::info!("{msg}"), stop).await?)
 }
@@ -122,7 +129,7 @@ async fn inspect(
         backup::etcd::TempEtcd::start(&etcd, &args.data_dir, &args.member.name, &log).await?;
     let inspected = match temp.client().await {
         Ok(mut client) => {
-            let counted = migrate::handover::count_objects(&mut client, revision).await;
+            let counted = backup::objects::count_objects(&mut client, revision).await;
             let objects = counted.map_err(|e| {
                 RingError::Verification(format!("counting objects at revision {revision}: {e}"))
             });

@@ -284,6 +284,7 @@ pub async fn restore_from_bucket(
         etcd: etcd.to_path_buf(),
         etcdctl: etcdctl.to_path_buf(),
         work_dir: Some(layout.dir.join("restore-work")),
+        count_objects: false,
     };
     let span = tracing::info_span!("restore", %shoot, bucket = %rb.config.url);
     backup::restore::restore(&opts, &|msg| tracing::info!("{msg}"), cancel)

@@ -217,6 +217,8 @@ impl StandbyOps for LocalExecutor {
             verified: true,
             total_seconds: p.seconds,
             corrupt: Vec::new(),
+            objects: None,
+            hash_kv_at_reached: None,
         };
         record::write(&record::path(&layout), op, &report, None)?;
         Ok(report)
