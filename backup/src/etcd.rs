@@ -372,12 +372,13 @@ impl TempEtcd {
     /// a crash loses what it wrote, so [`sync_tree`] the data dir once it has
     /// stopped before anything relies on it), a transaction may carry as
     /// many operations as one recorded revision holds, and it applies a long
-    /// log in small backend batches. With `snapshot_at` (the last entry of a
-    /// log that starts at the first: no raft snapshot file), etcd takes one
-    /// raft snapshot once it has applied that far: the next etcd on this
-    /// data learns its membership from it and elects itself at once
-    /// (restarted on a log alone, etcd 3.4 waits out a whole election
-    /// timeout, 1–2 s, before it serves).
+    /// log in small backend batches. With `snapshot_at` (the last entry of
+    /// the log handed to it), etcd takes one raft snapshot once it has
+    /// applied that far, if it starts from the log's first entry (the restore
+    /// removed etcdctl's snapshot file): the next etcd on this data learns
+    /// its membership from it and elects itself at once (restarted on a log
+    /// alone, etcd 3.4 waits out a whole election timeout, 1–2 s, before it
+    /// serves).
     pub async fn start_unsynced(
         etcd: &Path,
         data_dir: &Path,
