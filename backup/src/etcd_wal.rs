@@ -174,6 +174,36 @@ pub(crate) fn files(data: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Whether etcd's data dir `data` holds a member that never committed
+/// anything: its first start ended (killed, or fenced by its guard) before
+/// etcd wrote its bootstrap entries, so there is a log but no raft snapshot
+/// and no entry in it. etcd restarted on such a dir has no voters and never
+/// elects a leader; nothing on it was ever acknowledged to a client. A dir
+/// without a log (never started) is not such a member.
+pub fn never_committed(data: &Path) -> Result<bool> {
+    let member = data.join("member");
+    if !member.join("wal").is_dir() {
+        return Ok(false);
+    }
+    let snap = member.join("snap");
+    let snapshots = std::fs::read_dir(&snap)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "snap"))
+        })
+        .unwrap_or(false);
+    if snapshots {
+        return Ok(false);
+    }
+    for file in files(data)? {
+        let bytes = std::fs::read(&file).map_err(io_at("reading", &file))?;
+        if scan(&file, &bytes)?.last_index.is_some() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -215,6 +245,28 @@ pub(crate) mod tests {
             commit,
         }
         .encode_to_vec()
+    }
+
+    /// Only a log without entries and without a raft snapshot is a member
+    /// that never committed; a dir etcd never started is not one.
+    #[test]
+    fn a_member_whose_first_start_was_cut_short_never_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        assert!(!never_committed(&data).unwrap(), "no data dir");
+        let wal = data.join("member").join("wal");
+        std::fs::create_dir_all(&wal).unwrap();
+        std::fs::create_dir_all(data.join("member").join("snap")).unwrap();
+        let file = wal.join("0000000000000000-0000000000000000.wal");
+        std::fs::write(&file, log_from(0, &[(STATE, state(0))])).unwrap();
+        assert!(never_committed(&data).unwrap(), "a log of no entries");
+        let snap = data.join("member/snap/0000000000000001-0000000000000001.snap");
+        std::fs::write(&snap, b"x").unwrap();
+        assert!(!never_committed(&data).unwrap(), "a raft snapshot");
+        std::fs::remove_file(&snap).unwrap();
+        let log = log_from(0, &[(ENTRY, entry(1, vec![1])), (STATE, state(1))]);
+        std::fs::write(&file, log).unwrap();
+        assert!(!never_committed(&data).unwrap(), "a log with an entry");
     }
 
     #[test]

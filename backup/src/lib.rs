@@ -29,6 +29,7 @@ pub mod delta;
 mod error;
 pub mod etcd;
 mod etcd_wal;
+pub use etcd_wal::never_committed;
 pub mod full;
 pub mod full_file;
 pub mod metrics;

@@ -129,6 +129,33 @@ pub struct Guarded {
     /// (kube-apiserver waits for its etcd's Service: started before etcd
     /// answers, it can take tens of seconds more to serve).
     pub wait_for: Option<String>,
+    /// etcd's data dir, when the program is etcd: before each start, a
+    /// member whose first start was cut short (fenced or killed before it
+    /// committed anything, so it could never elect itself) is moved aside
+    /// and etcd bootstraps anew.
+    pub etcd_data: Option<std::path::PathBuf>,
+}
+
+/// Moves `data` aside when etcd's member there never committed anything
+/// ([`backup::never_committed`]): nothing on it was acknowledged, and etcd
+/// restarted on it would wait for a leader for ever. A log it cannot read is
+/// left as it is (etcd says what is wrong with it).
+fn set_aside_if_never_committed(data: &std::path::Path) -> Result<(), RingError> {
+    match backup::never_committed(data) {
+        Ok(true) => {
+            let aside = data.with_file_name(format!("data.never-committed-{}", now_ms()));
+            tracing::warn!(data = %data.display(), aside = %aside.display(), "etcd's first start ended before it committed anything; moved aside, etcd starts anew");
+            std::fs::rename(data, &aside).map_err(|source| RingError::Io {
+                what: format!("moving {} aside", data.display()),
+                source,
+            })
+        }
+        Ok(false) => Ok(()),
+        Err(e) => {
+            tracing::warn!(data = %data.display(), error = %e, "cannot read etcd's log; starting etcd on the data as it is");
+            Ok(())
+        }
+    }
 }
 
 /// How long one connection attempt to [`Guarded::wait_for`] may take.
@@ -167,6 +194,7 @@ pub async fn run(
         command,
         mode,
         wait_for,
+        etcd_data,
     } = guarded;
     let (mut lease, _stop_reader) = super::follow_lease(source, POLL, &stop);
     let mut child: Option<Child> = None;
@@ -178,6 +206,9 @@ pub async fn run(
         match action(fence_at, now, child.is_some(), restarts.not_before) {
             GuardAction::Start if !dependency_answers(wait_for.as_deref(), &mut waiting).await => {}
             GuardAction::Start => {
+                if let Some(data) = &etcd_data {
+                    set_aside_if_never_committed(data)?;
+                }
                 tracing::info!(fence_at_ms = fence_at, program = %command[0], "lease valid: starting");
                 child = Some(spawn(&command)?);
                 restarts.started_at = now;
@@ -319,6 +350,7 @@ mod tests {
             ],
             mode: Mode::Restart,
             wait_for: Some(addr.to_string()),
+            etcd_data: None,
         };
         let stop = CancellationToken::new();
         let _stop = stop.clone().drop_guard();

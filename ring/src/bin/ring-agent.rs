@@ -36,6 +36,11 @@ enum Command {
         /// (kube-apiserver waits for its etcd's Service).
         #[arg(long, value_name = "HOST:PORT")]
         wait_for: Option<String>,
+        /// PROGRAM is etcd with this data dir: a member whose first start
+        /// was cut short before it committed anything is moved aside before
+        /// the next start (it could never elect itself).
+        #[arg(long, value_name = "DIR")]
+        etcd_data: Option<PathBuf>,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
@@ -121,6 +126,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
             lease_file: Some(file),
             restart,
             wait_for,
+            etcd_data,
             program,
         } => {
             let source = LeaseSource::File(file);
@@ -133,6 +139,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
                 command: program,
                 mode,
                 wait_for,
+                etcd_data,
             };
             guard::run(source, guarded, shutdown).await
         }
@@ -141,6 +148,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
         Command::Guard {
             lease_file: None,
             wait_for,
+            etcd_data,
             program,
             ..
         } => {
@@ -149,6 +157,7 @@ async fn run(command: Command, shutdown: CancellationToken) -> Result<(), ringd:
                 command: program,
                 mode: guard::Mode::Restart,
                 wait_for,
+                etcd_data,
             };
             guard::run(source, guarded, shutdown).await
         }

@@ -98,7 +98,12 @@ pub const LEASE_MOUNT: &str = "/var/run/ring-lease";
 /// [`lease_volume`]), restarting its child when the lease is renewed again.
 /// With `wait_for` (`HOST:PORT`) the guard starts its child only once that
 /// address accepts a connection.
-pub fn guarded(mut container: Value, from_node: bool, wait_for: Option<&str>) -> Value {
+pub fn guarded(
+    mut container: Value,
+    from_node: bool,
+    wait_for: Option<&str>,
+    etcd_data: Option<&str>,
+) -> Value {
     let mut command = vec![json!(AGENT), json!("guard")];
     if from_node {
         command.extend([
@@ -115,6 +120,9 @@ pub fn guarded(mut container: Value, from_node: bool, wait_for: Option<&str>) ->
     }
     if let Some(addr) = wait_for {
         command.extend([json!("--wait-for"), json!(addr)]);
+    }
+    if let Some(dir) = etcd_data {
+        command.extend([json!("--etcd-data"), json!(dir)]);
     }
     command.push(json!("--"));
     if let Some(c) = container["command"].as_array() {
@@ -380,6 +388,7 @@ mod tests {
         let c = guarded(
             json!({"command": ["etcd"], "env": [{"name": "POD_NAME", "value": "x"}]}),
             false,
+            None,
             None,
         );
         assert_eq!(c["command"], json!([AGENT, "guard", "--", "etcd"]));

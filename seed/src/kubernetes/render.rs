@@ -290,7 +290,13 @@ impl Renderer<'_> {
             // failovers): its guard waits for etcd's client Service
             let etcd = format!("{ETCD_CLIENT_SERVICE}.{}.svc:2379", self.ns());
             let wait_for = (component == Component::KubeApiserver).then_some(etcd.as_str());
-            container = agent::guarded(container, self.node_dir.is_some(), wait_for);
+            // etcd fenced within its first second or two (a slow lease
+            // under load) may not have committed its membership yet: its
+            // guard moves such a data dir aside instead of restarting etcd
+            // on it for ever without a leader
+            let data = format!("{ETCD_DATA}/data");
+            let etcd_data = (component == Component::Etcd).then_some(data.as_str());
+            container = agent::guarded(container, self.node_dir.is_some(), wait_for, etcd_data);
         }
         // ring-agent (guard, or etcd's backup sidecar) reads its lease
         let agent = guarded || (component == Component::Etcd && self.wiring.backup.is_some());
