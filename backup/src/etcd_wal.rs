@@ -174,6 +174,19 @@ pub(crate) fn files(data: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The raft snapshot files in etcd's `member/snap` dir (`*.snap`; the
+/// database `db` beside them is not one).
+pub(crate) fn raft_snapshots(snap: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(snap).map_err(io_at("listing", snap))? {
+        let path = entry.map_err(io_at("listing", snap))?.path();
+        if path.extension().is_some_and(|e| e == "snap") {
+            found.push(path);
+        }
+    }
+    Ok(found)
+}
+
 /// Whether etcd's data dir `data` holds a member that never committed
 /// anything: its first start ended (killed, or fenced by its guard) before
 /// etcd wrote its bootstrap entries, so there is a log but no raft snapshot
@@ -186,13 +199,7 @@ pub fn never_committed(data: &Path) -> Result<bool> {
         return Ok(false);
     }
     let snap = member.join("snap");
-    let snapshots = std::fs::read_dir(&snap)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .any(|e| e.path().extension().is_some_and(|x| x == "snap"))
-        })
-        .unwrap_or(false);
-    if snapshots {
+    if snap.is_dir() && !raft_snapshots(&snap)?.is_empty() {
         return Ok(false);
     }
     for file in files(data)? {

@@ -18,7 +18,9 @@ use prost::Message;
 use super::replay::{lease_ttl, Delta};
 use crate::delta::{EventRecord, RevisionRecord};
 use crate::error::io_at;
-use crate::etcd_wal::{chained, corrupt, files, scan, Entry, HardState, ENTRY, STATE};
+use crate::etcd_wal::{
+    chained, corrupt, files, raft_snapshots, scan, Entry, HardState, ENTRY, STATE,
+};
 use crate::Result;
 
 /// `etcdserverpb.InternalRaftRequest`, with the two requests a replay needs.
@@ -304,12 +306,8 @@ pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
 /// the data later knows its membership from the start and elects itself at
 /// once.
 fn start_from_the_log(snap: &Path) -> Result<()> {
-    let entries = std::fs::read_dir(snap).map_err(io_at("listing", snap))?;
-    for entry in entries {
-        let path = entry.map_err(io_at("listing", snap))?.path();
-        if path.extension().is_some_and(|e| e == "snap") {
-            std::fs::remove_file(&path).map_err(io_at("removing", &path))?;
-        }
+    for path in raft_snapshots(snap)? {
+        std::fs::remove_file(&path).map_err(io_at("removing", &path))?;
     }
     Ok(())
 }
