@@ -14,6 +14,7 @@ pub mod forward;
 pub mod images;
 pub mod kubeconfig;
 pub mod kubernetes;
+pub mod leader_leases;
 pub mod lease_file;
 pub mod local;
 pub mod netns;

@@ -119,6 +119,13 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
     })
     .await;
 
+    // m2's controller-manager and scheduler lead on m1 (their leader Leases exist)
+    wait_for("m2's leader Leases", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move { (leader_lease_versions(&client).await.len() == 2).then_some(()) }
+    })
+    .await;
+
     // m2's control plane runs on m1; move it to m3.
     let dir2 = dir.clone();
     let out = tokio::task::spawn_blocking(move || {
@@ -162,6 +169,16 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
         .filter_map(|h| h["step"].as_str())
         .collect();
     assert_eq!(steps, ["Pending", "Restoring", "Done"], "{op}");
+    // m1's leader Leases were released on m3 (else m2's controllers wait 15 s)
+    let stale: Vec<_> = leader_lease_versions(&client)
+        .await
+        .into_iter()
+        .filter(|(_, rv)| *rv <= final_rev as i64)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "leader Leases of m1's control plane left: {stale:?}"
+    );
 
     // keep writing a little on the new host, then stop
     let n_before = acked.lock().unwrap().len();
@@ -217,6 +234,28 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
         .unwrap();
     let rv: u64 = fresh.metadata.resource_version.unwrap().parse().unwrap();
     assert!(rv > max_rv, "resourceVersion went back: {rv} <= {max_rv}");
+
+    // m3's controllers lead, and their Leases are not taken for m1's
+    wait_for(
+        "m2's controllers to lead on m3",
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            async move {
+                let held = leader_lease_versions(&client).await;
+                (held.len() == 2 && held.iter().all(|(_, rv)| *rv > final_rev as i64)).then_some(())
+            }
+        },
+    )
+    .await;
+    let released = seed::leader_leases::release_stale("m2", &kubeconfig, final_rev as i64)
+        .await
+        .unwrap();
+    assert!(
+        released.is_empty(),
+        "released the new holders' Leases: {released:?}"
+    );
+    assert_eq!(leader_lease_versions(&client).await.len(), 2);
 
     // the ring says so; the old host serves nothing for m2
     let status = ringctl_in(&dir, &["status", "-o", "json"]);
@@ -292,6 +331,25 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
     );
     assert!(expect_clean_failure(&again).contains("already hosted by m3"));
     ringctl_in(&dir, &["down"]);
+}
+
+/// The leader Leases of a shoot's controller-manager and scheduler that
+/// exist and name a holder, with their resourceVersions.
+async fn leader_lease_versions(client: &kube::Client) -> Vec<(String, i64)> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let mut held = Vec::new();
+    for name in seed::leader_leases::LEADER_LEASES {
+        let Ok(Some(lease)) = leases.get_opt(name).await else {
+            continue;
+        };
+        let holder = lease.spec.and_then(|s| s.holder_identity);
+        let rv = lease.metadata.resource_version.and_then(|v| v.parse().ok());
+        if let (Some(_), Some(rv)) = (holder, rv) {
+            held.push((name.to_string(), rv));
+        }
+    }
+    held
 }
 
 /// kill -9 of the target's ringd while it restores: after a restart it resumes
@@ -500,6 +558,18 @@ async fn killed_seed_fails_over_from_the_bucket() {
         .unwrap();
     assert_eq!(done.step, ringd::state::OperationStep::Done, "{done:?}");
     assert!(done.detail.contains("restored revision"), "{}", done.detail);
+    // the dead host's leader Leases were released (restored, never renewed)
+    let reached = done.outcome.as_ref().map_or(0, |o| o.restored_revision);
+    let client = kube_client(kubeconfig).await;
+    let stale: Vec<_> = leader_lease_versions(&client)
+        .await
+        .into_iter()
+        .filter(|(_, rv)| *rv <= reached)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "leader Leases of m1's control plane left: {stale:?}"
+    );
 
     // the original kubeconfig answers, with every write
     for i in 0..20 {

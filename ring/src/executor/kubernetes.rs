@@ -271,6 +271,10 @@ impl Mover for KubernetesExecutor {
         self.layout(shoot)
     }
 
+    fn admin_kubeconfig(&self, shoot: &str) -> PathBuf {
+        self.seed.admin_kubeconfig(shoot)
+    }
+
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
         Ok(BackupPlan::NextToWorkload {
             identity: self.layout(shoot),

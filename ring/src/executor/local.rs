@@ -137,6 +137,10 @@ impl Mover for LocalExecutor {
         self.layout(shoot)
     }
 
+    fn admin_kubeconfig(&self, shoot: &str) -> PathBuf {
+        self.layout(shoot).admin_kubeconfig()
+    }
+
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;

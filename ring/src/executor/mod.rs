@@ -173,6 +173,10 @@ pub trait Mover: Send + Sync {
     /// files and the restore record.
     fn shoot_layout(&self, shoot: &str) -> ShootLayout;
 
+    /// The admin kubeconfig ringd reaches the shoot's API with (written by
+    /// the seed's health check, so valid once the API answered ready).
+    fn admin_kubeconfig(&self, shoot: &str) -> PathBuf;
+
     /// How the continuous backup of `shoot` runs: in ringd from a source, or
     /// next to the workload (ringd stores the identity and forwards progress).
     fn backup_plan(&self, shoot: &str) -> Result<BackupPlan, RingError>;

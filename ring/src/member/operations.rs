@@ -355,6 +355,7 @@ async fn target_step(
         }
         TargetAction::Verify => {
             mover.wait_ready(shoot, READY_TIMEOUT).await?;
+            finish::release_leader_leases(mover, op).await;
             let objects = if from_bucket {
                 finish::verify_bucket_restore(mover, op).await?
             } else {

@@ -35,6 +35,32 @@ pub(super) async fn verify_bucket_restore(
     Ok(objects)
 }
 
+/// Lets the moved shoot's kube-controller-manager and kube-scheduler lead
+/// at once: deletes the leader Leases their fenced predecessors last wrote
+/// (at or before the revision restored here), which they would otherwise
+/// wait out for a whole lease duration (see [`seed::leader_leases`]). Only
+/// logged when it fails: the controllers then take over after that wait.
+pub(super) async fn release_leader_leases(mover: &dyn Mover, op: &Operation) {
+    let shoot = op.shoot();
+    let restored = match op.kind {
+        OperationKind::Failover { .. } => mover
+            .bucket_report(shoot, op.id)
+            .map(|r| r.reached_revision),
+        OperationKind::Migration { .. } => mover.handover_info(shoot).map(|i| i.revision),
+    };
+    let Some(revision) = restored else { return };
+    let kubeconfig = mover.admin_kubeconfig(shoot);
+    match seed::leader_leases::release_stale(shoot, &kubeconfig, revision).await {
+        Ok(released) if released.is_empty() => {}
+        Ok(released) => {
+            tracing::info!(%shoot, revision, ?released, "released the fenced control plane's leader leases")
+        }
+        Err(e) => {
+            tracing::warn!(%shoot, error = %e, "cannot release the fenced control plane's leader leases")
+        }
+    }
+}
+
 /// Reports the move done (serving here at its epoch) with what was measured.
 pub(super) async fn complete(
     shared: &Arc<Shared>,
