@@ -144,6 +144,23 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
             "shoot {m} has exactly its own nodes"
         );
     }
+    // a node reaches no cloud metadata service: a connection fails at once
+    // (it went out through the host and hung: kubelet waited ~6 s at start)
+    let ring = layout.read_config().unwrap().unwrap();
+    let network = bootstrap::nodes::network(&layout, &ring).unwrap().unwrap();
+    for host in &network.hosts {
+        let out = std::process::Command::new("timeout")
+            .args(["5", "ip", "netns", "exec", &host.netns, "bash", "-c"])
+            .arg("echo > /dev/tcp/169.254.169.254/80")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("No route to host"),
+            "node {}: {out:?}",
+            host.name
+        );
+    }
     let status = nodes_status(&dir);
     assert_eq!(status.len(), 6, "{status:?}");
     for n in &status {

@@ -10,7 +10,8 @@
 //!
 //! Routes: the root namespace reaches every pod range through its node; each
 //! node reaches the other nodes' pod ranges directly over the bridge and
-//! everything else through the root namespace. 198.19.0.0/16 is a benchmark
+//! everything else through the root namespace, but for link-local addresses
+//! (cloud metadata), which fail at once. 198.19.0.0/16 is a benchmark
 //! range (RFC 2544), never routed on a real network; T (0..=15) keeps rings on
 //! one machine apart, and the drills' 198.18.0.0/16 stays theirs.
 
@@ -20,6 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, SeedError};
 use crate::netns::{exists, ip};
+
+/// Link-local addresses (cloud metadata services at 169.254.169.254): no
+/// node reaches them.
+pub const LINK_LOCAL: &str = "169.254.0.0/16";
 
 /// At most this many nodes on one node network (pod ranges T*16+1 ..= T*16+15).
 pub const MAX_NODES: usize = 15;
@@ -149,6 +154,17 @@ impl NodeNetwork {
             if !exists(&h.netns) {
                 self.add_host(i, h)?;
             }
+            // the cloud metadata address fails at once instead of going out
+            // through the root namespace, where nothing answers: kubelet's
+            // AWS credential provider otherwise waits ~6 s on it at every start
+            ip(&[
+                "-n",
+                &h.netns,
+                "route",
+                "replace",
+                "unreachable",
+                LINK_LOCAL,
+            ])?;
             // the root namespace reaches the node's pods through the node
             ip(&[
                 "route",
