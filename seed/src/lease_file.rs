@@ -101,15 +101,25 @@ fn parse(text: &str) -> Option<LeaseFile> {
 
 /// `spec` run by `ring-agent guard` at `agent` under the lease file `lease`
 /// (one run: the guard exits with its program, so the supervisor restarts
-/// and counts as before).
-pub fn guarded(agent: &Path, lease: &Path, spec: ComponentSpec) -> ComponentSpec {
+/// and counts as before). With `etcd_data`, the guard first sets aside
+/// etcd's data dir if its member never committed anything (a start cut
+/// short before etcd wrote its first entry, after which etcd would wait
+/// for a leader for ever).
+pub fn guarded(
+    agent: &Path,
+    lease: &Path,
+    spec: ComponentSpec,
+    etcd_data: Option<&Path>,
+) -> ComponentSpec {
     let mut args = vec![
         "guard".to_string(),
         "--lease-file".into(),
         lease.display().to_string(),
-        "--".into(),
-        spec.program.display().to_string(),
     ];
+    if let Some(dir) = etcd_data {
+        args.extend(["--etcd-data".into(), dir.display().to_string()]);
+    }
+    args.extend(["--".into(), spec.program.display().to_string()]);
     args.extend(spec.args);
     ComponentSpec {
         program: agent.to_path_buf(),
@@ -174,6 +184,7 @@ mod tests {
             Path::new("/bin/ring-agent"),
             Path::new("/s/fence-at-ms"),
             spec,
+            Some(Path::new("/s/etcd")),
         );
         assert_eq!(g.program, PathBuf::from("/bin/ring-agent"));
         assert_eq!(
@@ -182,6 +193,8 @@ mod tests {
                 "guard",
                 "--lease-file",
                 "/s/fence-at-ms",
+                "--etcd-data",
+                "/s/etcd",
                 "--",
                 "/bin/etcd",
                 "--name=m2"

@@ -230,14 +230,16 @@ impl LocalSeed {
             return specs;
         };
         let lease = crate::lease_file::path(&layout);
+        let data = layout.etcd_data();
         specs
             .into_iter()
-            .map(
-                |cs| match crate::lease_file::GUARDED.contains(&cs.component) {
-                    true => crate::lease_file::guarded(agent, &lease, cs),
+            .map(|cs| {
+                let etcd_data = (cs.component == Component::Etcd).then_some(data.as_path());
+                match crate::lease_file::GUARDED.contains(&cs.component) {
+                    true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
                     false => cs,
-                },
-            )
+                }
+            })
             .collect()
     }
 }
@@ -510,6 +512,36 @@ mod tests {
         assert!(specs[1].args.contains(&"--insecure-port=0".to_string()));
         assert!(specs[2].args.contains(&"--port=0".to_string()));
         assert!(specs[3].args.contains(&"--port=0".to_string()));
+    }
+
+    /// Under the lease guard, etcd's guard also watches etcd's data dir (a
+    /// member that never committed is set aside before a start); the other
+    /// guarded component does not get it, and the rest run bare.
+    #[test]
+    fn guarded_etcd_names_its_data_dir_to_the_guard() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = LocalSeed::new(dir.path(), bins()).with_guard("/bin/ring-agent".into());
+        let spec = ControlPlaneSpec::new("alpha");
+        let specs = seed.component_specs(&spec);
+        let data = seed.layout("alpha").etcd_data().display().to_string();
+        for s in &specs {
+            let guarded = s.program == Path::new("/bin/ring-agent");
+            let names_data = s
+                .args
+                .windows(2)
+                .any(|w| w == ["--etcd-data", data.as_str()]);
+            assert_eq!(
+                (guarded, names_data),
+                match s.component {
+                    Component::Etcd => (true, true),
+                    Component::KubeApiserver => (true, false),
+                    _ => (false, false),
+                },
+                "{:?}: {:?}",
+                s.component,
+                s.args
+            );
+        }
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub fn relay_spec(
         log: layout.log(Component::ApiForwarder),
         netns: None,
     };
-    crate::lease_file::guarded(agent, &crate::lease_file::path(layout), forward)
+    crate::lease_file::guarded(agent, &crate::lease_file::path(layout), forward, None)
 }
 
 impl Forwarders {
