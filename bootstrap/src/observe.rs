@@ -35,6 +35,7 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
         return o;
     }
     let mut kubeconfigs = BTreeSet::new();
+    let mut views = Vec::new();
     for i in 0..names.len() {
         let Ok(mut client) = AdminClient::connect(&config.member_address(i), &layout.pki()) else {
             continue;
@@ -54,9 +55,21 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
                 o.ready.insert(h.shoot.clone());
             }
         }
-        if status.leader.is_some() && o.placements.is_empty() {
-            observe_moves(&status, &mut o);
-        }
+        views.push(status);
+    }
+    // placements and moves from the view that applied the most: a member
+    // ringd restarted a moment ago knows the leader before it has caught up,
+    // and its placements are those of before it stopped
+    let keys: Vec<ViewKey> = views
+        .iter()
+        .map(|s| ViewKey {
+            knows_leader: s.leader.is_some(),
+            term: s.term,
+            applied: s.applied_index,
+        })
+        .collect();
+    if let Some(i) = freshest(&keys) {
+        observe_moves(&views[i], &mut o);
     }
     for n in &names {
         if layout.kubeconfig(n).exists() {
@@ -75,6 +88,27 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
 }
 
 /// Placements and unfinished moves, from a member that knows a leader.
+/// What tells two members' views of the ring apart in age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ViewKey {
+    knows_leader: bool,
+    term: u64,
+    applied: u64,
+}
+
+/// The index of the newest view among those that know a leader: the highest
+/// term, then the most entries applied (the first of equals).
+fn freshest(views: &[ViewKey]) -> Option<usize> {
+    let newest = views
+        .iter()
+        .filter(|v| v.knows_leader)
+        .map(|v| (v.term, v.applied))
+        .max()?;
+    views
+        .iter()
+        .position(|v| v.knows_leader && (v.term, v.applied) == newest)
+}
+
 fn observe_moves(status: &RingStatus, o: &mut Observed) {
     for p in &status.placements {
         o.placements.insert(p.shoot.clone(), p.host.clone());
@@ -102,6 +136,41 @@ fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
             {
                 o.nodes_ready.insert(m.clone());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(knows_leader: bool, term: u64, applied: u64) -> ViewKey {
+        ViewKey {
+            knows_leader,
+            term,
+            applied,
+        }
+    }
+
+    /// A member restarted a moment ago (it knows the leader, has applied
+    /// less) is not the view placements are read from, whatever its place in
+    /// the member list; a member without a leader never is.
+    #[test]
+    fn placements_come_from_the_view_that_applied_the_most() {
+        let restarted = view(true, 2, 410);
+        let leader = view(true, 2, 733);
+        let follower = view(true, 2, 731);
+        let lost = view(false, 3, 900);
+        for (views, want) in [
+            (vec![restarted, leader, follower], Some(1)),
+            (vec![follower, restarted, leader], Some(2)),
+            (vec![leader, leader], Some(0)),
+            (vec![lost, restarted], Some(1)),
+            (vec![view(true, 3, 5), leader], Some(0)),
+            (vec![lost], None),
+            (vec![], None),
+        ] {
+            assert_eq!(freshest(&views), want, "{views:?}");
         }
     }
 }

@@ -35,6 +35,9 @@ pub(super) async fn verify_bucket_restore(
     Ok(objects)
 }
 
+/// How long releasing the predecessor's leader Leases may take.
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Lets the moved shoot's kube-controller-manager and kube-scheduler lead
 /// at once: deletes the leader Leases their fenced predecessors last wrote
 /// (at or before the revision restored here), which they would otherwise
@@ -50,13 +53,18 @@ pub(super) async fn release_leader_leases(mover: &dyn Mover, op: &Operation) {
     };
     let Some(revision) = restored else { return };
     let kubeconfig = mover.admin_kubeconfig(shoot);
-    match seed::leader_leases::release_stale(shoot, &kubeconfig, revision).await {
-        Ok(released) if released.is_empty() => {}
-        Ok(released) => {
+    let release = seed::leader_leases::release_stale(shoot, &kubeconfig, revision);
+    // bounded: an API that stalls here must not use up the Verify step's deadline
+    match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
+        Ok(Ok(released)) if released.is_empty() => {}
+        Ok(Ok(released)) => {
             tracing::info!(%shoot, revision, ?released, "released the fenced control plane's leader leases")
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::warn!(%shoot, error = %e, "cannot release the fenced control plane's leader leases")
+        }
+        Err(_) => {
+            tracing::warn!(%shoot, waited = ?RELEASE_TIMEOUT, "the API did not release the fenced control plane's leader leases in time")
         }
     }
 }
