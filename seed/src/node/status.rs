@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use k8s_openapi::api::core::v1::NodeCondition;
+
 use super::NodeConfig;
 use crate::process::{Component, States};
 
@@ -17,7 +19,7 @@ use crate::process::{Component, States};
 pub struct Registration {
     /// The Node object exists.
     pub registered: bool,
-    /// Its Ready condition is True.
+    /// Its Ready condition is True, posted by the kubelet of this run.
     pub ready: bool,
 }
 
@@ -48,6 +50,9 @@ pub struct Reporter {
     /// wins over whatever the shoot says.
     fatal: Arc<Mutex<Option<String>>>,
     states: watch::Receiver<States>,
+    /// Unix seconds when this `ring-node` started: a Ready condition with an
+    /// older heartbeat is the previous kubelet's.
+    started: i64,
 }
 
 impl Reporter {
@@ -63,6 +68,7 @@ impl Reporter {
             status: Arc::new(Mutex::new(status)),
             fatal: Arc::new(Mutex::new(None)),
             states,
+            started: crate::process::unix_now() as i64,
         };
         r.write();
         r
@@ -108,7 +114,7 @@ impl Reporter {
     pub async fn watch(self, stop: CancellationToken) {
         let kubeconfig = self.config.layout().config_file("kubelet.kubeconfig");
         loop {
-            let seen = registration(&self.config, &kubeconfig).await;
+            let seen = registration(&self.config, &kubeconfig, self.started).await;
             let fatal = self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let problem = match &seen {
                 _ if fatal.is_some() => fatal,
@@ -160,11 +166,28 @@ impl Reporter {
     }
 }
 
-/// What the shoot says about this node, asked with the node's own credentials.
-/// Errors name the cause: endpoint unreachable, certificate refused.
+/// Whether `conditions` say Ready with a heartbeat at or after `since` (unix
+/// seconds). Right after a restart the shoot still holds the Ready condition
+/// the previous kubelet posted (the node controller marks it Unknown only
+/// after its grace period, 40 s): taken for this run's, a returning machine's
+/// node counted Ready before its kubelet had even registered again.
+pub fn ready_since(conditions: &[NodeCondition], since: i64) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == "Ready"
+            && c.status == "True"
+            && c.last_heartbeat_time
+                .as_ref()
+                .is_some_and(|t| t.0.timestamp() >= since)
+    })
+}
+
+/// What the shoot says about this node, asked with the node's own credentials
+/// (Ready only as posted since `since`, see [`ready_since`]). Errors name the
+/// cause: endpoint unreachable, certificate refused.
 async fn registration(
     config: &NodeConfig,
     kubeconfig: &std::path::Path,
+    since: i64,
 ) -> Result<Registration, String> {
     use k8s_openapi::api::core::v1::Node;
     if let Err(e) = tokio::time::timeout(
@@ -187,12 +210,8 @@ async fn registration(
     match api.get_opt(&config.name).await {
         Ok(None) => Ok(Registration::default()),
         Ok(Some(node)) => {
-            let ready = node
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+            let ready = ready_since(&conditions, since);
             Ok(Registration { registered: true, ready })
         }
         Err(kube::Error::Api(e)) if e.code == 401 => Err(format!(
@@ -204,5 +223,42 @@ async fn registration(
             config.name, e.message
         )),
         Err(e) => Err(format!("endpoint: asking the shoot about node {}: {e}", config.name)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn condition(type_: &str, status: &str, heartbeat: Option<i64>) -> NodeCondition {
+        NodeCondition {
+            type_: type_.into(),
+            status: status.into(),
+            last_heartbeat_time: heartbeat
+                .map(|s| Time(k8s_openapi::chrono::DateTime::from_timestamp(s, 0).unwrap())),
+            ..Default::default()
+        }
+    }
+
+    /// Ready counts only with a heartbeat from this run: one posted before
+    /// the ring-node started is the previous kubelet's.
+    #[test]
+    fn only_a_ready_condition_posted_since_the_start_counts() {
+        let since = 1_800_000_000;
+        for (conditions, ready) in [
+            (vec![condition("Ready", "True", Some(since))], true),
+            (vec![condition("Ready", "True", Some(since + 3))], true),
+            (vec![condition("Ready", "True", Some(since - 26))], false),
+            (vec![condition("Ready", "True", None)], false),
+            (vec![condition("Ready", "False", Some(since + 3))], false),
+            (
+                vec![condition("MemoryPressure", "True", Some(since + 3))],
+                false,
+            ),
+            (vec![], false),
+        ] {
+            assert_eq!(ready_since(&conditions, since), ready, "{conditions:?}");
+        }
     }
 }
