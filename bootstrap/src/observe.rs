@@ -87,7 +87,6 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
     o
 }
 
-/// Placements and unfinished moves, from a member that knows a leader.
 /// What tells two members' views of the ring apart in age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ViewKey {
@@ -109,6 +108,7 @@ fn freshest(views: &[ViewKey]) -> Option<usize> {
         .position(|v| v.knows_leader && (v.term, v.applied) == newest)
 }
 
+/// Placements and unfinished moves, from the newest view ([`freshest`]).
 fn observe_moves(status: &RingStatus, o: &mut Observed) {
     for p in &status.placements {
         o.placements.insert(p.shoot.clone(), p.host.clone());
