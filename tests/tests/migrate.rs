@@ -340,8 +340,10 @@ async fn leader_lease_versions(client: &kube::Client) -> Vec<(String, i64)> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
     let mut held = Vec::new();
     for name in seed::leader_leases::LEADER_LEASES {
-        let Ok(Some(lease)) = leases.get_opt(name).await else {
-            continue;
+        let lease = match leases.get_opt(name).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => continue,
+            Err(e) => panic!("reading Lease kube-system/{name}: {e}"),
         };
         let holder = lease.spec.and_then(|s| s.holder_identity);
         let rv = lease.metadata.resource_version.and_then(|v| v.parse().ok());
