@@ -72,20 +72,33 @@ pub fn find_binaries(config: &NodeConfig) -> Result<NodeBinaries> {
 
 /// Gives this process a mount namespace of its own in which /var/log/pods is
 /// the node's private directory. Call before any thread is started (the
-/// binary does, before building its runtime): unshare fails in a threaded process.
+/// binary does, before building its runtime): unshare and setns fail in a
+/// threaded process.
+///
+/// A supervisor restarted while its pods run joins the mount namespace their
+/// shims still hold instead of making a new one: containerd pins each pod's
+/// network namespace with a mount made there, and a containerd started
+/// elsewhere would find those pins gone, report the pods without an IP, and
+/// kubelet would replace every running pod.
 pub fn isolate_mounts(config: &NodeConfig) -> Result<()> {
     use nix::mount::{mount, MsFlags};
-    let logs = config.layout().pod_logs();
-    let var_log_pods = std::path::Path::new("/var/log/pods");
-    for dir in [&logs, &var_log_pods.to_path_buf()] {
-        std::fs::create_dir_all(dir).map_err(SeedError::io(dir))?;
-    }
     let fail = |what: &str, e: nix::Error| {
         node_err(
             config,
             format!("{what}: {e} (a node needs root: CAP_SYS_ADMIN for its mount namespace)"),
         )
     };
+    if let Some(shim) = shim_in_other_mount_ns(config) {
+        let ns = format!("/proc/{shim}/ns/mnt");
+        let file = std::fs::File::open(&ns).map_err(SeedError::io(&ns))?;
+        return nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|e| fail("joining the mount namespace of the node's running pods", e));
+    }
+    let logs = config.layout().pod_logs();
+    let var_log_pods = std::path::Path::new("/var/log/pods");
+    for dir in [&logs, &var_log_pods.to_path_buf()] {
+        std::fs::create_dir_all(dir).map_err(SeedError::io(dir))?;
+    }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| fail("unshare(CLONE_NEWNS)", e))?;
     // Host mounts still appear here; nothing mounted here appears on the host.
@@ -105,6 +118,21 @@ pub fn isolate_mounts(config: &NodeConfig) -> Result<()> {
         None::<&str>,
     )
     .map_err(|e| fail("bind-mounting the node's pod logs over /var/log/pods", e))
+}
+
+/// A shim of this node's containerd that lives in a mount namespace other than
+/// this process's: the namespace a killed supervisor left to its pods.
+fn shim_in_other_mount_ns(config: &NodeConfig) -> Option<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let ns_of = |pid: &str| {
+        std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    };
+    let own = ns_of("self")?;
+    teardown::shim_pids(&config.layout().containerd_socket())
+        .into_iter()
+        .find(|pid| ns_of(&pid.to_string()).is_some_and(|ns| ns != own))
 }
 
 /// Writes every config file the node's processes read.
