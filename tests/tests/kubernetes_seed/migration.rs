@@ -212,6 +212,8 @@ async fn planned_migrations_between_kubernetes_and_local_seeds_lose_no_write() {
         revision > outcome.restored_revision,
         "revision {revision} after {outcome:?}"
     );
-    drop(ring);
+    // the cluster first: its node's files live in the ring's sandbox, which
+    // could not be removed under a running node
     cluster.stop().await;
+    drop(ring);
 }
