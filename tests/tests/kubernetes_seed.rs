@@ -762,6 +762,7 @@ async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
 
     let mut cfg = config("t5", &kc);
     cfg.service_type = ServiceType::NodePort;
+    cfg.node_address = Some(node_ip.into());
     let seed = KubernetesSeed::connect(&cfg, sandbox.path().join("ringd-state"))
         .await
         .expect("connect");
@@ -769,6 +770,18 @@ async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
         .await
         .expect("start");
     let ns = seed.namespace("hosted");
+    // no kube-apiserver pod is Ready yet (it waits for its etcd): the node
+    // port routes only to ready pods, so /readyz is not asked through it
+    let starting = seed.health("hosted").await.expect("health");
+    assert!(
+        !starting.ready
+            && starting
+                .detail
+                .starts_with("kube-apiserver 0/1 replicas ready")
+            && starting.detail.contains("not asked"),
+        "{}",
+        starting.detail
+    );
     wait_for(
         "every pod of the hosted control plane Ready",
         Duration::from_secs(240),

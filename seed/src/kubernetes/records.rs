@@ -74,7 +74,7 @@ impl KubernetesSeed {
     /// before the first start on this seed, so the control plane keeps the
     /// shoot's CA and keys.
     pub async fn seed_pki(&self, shoot: &str, dir: &Path) -> Result<()> {
-        let files = super::read_dir_files(dir)?;
+        let files = super::shoot_pki::read_dir_files(dir)?;
         let spec = ControlPlaneSpec::new(shoot);
         self.ensure_namespace(&spec).await?;
         self.apply(shoot, &self.renderer(&spec).anchor()).await?;
