@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use backup::codec::EncryptionKey;
 use backup::config::EncryptionConfig;
 
-use crate::{io, BootstrapError, BootstrapOptions, RingConfig, RingLayout};
+use crate::error::io;
+use crate::{BootstrapError, BootstrapOptions, RingConfig, RingLayout};
 
 impl RingLayout {
     /// Where the key bootstrap generates for the ring's bucket lives.

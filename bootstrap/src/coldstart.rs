@@ -22,8 +22,10 @@ use ringd::config::RingdConfig;
 use ringd::RingError;
 
 use crate::config::RingConfig;
+use crate::error::io;
+use crate::process::stop_processes;
 use crate::selfhost::{retire_seed, write_ringd_config};
-use crate::{io, nodes, ring_status, start_member, stop_processes, BootstrapError, RingLayout};
+use crate::{nodes, ring_status, start_member, BootstrapError, RingLayout};
 
 /// How long the pods' files may stay in use.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(120);

@@ -13,7 +13,8 @@ use seed::node::net::NodeNetwork;
 use seed::node::{NodeConfig, NodeStatus};
 
 use crate::config::RingConfig;
-use crate::{io, BootstrapError, RingLayout};
+use crate::error::io;
+use crate::{BootstrapError, RingLayout};
 
 /// A node's directory: `DIR/nodes/<node>`.
 pub fn node_dir(layout: &RingLayout, node: &str) -> PathBuf {
@@ -285,7 +286,8 @@ pub fn start(layout: &RingLayout, ring_node: &Path, member: &str) -> Result<(), 
         "--config".into(),
         config_file(layout, member).into_os_string(),
     ];
-    let pid = crate::spawn_detached(ring_node, &args, &log_file(layout, member), None, &[])?;
+    let pid =
+        crate::process::spawn_detached(ring_node, &args, &log_file(layout, member), None, &[])?;
     seed::pki::write_private(&pid_file(layout, member), pid.to_string().as_bytes())?;
     Ok(())
 }
@@ -302,7 +304,7 @@ pub async fn stop_all(
         .filter_map(|m| running_pid(layout, &m).map(|p| (m, p)))
         .collect();
     let still = |m: &str| running_pid(layout, m).is_some();
-    let stopped = crate::stop_processes(running, still, grace, "ring-node").await;
+    let stopped = crate::process::stop_processes(running, still, grace, "ring-node").await;
     for m in members(config) {
         clean_leftovers(layout, &m).await;
         let _ = std::fs::remove_file(pid_file(layout, &m));

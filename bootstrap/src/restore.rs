@@ -291,7 +291,7 @@ pub async fn restore(
     let mut current: Option<(String, Instant)> = None;
     let mut starts: BTreeMap<String, u32> = BTreeMap::new();
     loop {
-        let observed = crate::observe(&layout, &config).await;
+        let observed = crate::observe::observe(&layout, &config).await;
         let step = next_step(&config, &observed, &marks_on_disk(&layout, &config));
         if let RestoreStep::Bootstrap(Step::StartMember(m)) = &step {
             let n = starts.entry(m.clone()).or_default();
@@ -299,7 +299,7 @@ pub async fn restore(
             if *n > 2 {
                 return Err(BootstrapError::Unsupported(format!(
                     "ringd {m} exits right after starting; {}",
-                    crate::stuck_detail(&layout, &config, &Step::StartMember(m.clone()))
+                    crate::executor::stuck_detail(&layout, &config, &Step::StartMember(m.clone()))
                 )));
             }
         }
@@ -323,11 +323,13 @@ pub async fn restore(
             return Err(BootstrapError::Timeout {
                 step: label,
                 waited_secs: opts.timeout.as_secs(),
-                detail: crate::stuck_detail(&layout, &config, &inner),
+                detail: crate::executor::stuck_detail(&layout, &config, &inner),
             });
         }
         match &step {
-            RestoreStep::Bootstrap(s) => crate::execute(&layout, &config, &opts.ringd, s).await?,
+            RestoreStep::Bootstrap(s) => {
+                crate::executor::execute(&layout, &config, &opts.ringd, s).await?
+            }
             RestoreStep::RestoreShoot { shoot, host } => {
                 restore_shoot(&layout, &bucket, shoot, host).await?
             }

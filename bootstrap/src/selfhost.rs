@@ -19,7 +19,9 @@ use std::time::Duration;
 use ringd::config::RingdConfig;
 
 use crate::config::{RingConfig, SeedSpec};
-use crate::{io, ring_status, start_member, stop_processes, BootstrapError, RingLayout};
+use crate::error::io;
+use crate::process::stop_processes;
+use crate::{ring_status, start_member, BootstrapError, RingLayout};
 
 /// The seed a self-hosting `member` runs: its own shoot, Services on its
 /// first node's address.
