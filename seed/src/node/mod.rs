@@ -88,9 +88,10 @@ pub fn isolate_mounts(config: &NodeConfig) -> Result<()> {
             format!("{what}: {e} (a node needs root: CAP_SYS_ADMIN for its mount namespace)"),
         )
     };
-    if let Some(shim) = shim_in_other_mount_ns(config) {
-        let ns = format!("/proc/{shim}/ns/mnt");
-        let file = std::fs::File::open(&ns).map_err(SeedError::io(&ns))?;
+    // (a shim that exited since it was found leaves nothing to join)
+    let pods_ns = shim_in_other_mount_ns(config)
+        .and_then(|shim| std::fs::File::open(format!("/proc/{shim}/ns/mnt")).ok());
+    if let Some(file) = pods_ns {
         return nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNS)
             .map_err(|e| fail("joining the mount namespace of the node's running pods", e));
     }
