@@ -125,6 +125,7 @@ fn kill_seed_drill_fails_over_from_the_bucket_and_relinks() {
 /// any shoot is lost although the bucket lacked the newest ones; the ring
 /// heals and moves sb2 home.
 #[test]
+#[ignore = "1.5 min, left out to keep CI under its hour: scripts/drills runs kill-seed-standby; run with --ignored"]
 fn kill_seed_standby_drill_promotes_the_standby_and_loses_no_write() {
     let _slot = ring_slot();
     let sandbox = Sandbox::new();
@@ -223,6 +224,7 @@ fn clock_skew_drill_fences_by_the_nodes_clock_and_fails_over() {
 /// fails over onto df1 again: restored from the bucket (never from the stale
 /// copy), verified, nothing durable lost, never two control planes; healed.
 #[test]
+#[ignore = "1.5 min, left out to keep CI under its hour: scripts/drills --all runs double-failover; run with --ignored"]
 fn double_failover_drill_restores_onto_a_seed_holding_stale_data() {
     let _slot = ring_slot();
     let sandbox = Sandbox::new();
