@@ -66,7 +66,7 @@ fn ready(kc: &Path, ns: &str, selector: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dependents_left_in_back_off_while_the_api_was_fenced_start_once_it_serves() {
     let sandbox = Sandbox::new();
-    let cluster = seed_cluster_with_node(&sandbox, "k8s-seed-b").await;
+    let cluster = seed_cluster_with_node(&sandbox, "k8s-seed-k").await;
     let kc = cluster.kubeconfig();
     host_path_volume(&cluster, &sandbox, "etcd-data").await;
     let mut cfg = config("t7", &kc);
