@@ -88,10 +88,7 @@ pub fn isolate_mounts(config: &NodeConfig) -> Result<()> {
             format!("{what}: {e} (a node needs root: CAP_SYS_ADMIN for its mount namespace)"),
         )
     };
-    // (a shim that exited since it was found leaves nothing to join)
-    let pods_ns = shim_in_other_mount_ns(config)
-        .and_then(|shim| std::fs::File::open(format!("/proc/{shim}/ns/mnt")).ok());
-    if let Some(file) = pods_ns {
+    if let Some(file) = pods_mount_ns(config) {
         return nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNS)
             .map_err(|e| fail("joining the mount namespace of the node's running pods", e));
     }
@@ -121,19 +118,23 @@ pub fn isolate_mounts(config: &NodeConfig) -> Result<()> {
     .map_err(|e| fail("bind-mounting the node's pod logs over /var/log/pods", e))
 }
 
-/// A shim of this node's containerd that lives in a mount namespace other than
-/// this process's: the namespace a killed supervisor left to its pods.
-fn shim_in_other_mount_ns(config: &NodeConfig) -> Option<i32> {
+/// The mount namespace a killed supervisor left to its pods: that of a shim of
+/// this node's containerd, when it is not this process's own. A shim that
+/// exits before its namespace is opened leaves nothing to join.
+fn pods_mount_ns(config: &NodeConfig) -> Option<std::fs::File> {
     use std::os::unix::fs::MetadataExt;
+    let ns_file = |pid: &str| format!("/proc/{pid}/ns/mnt");
     let ns_of = |pid: &str| {
-        std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        std::fs::metadata(ns_file(pid))
             .ok()
             .map(|m| (m.dev(), m.ino()))
     };
     let own = ns_of("self")?;
     teardown::shim_pids(&config.layout().containerd_socket())
         .into_iter()
-        .find(|pid| ns_of(&pid.to_string()).is_some_and(|ns| ns != own))
+        .map(|pid| pid.to_string())
+        .find(|pid| ns_of(pid).is_some_and(|ns| ns != own))
+        .and_then(|pid| std::fs::File::open(ns_file(&pid)).ok())
 }
 
 /// Writes every config file the node's processes read.
