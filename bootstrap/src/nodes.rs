@@ -434,10 +434,7 @@ pub fn kill_member(layout: &RingLayout, config: &RingConfig, member: &str) -> Ve
     let mut killed = Vec::new();
     for node in nodes_of(config, member) {
         if let Some(pid) = running_pid(layout, &node) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            kill_supervisor(pid);
             killed.push(node.clone());
         }
         if let Some(n) = node_config(layout, &node) {
@@ -445,6 +442,20 @@ pub fn kill_member(layout: &RingLayout, config: &RingConfig, member: &str) -> Ve
         }
     }
     killed
+}
+
+/// SIGKILL to a node supervisor, then a wait (at most 2 s) until it is gone:
+/// its containerd, kubelet and kube-proxy die with it, and must be gone
+/// before the node's pods and cgroups are removed (kubelet makes them again).
+fn kill_supervisor(pid: u32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while seed::process::pid_alive(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// (shoot, the node's pod cgroup root) of every configured node of the ring:
@@ -471,10 +482,7 @@ pub fn kill_now(layout: &RingLayout) {
         .iter()
         .filter_map(|m| {
             if let Some(pid) = running_pid(layout, m) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                kill_supervisor(pid);
             }
             node_config(layout, m)
         })

@@ -370,11 +370,17 @@ async fn stop_node(config: &NodeConfig, procs: &mut Processes) -> Result<()> {
     let root = config.cgroup_root.clone();
     let pods_left =
         teardown::kill_until_gone(|| teardown::pod_pids(&root), Duration::from_secs(15)).await;
-    let socket = config.layout().containerd_socket();
+    // the shims and any runc they started (it would make cgroups again)
+    let run_dir = &config.run_dir;
     let shims_left =
-        teardown::kill_until_gone(|| teardown::shim_pids(&socket), Duration::from_secs(10)).await;
+        teardown::kill_until_gone(|| teardown::runtime_pids(run_dir), Duration::from_secs(10))
+            .await;
     procs.stop(Component::Containerd).await;
-    let cgroups_left = teardown::remove_cgroups(&config.cgroup_root);
+    let cgroups_left = tokio::task::spawn_blocking(move || {
+        teardown::remove_cgroups_within(&root, Duration::from_secs(5))
+    })
+    .await
+    .unwrap_or_else(|_| teardown::cgroup_dirs(&config.cgroup_root));
     let _ = std::fs::remove_dir_all(&config.run_dir);
     if pods_left.is_empty() && shims_left.is_empty() && cgroups_left.is_empty() {
         return Ok(());

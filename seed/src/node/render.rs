@@ -226,7 +226,7 @@ pub fn component_specs(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::node::config::MAX_STATE_DIR_LEN;
 

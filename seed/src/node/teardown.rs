@@ -115,6 +115,32 @@ pub fn shim_pids(socket: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// The node's runtime processes outside its pods: every process (but this
+/// one) with an argument naming a path under the node's `run_dir`. That is
+/// each shim (`-address <run_dir>/containerd.sock`) and each `runc` a shim
+/// started (`--log <run_dir>/containerd/...`): a `runc create` outliving its
+/// killed shim goes on making the container's cgroups under the node's root.
+pub fn runtime_pids(run_dir: &Path) -> Vec<i32> {
+    let dir = run_dir.as_os_str().as_encoded_bytes();
+    let under = |arg: &[u8]| {
+        arg.strip_prefix(dir)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
+    };
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.split(|b| *b == 0).any(under))
+        })
+        .collect()
+}
+
 fn kill_all(pids: &[i32]) {
     for pid in pids {
         let _ = nix::sys::signal::kill(
@@ -162,6 +188,28 @@ pub fn remove_cgroups(cgroup_root: &str) -> Vec<PathBuf> {
     left
 }
 
+/// [`remove_cgroups`] until none is left, bounded by `within`: between
+/// passes it kills whatever still runs in them (a pod process still exiting
+/// after its SIGKILL, or one a late `runc` put there). Once none is left it
+/// looks once more after a pause, for a tree a dying kubelet or runc created
+/// again. Returns what remains at the deadline.
+pub fn remove_cgroups_within(cgroup_root: &str, within: Duration) -> Vec<PathBuf> {
+    let deadline = Instant::now() + within;
+    let mut gone_once = false;
+    loop {
+        let left = remove_cgroups(cgroup_root);
+        if left.is_empty() && gone_once {
+            return left;
+        }
+        gone_once = left.is_empty();
+        if Instant::now() >= deadline {
+            return left;
+        }
+        kill_all(&pod_pids(cgroup_root));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Creates the node's cgroup root in every v1 hierarchy (kubelet expects it),
 /// with cpuset's cpus and mems copied from the parent.
 pub fn create_cgroups(cgroup_root: &str) -> std::io::Result<()> {
@@ -186,12 +234,14 @@ pub fn create_cgroups(cgroup_root: &str) -> std::io::Result<()> {
 /// Removes everything of a node whose supervisor is gone (killed, or never
 /// stopped): SIGKILLs its pods and shims until none is left (bounded), then
 /// removes its cgroups and run dir. Synchronous, for `Drop` guards.
+///
+/// Its shims and their `runc` processes go first with the pods: a `runc`
+/// left running makes cgroups again after they were removed.
 pub fn kill_node_now(config: &super::NodeConfig) {
-    let socket = config.layout().containerd_socket();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut left = pod_pids(&config.cgroup_root);
-        left.extend(shim_pids(&socket));
+        left.extend(runtime_pids(&config.run_dir));
         left.retain(|p| crate::process::pid_alive(*p as u32));
         if left.is_empty() || Instant::now() >= deadline {
             break;
@@ -199,13 +249,51 @@ pub fn kill_node_now(config: &super::NodeConfig) {
         kill_all(&left);
         std::thread::sleep(Duration::from_millis(100));
     }
-    remove_cgroups(&config.cgroup_root);
+    let left = remove_cgroups_within(&config.cgroup_root, Duration::from_secs(5));
+    if !left.is_empty() {
+        tracing::warn!(cgroups = ?left, "cgroups of a killed node could not be removed");
+    }
     let _ = std::fs::remove_dir_all(&config.run_dir);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `runc` stand-in (an argument under the node's run dir) that makes a
+    /// pod cgroup under the node's root 300 ms later: the teardown kills it
+    /// with the pods, so no cgroup of the node is left. With shims alone
+    /// killed (before), it made its cgroup after the teardown had removed
+    /// the node's: the partial trees seen left after CI runs.
+    #[test]
+    fn a_late_runc_of_the_node_is_killed_before_it_makes_cgroups_again() {
+        let mut config = crate::node::render::tests::config();
+        let tag = format!("ring-teardown-{}", std::process::id());
+        config.run_dir = std::env::temp_dir().join(&tag);
+        config.cgroup_root = format!("/{tag}");
+        create_cgroups(&config.cgroup_root).unwrap();
+        let hierarchy = cgroup_dirs(&config.cgroup_root)
+            .into_iter()
+            .find(|d| d.starts_with("/sys/fs/cgroup/pids"))
+            .expect("the pids hierarchy (cgroup v1) under /sys/fs/cgroup");
+        let late = hierarchy.join("kubepods/podlate");
+        let script = format!("sleep 0.3; mkdir -p {}", late.display());
+        let runc_log = config.run_dir.join("containerd/x/log.json");
+        let mut runc = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .arg(&runc_log)
+            .spawn()
+            .unwrap();
+        kill_node_now(&config);
+        let status = runc.wait().unwrap();
+        let left = cgroup_dirs(&config.cgroup_root);
+        remove_cgroups(&config.cgroup_root);
+        assert!(
+            left.is_empty(),
+            "left {left:?}; the stand-in ended {status}"
+        );
+        assert!(!status.success(), "the stand-in was not killed: {status}");
+    }
 
     /// A pod's processes are read from its `pod<uid>` cgroup (and below),
     /// wherever the QoS class put it; dead pids and other pods do not count.
