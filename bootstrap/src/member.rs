@@ -82,6 +82,11 @@ pub(crate) fn write_member_config(
             encryption: config.bucket_encryption.clone(),
         }),
         protection: config.protection,
+        initial_hosts: if join {
+            Default::default()
+        } else {
+            crate::plan::initial_hosts(config)
+        },
     };
     rc.validate()?;
     let yaml = serde_yaml::to_string(&rc).map_err(|e| BootstrapError::Config {

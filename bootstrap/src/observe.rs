@@ -36,6 +36,7 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
     }
     let mut kubeconfigs = BTreeSet::new();
     let mut views = Vec::new();
+    let mut lagging: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
     for i in 0..names.len() {
         let Ok(mut client) = AdminClient::connect(&config.member_address(i), &layout.pki()) else {
             continue;
@@ -43,12 +44,11 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
         let Ok(status) = client.status().await else {
             continue;
         };
-        if status.leader.is_some()
-            && names
+        if status.leader.is_some() {
+            lagging.remove(names[i]);
+            o.quorum |= names
                 .iter()
-                .all(|n| status.members.iter().any(|m| m.name == *n))
-        {
-            o.quorum = true;
+                .all(|n| status.members.iter().any(|m| m.name == *n));
         }
         for h in &status.hosted {
             if h.serving && h.ready {
@@ -57,6 +57,7 @@ pub(crate) async fn observe(layout: &RingLayout, config: &RingConfig) -> Observe
         }
         views.push(status);
     }
+    o.lagging = lagging;
     // placements and moves from the view that applied the most: a member
     // ringd restarted a moment ago knows the leader before it has caught up,
     // and its placements are those of before it stopped
@@ -116,6 +117,11 @@ fn observe_moves(status: &RingStatus, o: &mut Observed) {
     for op in status.operations.iter().filter(|op| !op.step.is_finished()) {
         o.moving.insert(op.shoot().to_string());
     }
+    o.last_moved = status
+        .operations
+        .iter()
+        .max_by_key(|op| op.id)
+        .map(|op| op.shoot().to_string());
 }
 
 fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {

@@ -94,6 +94,8 @@ pub struct Observed {
     pub running: BTreeSet<String>,
     /// A leader exists and the ring state lists every member.
     pub quorum: bool,
+    /// Members whose ringd does not answer or knows no leader (yet).
+    pub lagging: BTreeSet<String>,
     /// Shoots whose control plane serves and answers `/readyz`.
     pub ready: BTreeSet<String>,
     /// Shoots whose kubeconfig is published.
@@ -114,6 +116,8 @@ pub struct Observed {
     pub moving: BTreeSet<String>,
     /// Members whose ringd hosts as pods (its config has a Kubernetes seed).
     pub pod_seeds: BTreeSet<String>,
+    /// The shoot of the newest failover or migration.
+    pub last_moved: Option<String>,
 }
 
 impl Observed {
@@ -139,7 +143,11 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     if let Some(m) = config.members.iter().find(|m| !o.running.contains(&m.name)) {
         return Step::StartMember(m.name.clone());
     }
-    if !o.quorum {
+    // every ringd in the ring again before the next step: a seed switch
+    // restarts its member's ringd, and a second switch before the first
+    // member knows the leader again left two of three ringds out, so no
+    // lease was renewed and every control plane fenced itself
+    if !o.quorum || !o.lagging.is_empty() {
         return Step::AwaitQuorum;
     }
     // control planes in pods need their host's node: awaited after the nodes
@@ -224,41 +232,108 @@ pub fn pivot_order(config: &RingConfig) -> Vec<String> {
         .collect()
 }
 
+/// Where shoots start when a ring with self-hosting members is created
+/// (shoot -> member; shoots not named start on their predecessor). A member
+/// that switches to pods starts hosting nothing, so it switches before any
+/// move and its successor moves once, into pods on it, instead of away and
+/// back. That successor starts where [`evacuation_target`] would send it:
+/// the next member in ring order that stays hosting as processes and is not
+/// the shoot itself, else the first such member. In a closed ring the member
+/// that switches last is that one: it takes every shoot at the start.
+pub fn initial_hosts(config: &RingConfig) -> BTreeMap<String, String> {
+    let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
+    let order = pivot_order(config);
+    let closed = !names.is_empty() && order.len() >= names.len();
+    let switch_first = order.len() - usize::from(closed);
+    let empty: BTreeSet<&str> = order[..switch_first].iter().map(String::as_str).collect();
+    let mut hosts = BTreeMap::new();
+    for (at, member) in names.iter().enumerate() {
+        let Some(shoot) = config.successor(member).filter(|_| empty.contains(member)) else {
+            continue;
+        };
+        let after = || {
+            (1..names.len())
+                .map(|k| names[(at + k) % names.len()])
+                .filter(|n| !empty.contains(n))
+        };
+        if let Some(host) = after()
+            .find(|n| *n != shoot.as_str())
+            .or_else(|| after().next())
+        {
+            hosts.insert(shoot, host.to_string());
+        }
+    }
+    hosts
+}
+
 /// The steps that move each self-hosting member's successor into pods on
-/// that member's node: move it off the member, switch the member's seed to
-/// its own shoot, move the successor back onto the member. One member at a
-/// time, in [`pivot_order`].
+/// that member's node: a member that hosts nothing switches its seed to its
+/// own shoot at once; a member that hosts its successor first moves it away
+/// (evacuation); a switched member takes its successor in (pivot). Of the
+/// moves possible, evacuations go first (the member that switches last
+/// frees itself while the other nodes are undisturbed), then in
+/// [`pivot_order`], but not one onto or off the node of the shoot that moved
+/// last if another move can go first: that node's kubelet lost its API
+/// during the move and backs off for up to half a minute before it lists its
+/// pods again, so it would start (or stop) the moving pods that much later.
 fn next_pivot_step(config: &RingConfig, o: &Observed) -> Step {
     let moving: Vec<String> = o.moving.iter().cloned().collect();
     if !moving.is_empty() {
         return Step::AwaitMoves(moving);
     }
-    for m in &pivot_order(config) {
+    let order = pivot_order(config);
+    let hosts_nothing = |m: &str| !o.placements.values().any(|h| h == m);
+    if let Some(m) = order
+        .iter()
+        .find(|m| !o.pod_seeds.contains(*m) && hosts_nothing(m))
+    {
+        return Step::SwitchSeed(m.clone());
+    }
+    let mut moves = possible_moves(config, o, &order);
+    moves.sort_by_key(|s| !matches!(s, Step::Evacuate { .. }));
+    let on_last_moved = |s: &Step| {
+        let (shoot, to) = match s {
+            Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => (shoot, to),
+            _ => return false,
+        };
+        let from = o.placements.get(shoot).filter(|h| o.pod_seeds.contains(*h));
+        o.last_moved.is_some()
+            && (o.last_moved.as_ref() == Some(to) || o.last_moved.as_ref() == from)
+    };
+    moves
+        .iter()
+        .find(|s| !on_last_moved(s))
+        .or(moves.first())
+        .cloned()
+        .unwrap_or(Step::Done)
+}
+
+/// Every move [`next_pivot_step`] may make now, in `order`.
+fn possible_moves(config: &RingConfig, o: &Observed, order: &[String]) -> Vec<Step> {
+    let mut moves = Vec::new();
+    for m in order {
         let Some(shoot) = config.successor(m) else {
             continue;
         };
         let host = o.placements.get(&shoot);
-        if !o.pod_seeds.contains(m) {
-            if host == Some(m) {
-                let Some(to) = evacuation_target(config, o, m, &shoot) else {
-                    continue;
-                };
-                return Step::Evacuate {
+        if o.pod_seeds.contains(m) {
+            if host != Some(m) {
+                moves.push(Step::Pivot {
+                    shoot,
+                    to: m.clone(),
+                });
+            }
+        } else if host == Some(m) {
+            if let Some(to) = evacuation_target(config, o, m, &shoot) {
+                moves.push(Step::Evacuate {
                     shoot,
                     from: m.clone(),
                     to,
-                };
+                });
             }
-            return Step::SwitchSeed(m.clone());
-        }
-        if host != Some(m) {
-            return Step::Pivot {
-                shoot,
-                to: m.clone(),
-            };
         }
     }
-    Step::Done
+    moves
 }
 
 /// Where `shoot` waits while `member`'s seed changes kind: the next member in
@@ -324,7 +399,10 @@ impl Observed {
             Step::StartMember(m) => {
                 self.running.insert(m);
             }
-            Step::AwaitQuorum => self.quorum = true,
+            Step::AwaitQuorum => {
+                self.quorum = true;
+                self.lagging.clear();
+            }
             Step::AwaitControlPlanes(s) => self.ready.extend(s),
             Step::PublishKubeconfigs(s) => self.kubeconfigs.extend(s),
             Step::BuildImages => self.images_built = true,
@@ -340,6 +418,7 @@ impl Observed {
                 self.moving.remove(s);
             }),
             Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => {
+                self.last_moved = Some(shoot.clone());
                 self.placements.insert(shoot, to);
             }
             Step::ColdStart { member, .. } => {
@@ -349,6 +428,8 @@ impl Observed {
                 self.nodes_ready = self.nodes_running.clone();
             }
             Step::SwitchSeed(m) => {
+                // its ringd restarts
+                self.lagging.insert(m.clone());
                 self.pod_seeds.insert(m);
             }
             Step::Done => return false,

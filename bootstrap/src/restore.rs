@@ -5,7 +5,8 @@
 //! configs, ringd per member, quorum, control planes, kubeconfigs) with one more
 //! kind of step before any ringd starts: each shoot's identity (spec with its
 //! endpoint, PKI) and etcd data are restored from the bucket onto the member
-//! that hosts it in a fresh ring (its predecessor), up to the newest durable
+//! that hosts it in a fresh ring (its predecessor, or its first host in a
+//! self-hosted ring), up to the newest durable
 //! delta. When the ringds come up they find the restored shoots and serve them
 //! on their unchanged endpoints, so kubeconfigs from the lost ring keep working.
 //! The plan is pure over what is on disk (a restored shoot has a marker with its
@@ -60,8 +61,14 @@ impl RestoreStep {
     }
 }
 
-/// The member that hosts `shoot` in a fresh ring: its predecessor in ring order.
+/// The member that hosts `shoot` in a fresh ring: where
+/// [`crate::plan::initial_hosts`] starts it (a self-hosted ring), else its
+/// predecessor in ring order. The ring's first state places it there, so its
+/// restored data must be in that member's seed.
 pub fn host_of(config: &RingConfig, shoot: &str) -> Option<String> {
+    if let Some(host) = crate::plan::initial_hosts(config).remove(shoot) {
+        return Some(host);
+    }
     let n = config.members.len();
     let i = config.members.iter().position(|m| m.name == shoot)?;
     Some(config.members[(i + n - 1) % n].name.clone())
@@ -395,6 +402,24 @@ pub fn render(r: &RestoreReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fresh ring places each shoot where its data was restored: on its
+    /// predecessor, or (a self-hosted ring) on its first host. Restored onto
+    /// the predecessor while the ring placed it elsewhere, a closed ring's
+    /// shoot started there from an empty etcd (the full-ring-dr drill).
+    #[test]
+    fn a_shoot_is_restored_onto_the_member_the_new_ring_places_it_on() {
+        let mut closed = RingConfig::default();
+        closed.self_hosting.members = ["m1", "m2", "m3"].map(String::from).into();
+        for (config, hosts) in [
+            (RingConfig::default(), ["m3", "m1", "m2"]),
+            (closed, ["m2", "m2", "m2"]),
+        ] {
+            for (shoot, host) in ["m1", "m2", "m3"].iter().zip(hosts) {
+                assert_eq!(host_of(&config, shoot).as_deref(), Some(host), "{shoot}");
+            }
+        }
+    }
 
     #[test]
     fn every_shoot_is_restored_onto_its_predecessor_before_any_ringd_starts() {

@@ -200,6 +200,7 @@ fn ringd_config(
             }),
         // a hot standby runs on local seeds only
         protection: Default::default(),
+        initial_hosts: Default::default(),
     }
 }
 

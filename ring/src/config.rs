@@ -15,8 +15,10 @@
 //! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000 }
 //! seed: { stateDir: /var/lib/ring/m1/seed }   # optional: host control planes locally
 //! # or in a Kubernetes cluster: seed: { stateDir: ..., kubernetes: { ring: demo, kubeconfig: seed.kubeconfig } }
+//! initialHosts: { m1: m2 }       # optional: shoot m1 starts on m2, not on m3
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -203,6 +205,12 @@ pub struct RingdConfig {
     /// leader decides by its own: every member of a ring gets the same.
     #[serde(default)]
     pub protection: Protection,
+    /// Where shoots start when this member creates the ring (shoot ->
+    /// member), for those not started on their predecessor. `ringctl
+    /// bootstrap` of a self-hosted ring starts the successors of the members
+    /// that switch to pods elsewhere, so each moves once instead of twice.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub initial_hosts: BTreeMap<String, String>,
 }
 
 /// Where a member backs up the control planes it serves.
@@ -241,6 +249,24 @@ fn check_addr(field: &str, addr: &str) -> Result<SocketAddr, RingError> {
 }
 
 impl RingdConfig {
+    /// Every shoot and host named in `initialHosts` is a member of the ring.
+    fn validate_initial_hosts(&self) -> Result<(), RingError> {
+        let known = |name: &str| self.members.iter().any(|m| m.name == name);
+        for (shoot, host) in &self.initial_hosts {
+            let f = format!("initialHosts.{shoot}");
+            if !known(shoot) {
+                return Err(bad(&f, "names a shoot that is not in members; remove it"));
+            }
+            if !known(host) {
+                return Err(bad(
+                    &f,
+                    format!("is {host:?}, not a member; name one of members"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A hot standby needs a local seed (it runs etcd next to ringd) and a
     /// bucket (it fetches the shoot's certificates from there).
     fn validate_protection(&self) -> Result<(), RingError> {
@@ -339,6 +365,7 @@ impl RingdConfig {
         }
         self.timing.validate()?;
         self.validate_protection()?;
+        self.validate_initial_hosts()?;
         if let Some(b) = &self.backup {
             b.bucket
                 .validate("backup.bucket")
@@ -442,6 +469,14 @@ members:
             (
                 format!("{GOOD}seed: {{ stateDir: /s, kubernetes: {{ ring: demo, etcdStorage: lots }} }}\n"),
                 "seed.kubernetes.etcdStorage",
+            ),
+            (
+                format!("{GOOD}initialHosts: {{ m1: m9 }}\n"),
+                "initialHosts.m1",
+            ),
+            (
+                format!("{GOOD}initialHosts: {{ m9: m1 }}\n"),
+                "initialHosts.m9",
             ),
         ];
         for (text, field) in cases {

@@ -30,6 +30,7 @@ fn ring(names: &[&str]) -> RingState {
             })
             .collect(),
         epochs: Default::default(),
+        hosts: Default::default(),
     })
     .unwrap();
     s

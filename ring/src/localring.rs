@@ -135,6 +135,7 @@ impl LocalRing {
             }),
             backup: None,
             protection: Default::default(),
+            initial_hosts: Default::default(),
         };
         config.validate()?;
         let path = mdir.join("ringd.yaml");

@@ -357,6 +357,7 @@ fn bootstrapped(sim: &mut Sim) -> u64 {
                 .map(|i| (format!("m{i}"), i, format!("127.0.0.1:{i}")))
                 .collect(),
             epochs: Default::default(),
+            hosts: Default::default(),
         },
     );
     sim.run(20);

@@ -54,6 +54,7 @@ fn a_member_proposes_only_for_what_it_hosts_or_executes() {
         RingCommand::Bootstrap {
             members: vec![],
             epochs: Default::default(),
+            hosts: Default::default(),
         },
         RingCommand::MarkDown {
             member: "a".into(),

@@ -93,6 +93,7 @@ pub(crate) async fn bootstrap(shared: Arc<Shared>, stop: CancellationToken) {
                     .propose(RingCommand::Bootstrap {
                         members: members.clone(),
                         epochs,
+                        hosts: shared.config.initial_hosts.clone(),
                     })
                     .await
                 {

@@ -14,7 +14,11 @@ impl RingState {
     /// Applies `cmd`; a rejected command changes nothing.
     pub fn apply(&mut self, cmd: &RingCommand) -> Result<(), Rejection> {
         match cmd {
-            RingCommand::Bootstrap { members, epochs } => self.bootstrap(members, epochs),
+            RingCommand::Bootstrap {
+                members,
+                epochs,
+                hosts,
+            } => self.bootstrap(members, epochs, hosts),
             RingCommand::MarkDown { member, at_ms } => self.mark_down(member, *at_ms),
             RingCommand::MarkUp { member, at_ms } => self.mark_up(member, *at_ms),
             RingCommand::RenewLease {
@@ -81,14 +85,22 @@ impl RingState {
         }
     }
 
-    /// Creates the ring: each member hosts its successor.
+    /// Creates the ring: each member hosts its successor, but for the shoots
+    /// `hosts` places elsewhere.
     fn bootstrap(
         &mut self,
         members: &[(String, u64, String)],
         epochs: &std::collections::BTreeMap<String, u64>,
+        hosts: &std::collections::BTreeMap<String, String>,
     ) -> Result<(), Rejection> {
         if !self.members.is_empty() {
             return Err("the ring is already bootstrapped".into());
+        }
+        let known = |name: &str| members.iter().any(|(m, _, _)| m == name);
+        if let Some((shoot, host)) = hosts.iter().find(|(s, h)| !known(s) || !known(h)) {
+            return Err(format!(
+                "the first host of {shoot} is {host}, but both must be members of the new ring"
+            ));
         }
         let n = members.len();
         for (i, (name, id, address)) in members.iter().enumerate() {
@@ -101,7 +113,7 @@ impl RingState {
                 up_since_ms: None,
             });
             self.next_member_id = self.next_member_id.max(id + 1);
-            let host = &members[(i + n - 1) % n].0;
+            let host = hosts.get(name).unwrap_or(&members[(i + n - 1) % n].0);
             self.placements.insert(
                 name.to_string(),
                 Placement {

@@ -365,6 +365,12 @@ pub enum RingCommand {
         /// bucket already holds objects of earlier epochs).
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         epochs: BTreeMap<String, u64>,
+        /// Shoots whose control plane starts on another member than their
+        /// predecessor (shoot -> member): a self-hosted ring's bootstrap
+        /// starts them where they need not move away before their host
+        /// switches to pods.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        hosts: BTreeMap<String, String>,
     },
     /// The leader heard nothing from `member` for the failure window.
     MarkDown { member: String, at_ms: u64 },

@@ -9,6 +9,7 @@ pub(crate) fn ring3() -> RingState {
             ("c".into(), 3, "127.0.0.1:3".into()),
         ],
         epochs: Default::default(),
+        hosts: Default::default(),
     })
     .unwrap();
     s
@@ -61,10 +62,44 @@ fn bootstrap_makes_each_member_host_its_successor_once() {
         .apply(&RingCommand::Bootstrap {
             members: vec![],
             epochs: Default::default(),
+            hosts: Default::default(),
         })
         .is_err());
     assert_eq!(again, s);
     assert_eq!(s.predecessor("a").unwrap().name, "c");
+}
+
+/// A ring created with first hosts: the shoots named start there, the others
+/// on their predecessor; a host (or shoot) that is not a member is refused
+/// and leaves the ring uncreated.
+#[test]
+fn bootstrap_places_shoots_on_their_first_hosts() {
+    let members: Vec<(String, u64, String)> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.to_string(), i as u64 + 1, format!("127.0.0.1:{i}")))
+        .collect();
+    let boot = |hosts: &[(&str, &str)]| RingCommand::Bootstrap {
+        members: members.clone(),
+        epochs: Default::default(),
+        hosts: hosts
+            .iter()
+            .map(|(s, h)| (s.to_string(), h.to_string()))
+            .collect(),
+    };
+    let mut s = RingState::default();
+    s.apply(&boot(&[("a", "b"), ("c", "b")])).unwrap();
+    let host = |s: &RingState, shoot: &str| s.placements[shoot].host.clone();
+    assert_eq!(
+        ["a", "b", "c"].map(|shoot| host(&s, shoot)),
+        ["b", "a", "b"]
+    );
+    for bad in [[("a", "x")], [("x", "a")]] {
+        let mut fresh = RingState::default();
+        let err = fresh.apply(&boot(&bad)).unwrap_err();
+        assert!(err.contains("must be members of the new ring"), "{err}");
+        assert_eq!(fresh, RingState::default());
+    }
 }
 
 #[test]
@@ -310,6 +345,7 @@ fn first_epochs_come_from_the_bootstrap_and_the_added_member() {
             ("b".into(), 2, "127.0.0.1:2".into()),
         ],
         epochs: [("b".to_string(), 7)].into_iter().collect(),
+        hosts: Default::default(),
     })
     .unwrap();
     let epochs = |s: &RingState| -> Vec<(String, u64)> {
