@@ -284,6 +284,12 @@ mod tests {
             .arg(&runc_log)
             .spawn()
             .unwrap();
+        // once it runs sh (before its exec it still has this test's arguments)
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !runtime_pids(&config.run_dir).contains(&(runc.id() as i32)) {
+            assert!(Instant::now() < deadline, "the stand-in did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         kill_node_now(&config);
         let status = runc.wait().unwrap();
         let left = cgroup_dirs(&config.cgroup_root);
