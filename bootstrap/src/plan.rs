@@ -241,26 +241,17 @@ pub fn pivot_order(config: &RingConfig) -> Vec<String> {
 /// the shoot itself, else the first such member. In a closed ring the member
 /// that switches last is that one: it takes every shoot at the start.
 pub fn initial_hosts(config: &RingConfig) -> BTreeMap<String, String> {
-    let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
     let order = pivot_order(config);
-    let closed = !names.is_empty() && order.len() >= names.len();
-    let switch_first = order.len() - usize::from(closed);
-    let empty: BTreeSet<&str> = order[..switch_first].iter().map(String::as_str).collect();
+    let closed = !config.members.is_empty() && order.len() >= config.members.len();
+    let empty = &order[..order.len() - usize::from(closed)];
     let mut hosts = BTreeMap::new();
-    for (at, member) in names.iter().enumerate() {
-        let Some(shoot) = config.successor(member).filter(|_| empty.contains(member)) else {
+    for member in empty {
+        let Some(shoot) = config.successor(member) else {
             continue;
         };
-        let after = || {
-            (1..names.len())
-                .map(|k| names[(at + k) % names.len()])
-                .filter(|n| !empty.contains(n))
-        };
-        if let Some(host) = after()
-            .find(|n| *n != shoot.as_str())
-            .or_else(|| after().next())
+        if let Some(host) = nearest_after(config, member, &shoot, |n| !empty.iter().any(|e| e == n))
         {
-            hosts.insert(shoot, host.to_string());
+            hosts.insert(shoot, host);
         }
     }
     hosts
@@ -346,17 +337,28 @@ fn evacuation_target(
     member: &str,
     shoot: &str,
 ) -> Option<String> {
+    nearest_after(config, member, shoot, |n| !o.pod_seeds.contains(n))
+        .or_else(|| nearest_after(config, member, shoot, |n| n != shoot))
+}
+
+/// The first member after `member` in ring order that `keep` accepts and is
+/// not `shoot`, else the first that `keep` accepts (then `shoot` itself).
+fn nearest_after(
+    config: &RingConfig,
+    member: &str,
+    shoot: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Option<String> {
     let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
     let at = names.iter().position(|n| *n == member)?;
-    let after = || (1..names.len()).map(|k| names[(at + k) % names.len()]);
-    let processes: Vec<&str> = after().filter(|n| !o.pod_seeds.contains(*n)).collect();
-    processes
-        .iter()
+    let kept: Vec<&str> = (1..names.len())
+        .map(|k| names[(at + k) % names.len()])
+        .filter(|n| keep(n))
+        .collect();
+    kept.iter()
         .find(|n| **n != shoot)
-        .or_else(|| processes.first())
-        .copied()
-        .or_else(|| after().find(|n| *n != shoot))
-        .map(str::to_string)
+        .or(kept.first())
+        .map(|n| n.to_string())
 }
 
 /// The steps that give every shoot its node (none when `nodes.perMember` is 0).

@@ -93,39 +93,9 @@ fn processes_of_pod(dirs: &[PathBuf], uid: &str) -> Vec<i32> {
     pids
 }
 
-/// The containerd shims serving the containerd at `socket`.
-pub fn shim_pids(socket: &Path) -> Vec<i32> {
-    let want = socket.as_os_str().as_encoded_bytes();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                return false;
-            };
-            let mut args = cmdline.split(|b| *b == 0);
-            let is_shim = args
-                .next()
-                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
-            is_shim && cmdline.split(|b| *b == 0).any(|a| a == want)
-        })
-        .collect()
-}
-
-/// The node's runtime processes outside its pods: every process (but this
-/// one) with an argument naming a path under the node's `run_dir`. That is
-/// each shim (`-address <run_dir>/containerd.sock`) and each `runc` a shim
-/// started (`--log <run_dir>/containerd/...`): a `runc create` outliving its
-/// killed shim goes on making the container's cgroups under the node's root.
-pub fn runtime_pids(run_dir: &Path) -> Vec<i32> {
-    let dir = run_dir.as_os_str().as_encoded_bytes();
-    let under = |arg: &[u8]| {
-        arg.strip_prefix(dir)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
-    };
+/// Every process but this one whose arguments (`/proc/<pid>/cmdline`, the
+/// program first) `matches` accepts.
+fn pids_by_arguments(matches: impl Fn(&[&[u8]]) -> bool) -> Vec<i32> {
     let me = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -135,10 +105,36 @@ pub fn runtime_pids(run_dir: &Path) -> Vec<i32> {
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| *pid != me)
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| cmdline.split(|b| *b == 0).any(under))
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                matches(&args)
+            })
         })
         .collect()
+}
+
+/// The containerd shims serving the containerd at `socket`.
+pub fn shim_pids(socket: &Path) -> Vec<i32> {
+    let want = socket.as_os_str().as_encoded_bytes();
+    pids_by_arguments(|args| {
+        args.first()
+            .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+            && args.contains(&want)
+    })
+}
+
+/// The node's runtime processes outside its pods: every process (but this
+/// one) with an argument naming a path under the node's `run_dir`. That is
+/// each shim (`-address <run_dir>/containerd.sock`) and each `runc` a shim
+/// started (`--log <run_dir>/containerd/...`): a `runc create` outliving its
+/// killed shim goes on making the container's cgroups under the node's root.
+pub fn runtime_pids(run_dir: &Path) -> Vec<i32> {
+    let dir = run_dir.as_os_str().as_encoded_bytes();
+    let under = |arg: &&[u8]| {
+        arg.strip_prefix(dir)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
+    };
+    pids_by_arguments(|args| args.iter().any(under))
 }
 
 fn kill_all(pids: &[i32]) {
