@@ -226,12 +226,18 @@ pub fn configure(
     let (ca_cert, ca_key) = (read("ca.crt")?, read("ca.key")?);
     let dir = absolute(&node_dir(layout, node))?;
     let api = seed::ShootEndpoint::for_shoot(&shoot);
-    let node_config = NodeConfig::on_network(
+    let mut node_config = NodeConfig::on_network(
         &net,
         h,
         dir,
         std::net::SocketAddr::new(api.address.into(), api.api_port),
     );
+    // the node hosts control planes as pods; kube-proxy and ringd run on it
+    // as processes: their images would only make every start longer
+    node_config.images = seed::images::CONTROL_PLANE
+        .iter()
+        .map(|i| i.name.to_string())
+        .collect();
     node_config.issue_credentials(&ca_cert, &ca_key)?;
     node_config.save(&config_file(layout, node))?;
     Ok(())

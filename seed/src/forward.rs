@@ -7,12 +7,26 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-/// How long a relayed connection waits for its target to accept.
+/// How long one connect to the target may take (a Service whose endpoints
+/// just changed may drop the connect instead of refusing it).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a connection accepted while its target refuses is held, trying
+/// again, before it is closed. A shoot's API is away for 10-20 s while its
+/// control plane moves; a client refused at once backs off (client-go's
+/// reflector doubles 0.8 s up to 30 s) and comes back up to half a minute
+/// after the API did. Held, the client's request goes through as soon as the
+/// API is back. Below client-go's TLS handshake timeout (10 s), so a client
+/// sees an end of stream rather than timing out itself.
+const HOLD: Duration = Duration::from_secs(8);
+
+/// Pause between two connects to a target that refused.
+const RETRY: Duration = Duration::from_millis(100);
+
 /// Relays connections accepted on `listener` to `target` (`host:port`, looked
-/// up per connection) until `stop`; a connection whose target does not answer
-/// is closed. Open connections end with `stop` too.
+/// up per connection) until `stop`; a connection whose target refuses is held
+/// for up to [`HOLD`] while the relay tries again, then closed. Open
+/// connections end with `stop` too.
 pub async fn relay(listener: TcpListener, target: String, stop: CancellationToken) {
     loop {
         let accepted = tokio::select! {
@@ -26,11 +40,14 @@ pub async fn relay(listener: TcpListener, target: String, stop: CancellationToke
         };
         let (stop, target) = (stop.clone(), target.clone());
         tokio::spawn(async move {
-            // a target that does not answer (a Service whose endpoints just
-            // changed) must not hold the client until the kernel gives up
-            let connect = TcpStream::connect(target.as_str());
-            let Ok(Ok(mut outbound)) = tokio::time::timeout(CONNECT_TIMEOUT, connect).await else {
-                return;
+            let connect = connect_within(&target, HOLD);
+            let mut outbound = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                c = connect => match c {
+                    Some(c) => c,
+                    None => return,
+                },
             };
             tokio::select! {
                 biased;
@@ -41,23 +58,90 @@ pub async fn relay(listener: TcpListener, target: String, stop: CancellationToke
     }
 }
 
+/// Connects to `target`, trying again while it refuses or does not answer,
+/// until `hold` has passed; `None` then.
+async fn connect_within(target: &str, hold: Duration) -> Option<TcpStream> {
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // a target that does not answer (a Service whose endpoints just
+        // changed) must not hold the client until the kernel gives up
+        let connect = TcpStream::connect(target);
+        if let Ok(Ok(c)) = tokio::time::timeout(CONNECT_TIMEOUT.min(left), connect).await {
+            return Some(c);
+        }
+        if tokio::time::Instant::now() + RETRY >= deadline {
+            return None;
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Answers one connection on `upstream`: reads four bytes and sends them
+    /// back in upper case.
+    async fn shout_once(upstream: TcpListener) {
+        let (mut s, _) = upstream.accept().await.unwrap();
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.unwrap();
+        s.write_all(&buf.map(|b| b.to_ascii_uppercase()))
+            .await
+            .unwrap();
+    }
+
+    /// A client that connects while the shoot's API is away (its control plane
+    /// moving) is held and relayed once the API listens again, instead of
+    /// being refused and backing off.
+    #[tokio::test]
+    async fn a_connection_made_while_the_target_is_away_goes_through_when_it_is_back() {
+        let away = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = away.local_addr().unwrap();
+        drop(away);
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(relay(front, target.to_string(), stop.clone()));
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"ring").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let upstream = TcpListener::bind(target).await.unwrap();
+        tokio::spawn(shout_once(upstream));
+        let mut back = [0u8; 4];
+        tokio::time::timeout(HOLD, c.read_exact(&mut back))
+            .await
+            .expect("the held connection is relayed within the hold")
+            .expect("the relay keeps the connection open while its target is away");
+        assert_eq!(&back, b"RING");
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_target_that_stays_away_is_given_up_after_the_hold() {
+        let away = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = away.local_addr().unwrap().to_string();
+        drop(away);
+        let started = std::time::Instant::now();
+        let hold = Duration::from_millis(500);
+        let c = tokio::time::timeout(Duration::from_secs(5), connect_within(&target, hold))
+            .await
+            .expect("connect_within ends by itself");
+        assert!(c.is_none(), "nothing listens on {target}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(400),
+            "it tried again for the hold"
+        );
+    }
+
     #[tokio::test]
     async fn bytes_go_both_ways_and_stop_ends_the_listener() {
         let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target = upstream.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            let (mut s, _) = upstream.accept().await.unwrap();
-            let mut buf = [0u8; 4];
-            s.read_exact(&mut buf).await.unwrap();
-            s.write_all(&buf.map(|b| b.to_ascii_uppercase()))
-                .await
-                .unwrap();
-        });
+        tokio::spawn(shout_once(upstream));
         let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = front.local_addr().unwrap();
         let stop = CancellationToken::new();

@@ -111,6 +111,19 @@ pub const ALL: [ImageName; 7] = [
     RINGD,
 ];
 
+/// What a node that hosts control planes as pods runs: the sandbox, etcd
+/// (with its backup sidecar and restore init container), kube-apiserver
+/// (with its lease guard), kube-controller-manager and kube-scheduler.
+/// kube-proxy runs on the node as a process and ringd next to it, so their
+/// images are not needed there.
+pub const CONTROL_PLANE: [ImageName; 5] = [
+    PAUSE,
+    ETCD,
+    KUBE_APISERVER,
+    KUBE_CONTROLLER_MANAGER,
+    KUBE_SCHEDULER,
+];
+
 /// The full name (`docker.io/ring/<name>:<tag>`) of the image called `name`.
 pub fn reference(name: &str) -> Option<String> {
     ALL.iter().find(|i| i.name == name).map(ImageName::full)

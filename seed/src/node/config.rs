@@ -51,6 +51,13 @@ pub struct NodeConfig {
     /// Image archives imported into containerd at start [default: the setup cache's `images`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images_dir: Option<PathBuf>,
+    /// The images (names as in `seed::images::ALL`: `etcd`, `kube-apiserver`,
+    /// ...) imported at start besides `pause`; empty: every archive in
+    /// `imagesDir`. A node that hosts control planes as pods needs
+    /// [`crate::images::CONTROL_PLANE`]; each image more costs seconds of
+    /// import at every start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<String>,
     /// Where kubelet and kube-proxy are looked for first [default: setup's cache, then PATH].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bin_dir: Option<PathBuf>,
@@ -85,8 +92,18 @@ impl NodeConfig {
             api_server,
             cgroup_root: format!("/{}", host.netns),
             images_dir: None,
+            images: Vec::new(),
             bin_dir: None,
         }
+    }
+
+    /// The full names of the images imported at start besides `pause`
+    /// (empty: every archive found).
+    pub fn image_references(&self) -> Vec<String> {
+        self.images
+            .iter()
+            .filter_map(|name| crate::images::reference(name))
+            .collect()
     }
 
     /// Issues the node's (`system:node:<name>`, group `system:nodes`) and
@@ -193,6 +210,21 @@ impl NodeConfig {
             return Err(bad(
                 "cgroupRoot",
                 "must be an absolute cgroup path like /ring-node-m1",
+            ));
+        }
+        if let Some((i, name)) = self
+            .images
+            .iter()
+            .enumerate()
+            .find(|(_, n)| crate::images::reference(n).is_none())
+        {
+            let known: Vec<&str> = crate::images::ALL.iter().map(|i| i.name).collect();
+            return Err(bad(
+                &format!("images[{i}]"),
+                format!(
+                    "{name:?} is not an image Ring builds; use names from {}",
+                    known.join(", ")
+                ),
             ));
         }
         Ok(())

@@ -4,18 +4,20 @@ use std::path::Path;
 
 use super::NodeConfig;
 use crate::error::{Result, SeedError};
+use crate::images::BuiltImage;
 
-/// Imports every image archive in `dir` (or only the image named `only`) that
-/// containerd at `socket` lacks (by name and manifest digest).
+/// Imports every image archive in `dir` (or only the images whose full names
+/// are in `only`, when it is not empty) that containerd at `socket` lacks (by
+/// name and manifest digest).
 pub async fn import_missing(
     config: &NodeConfig,
     dir: &Path,
     socket: &Path,
-    only: Option<&str>,
+    only: &[String],
 ) -> Result<()> {
     let ctr = crate::BinarySearch::standard(config.bin_dir.as_deref()).find("ctr")?;
     let (dir, socket, name) = (dir.to_path_buf(), socket.to_path_buf(), config.name.clone());
-    let only = only.map(String::from);
+    let only = only.to_vec();
     tokio::task::spawn_blocking(move || import_blocking(&name, &ctr, &dir, &socket, only))
         .await
         .map_err(|e| SeedError::Node {
@@ -24,17 +26,22 @@ pub async fn import_missing(
         })?
 }
 
+/// Of `images`, those whose full names are in `only` (all when it is empty).
+fn wanted(mut images: Vec<BuiltImage>, only: &[String]) -> Vec<BuiltImage> {
+    if !only.is_empty() {
+        images.retain(|i| only.contains(&i.reference));
+    }
+    images
+}
+
 fn import_blocking(
     node: &str,
     ctr: &Path,
     dir: &Path,
     socket: &Path,
-    only: Option<String>,
+    only: Vec<String>,
 ) -> Result<()> {
-    let mut images = crate::images::list(dir)?;
-    if let Some(only) = &only {
-        images.retain(|i| &i.reference == only);
-    }
+    let images = wanted(crate::images::list(dir)?, &only);
     if images.is_empty() {
         return Err(SeedError::Node {
             node: node.to_string(),
@@ -52,4 +59,26 @@ fn import_blocking(
         crate::images::import(ctr, socket, &image.archive)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_listed_images_are_imported_or_all_when_none_is_listed() {
+        let built = |name: &str| BuiltImage {
+            name: name.into(),
+            reference: crate::images::reference(name).unwrap(),
+            archive: format!("/images/{name}.tar").into(),
+            digest: "sha256:0".into(),
+            size: 1,
+            rebuilt: false,
+        };
+        let all = || vec![built("pause"), built("etcd"), built("ringd")];
+        let names = |v: Vec<BuiltImage>| v.into_iter().map(|i| i.name).collect::<Vec<_>>();
+        assert_eq!(names(wanted(all(), &[])), ["pause", "etcd", "ringd"]);
+        let only = [crate::images::ETCD.full()];
+        assert_eq!(names(wanted(all(), &only)), ["etcd"]);
+    }
 }

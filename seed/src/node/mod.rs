@@ -344,7 +344,7 @@ async fn bring_up(
     report.phase("ImportingImages");
     let runtime = async {
         wait_for_containerd(config).await?;
-        images::import_missing(config, &dir, &socket, Some(&crate::images::PAUSE.full())).await
+        images::import_missing(config, &dir, &socket, &[crate::images::PAUSE.full()]).await
     };
     if let Err(e) = runtime.await {
         tracing::error!(error = %e, "the node's runtime is not usable");
@@ -353,7 +353,8 @@ async fn bring_up(
     for spec in rest {
         procs.start(spec);
     }
-    match images::import_missing(config, &dir, &socket, None).await {
+    let wanted = config.image_references();
+    match images::import_missing(config, &dir, &socket, &wanted).await {
         Ok(()) => report.phase("Running"),
         Err(e) => {
             tracing::error!(error = %e, "importing the local images failed");

@@ -244,6 +244,7 @@ pub(crate) mod tests {
             api_server: "127.20.1.2:6443".parse().unwrap(),
             cgroup_root: "/ring-node-rnode-0-m1".into(),
             images_dir: None,
+            images: Vec::new(),
             bin_dir: None,
         }
     }
@@ -351,6 +352,10 @@ pub(crate) mod tests {
             ),
             (|c| c.cgroup_root = "ring".into(), "cgroupRoot"),
             (|c| c.netns = "a/b".into(), "netns"),
+            (
+                |c| c.images = vec!["etcd".into(), "nginx".into()],
+                "images[1]",
+            ),
         ];
         for (edit, field) in cases {
             let mut c = config();
@@ -362,6 +367,19 @@ pub(crate) mod tests {
             );
         }
         config().validate().unwrap();
+        let mut c = config();
+        c.images = vec!["etcd".into(), "kube-apiserver".into()];
+        c.validate().unwrap();
+        assert_eq!(
+            c.image_references(),
+            [
+                "docker.io/ring/etcd:v3.4.23".to_string(),
+                format!(
+                    "docker.io/ring/kube-apiserver:{}",
+                    crate::binaries::K8S_VERSION
+                )
+            ]
+        );
         // the longest state dir that still fits is accepted
         let mut c = config();
         c.state_dir = format!("/{}", "s".repeat(MAX_STATE_DIR_LEN - 1)).into();
