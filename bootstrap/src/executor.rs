@@ -125,15 +125,26 @@ pub(crate) async fn execute(
             tokio::time::sleep(Duration::from_millis(250)).await
         }
         Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => {
-            // e.g. no leader yet after a member's ringd restarted: the next
-            // round observes again and asks again (bounded by the timeout)
-            match migrate_and_wait(layout, config, shoot, to, MOVE_TIMEOUT).await {
-                Err(e) if e.is_retryable() => {
-                    tracing::info!(%shoot, %to, error = %e, "moving again after a retryable error");
-                    tokio::time::sleep(Duration::from_millis(500)).await
+            move_once(layout, config, shoot, to).await?
+        }
+        Step::Moves(moves) => {
+            let mut all = tokio::task::JoinSet::new();
+            for m in moves {
+                let (layout, config) = (layout.clone(), config.clone());
+                if let Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } = m.clone() {
+                    all.spawn(async move { move_once(&layout, &config, &shoot, &to).await });
                 }
-                r => r?,
             }
+            // every move ends before an error is reported (none is left
+            // unwatched); the first error is the one reported
+            let mut first_err = None;
+            while let Some(r) = all.join_next().await {
+                let r = r.map_err(|e| BootstrapError::Unsupported(format!("a move's task: {e}")));
+                if let Err(e) = r.and_then(|r| r) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(()), Err)?
         }
         Step::ColdStart { member, shoot } => {
             coldstart::cold_start(layout, config, ringd, member, shoot).await?
@@ -142,6 +153,25 @@ pub(crate) async fn execute(
         Step::Done => {}
     }
     Ok(())
+}
+
+/// Moves `shoot` to `to` and waits until the move ends. A retryable error
+/// (e.g. no leader yet after a member's ringd restarted) is not one: the
+/// next round observes again and asks again (bounded by the timeout).
+async fn move_once(
+    layout: &RingLayout,
+    config: &RingConfig,
+    shoot: &str,
+    to: &str,
+) -> Result<(), BootstrapError> {
+    match migrate_and_wait(layout, config, shoot, to, MOVE_TIMEOUT).await {
+        Err(e) if e.is_retryable() => {
+            tracing::info!(%shoot, %to, error = %e, "moving again after a retryable error");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// How long bootstrap waits for one planned migration of self-hosting.

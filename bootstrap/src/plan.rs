@@ -46,6 +46,9 @@ pub enum Step {
     SwitchSeed(String),
     /// Move `shoot` into pods on member `to`'s node (planned migration).
     Pivot { shoot: String, to: String },
+    /// These moves (evacuations and pivots) at the same time: none moves a
+    /// shoot whose API another one needs (see [`independent`]).
+    Moves(Vec<Step>),
     /// Cold start of a closed ring (every control plane in pods, none
     /// serving, so no node can get its pods): `member` hosts its successor
     /// `shoot` as processes again, from the etcd data its pods left on the
@@ -76,6 +79,7 @@ impl Step {
             Step::Evacuate { shoot, from, to } => format!("move {shoot} off {from} to {to}"),
             Step::SwitchSeed(m) => format!("make {m} host as pods"),
             Step::Pivot { shoot, to } => format!("move {shoot} into pods on {to}"),
+            Step::Moves(moves) => moves.iter().map(Step::label).collect::<Vec<_>>().join("; "),
             Step::ColdStart { member, shoot } => {
                 format!("cold start: {member} hosts {shoot} as processes")
             }
@@ -291,12 +295,56 @@ fn next_pivot_step(config: &RingConfig, o: &Observed) -> Step {
         o.last_moved.is_some()
             && (o.last_moved.as_ref() == Some(to) || o.last_moved.as_ref() == from)
     };
-    moves
-        .iter()
-        .find(|s| !on_last_moved(s))
-        .or(moves.first())
-        .cloned()
-        .unwrap_or(Step::Done)
+    let Some(first) = moves.iter().find(|s| !on_last_moved(s)).or(moves.first()) else {
+        return Step::Done;
+    };
+    together(o, first, &moves)
+}
+
+/// `first` with every pivot of `moves` that is [`independent`] of it and of
+/// those taken before: one move costs 15-20 s, mostly waiting for the new
+/// pods to serve, so two that cannot disturb each other go at once. Only
+/// pivots join (each puts a shoot where it stays); evacuations go one at a
+/// time, as each frees the member that switches next.
+fn together(o: &Observed, first: &Step, moves: &[Step]) -> Step {
+    let mut batch = vec![first.clone()];
+    for m in moves.iter().filter(|m| matches!(m, Step::Pivot { .. })) {
+        if batch.iter().all(|b| independent(o, b, m)) {
+            batch.push(m.clone());
+        }
+    }
+    match batch.len() {
+        1 => first.clone(),
+        _ => Step::Moves(batch),
+    }
+}
+
+/// The shoot a move moves, and the members whose shoots' APIs it needs: the
+/// target and the source, each when it hosts as pods (the pods start and
+/// stop through that shoot's API); `None` for other steps.
+fn move_needs<'a>(o: &'a Observed, step: &'a Step) -> Option<(&'a str, Vec<&'a str>)> {
+    let (shoot, to) = match step {
+        Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => (shoot, to),
+        _ => return None,
+    };
+    let from = o.placements.get(shoot);
+    let needs = std::iter::once(to)
+        .chain(from)
+        .filter(|m| o.pod_seeds.contains(*m))
+        .map(String::as_str)
+        .collect();
+    Some((shoot, needs))
+}
+
+/// Whether moves `a` and `b` can run at the same time: they move different
+/// shoots, and neither takes away the API of a shoot the other one needs
+/// (its control plane is away for the whole move, and the kubelets of that
+/// shoot's node back off meanwhile).
+fn independent(o: &Observed, a: &Step, b: &Step) -> bool {
+    let (Some((sa, na)), Some((sb, nb))) = (move_needs(o, a), move_needs(o, b)) else {
+        return false;
+    };
+    sa != sb && !na.contains(&sb) && !nb.contains(&sa)
 }
 
 /// Every move [`next_pivot_step`] may make now, in `order`.
@@ -422,6 +470,11 @@ impl Observed {
             Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => {
                 self.last_moved = Some(shoot.clone());
                 self.placements.insert(shoot, to);
+            }
+            Step::Moves(moves) => {
+                for m in moves {
+                    self.pretend(m);
+                }
             }
             Step::ColdStart { member, .. } => {
                 self.pod_seeds.remove(&member);

@@ -216,17 +216,20 @@ fn walk_checked(c: &RingConfig, o: &mut Observed) -> Vec<Step> {
     let mut seen = Vec::new();
     loop {
         let step = next_step(c, o);
-        match &step {
-            Step::SwitchSeed(m) => assert!(
+        if let Step::SwitchSeed(m) = &step {
+            assert!(
                 !o.placements.values().any(|h| h == m),
                 "{m} switches while hosting: {:?}",
                 o.placements
-            ),
-            Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } => assert!(
-                shoot != to || !o.pod_seeds.contains(to),
-                "{shoot} in pods on its own node"
-            ),
-            _ => {}
+            );
+        }
+        for m in flat(std::slice::from_ref(&step)) {
+            if let Step::Evacuate { shoot, to, .. } | Step::Pivot { shoot, to } = &m {
+                assert!(
+                    shoot != to || !o.pod_seeds.contains(to),
+                    "{shoot} in pods on its own node"
+                );
+            }
         }
         seen.push(step.clone());
         if !o.pretend(step) {
@@ -263,7 +266,7 @@ fn a_closed_ring_switches_the_last_member_first_and_the_last_move_is_pods_to_pod
     );
     // no member hosts as processes when m3's control plane leaves m2:
     // it waits in pods on m1 (not on m3, its own shoot)
-    assert!(seen.contains(&Step::Evacuate {
+    assert!(flat(&seen).contains(&Step::Evacuate {
         shoot: "m3".into(),
         from: "m2".into(),
         to: "m1".into()
@@ -272,9 +275,21 @@ fn a_closed_ring_switches_the_last_member_first_and_the_last_move_is_pods_to_pod
     assert!(closed(&o), "{:?}", o.placements);
 }
 
+/// The steps of a walk with the moves made together ([`Step::Moves`]) one
+/// after the other.
+fn flat(seen: &[Step]) -> Vec<Step> {
+    seen.iter()
+        .flat_map(|s| match s {
+            Step::Moves(m) => m.clone(),
+            s => vec![s.clone()],
+        })
+        .collect()
+}
+
 /// The moves (evacuations and pivots) of a walk.
 fn moves(seen: &[Step]) -> usize {
-    seen.iter()
+    flat(seen)
+        .iter()
         .filter(|s| matches!(s, Step::Evacuate { .. } | Step::Pivot { .. }))
         .count()
 }
@@ -302,9 +317,9 @@ fn a_new_self_hosted_ring_starts_shoots_where_each_moves_once() {
     let seen = walk_checked(&closed_ring, &mut o);
     assert_eq!(moves(&seen), 4, "{seen:?}");
     assert!(closed(&o), "{:?}", o.placements);
-    // m3 and m1 switch at once; m3 leaves m2 first (into pods on m1), and no
-    // move goes into the node of the shoot that moved just before it (its
-    // kubelet backs off after losing its API): m2 into m1 before m1 into m3
+    // m3 and m1 switch at once; m3 leaves m2 (into pods on m1) together
+    // with m2 going into pods on m1: neither needs the other's API. m1 into
+    // m3 waits for m3's move (its pods start through m3's API)
     let evacuate = |s: &str, f: &str, t: &str| Step::Evacuate {
         shoot: s.into(),
         from: f.into(),
@@ -316,14 +331,13 @@ fn a_new_self_hosted_ring_starts_shoots_where_each_moves_once() {
     };
     // and each switch waits until the restarted ringd knows the leader again
     assert_eq!(
-        seen[seen.len() - 11..],
+        seen[seen.len() - 10..],
         [
             Step::SwitchSeed("m3".into()),
             Step::AwaitQuorum,
             Step::SwitchSeed("m1".into()),
             Step::AwaitQuorum,
-            evacuate("m3", "m2", "m1"),
-            pivot("m2", "m1"),
+            Step::Moves(vec![evacuate("m3", "m2", "m1"), pivot("m2", "m1")]),
             pivot("m1", "m3"),
             Step::SwitchSeed("m2".into()),
             Step::AwaitQuorum,
@@ -409,4 +423,83 @@ fn a_stopped_closed_ring_cold_starts_one_control_plane_as_processes_and_pivots_i
         ]
     );
     assert!(closed(&o), "{:?}", o.placements);
+}
+
+/// Which moves may run at once: different shoots, and neither takes away
+/// the API of a shoot whose node the other one starts or stops pods on.
+#[test]
+fn moves_go_together_only_when_neither_needs_the_api_the_other_takes_away() {
+    // m3 and m1 host as pods; m2 as processes, and hosts every shoot
+    let o = Observed {
+        pod_seeds: ["m1".to_string(), "m3".to_string()].into(),
+        placements: ["m1", "m2", "m3"]
+            .iter()
+            .map(|s| (s.to_string(), "m2".to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let pivot = |s: &str, t: &str| Step::Pivot {
+        shoot: s.into(),
+        to: t.into(),
+    };
+    let evacuate = |s: &str, t: &str| Step::Evacuate {
+        shoot: s.into(),
+        from: "m2".into(),
+        to: t.into(),
+    };
+    let mut in_pods_on_m1 = o.clone();
+    in_pods_on_m1.placements.insert("m3".into(), "m1".into());
+    let cases = [
+        (
+            "both into m1's pods",
+            &o,
+            evacuate("m3", "m1"),
+            pivot("m2", "m1"),
+            true,
+        ),
+        (
+            "into pods through the API that moves",
+            &o,
+            evacuate("m3", "m1"),
+            pivot("m1", "m3"),
+            false,
+        ),
+        (
+            "the same shoot",
+            &o,
+            pivot("m2", "m1"),
+            pivot("m2", "m3"),
+            false,
+        ),
+        (
+            "onto a process host: no API needed",
+            &o,
+            evacuate("m1", "m2"),
+            pivot("m2", "m3"),
+            true,
+        ),
+        (
+            "out of pods through the API that moves",
+            &in_pods_on_m1,
+            pivot("m3", "m2"),
+            pivot("m1", "m3"),
+            false,
+        ),
+        (
+            "not a move",
+            &o,
+            pivot("m2", "m1"),
+            Step::SwitchSeed("m2".into()),
+            false,
+        ),
+    ];
+    for (name, o, a, b, want) in cases {
+        assert_eq!(independent(o, &a, &b), want, "{name}");
+        assert_eq!(independent(o, &b, &a), want, "{name} (the other way)");
+    }
+    let both = Step::Moves(vec![evacuate("m3", "m1"), pivot("m2", "m1")]);
+    assert_eq!(
+        both.label(),
+        "move m3 off m2 to m1; move m2 into pods on m1"
+    );
 }

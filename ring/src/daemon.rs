@@ -234,9 +234,16 @@ pub async fn start(
     let metrics_addr = listeners.metrics.as_ref().and_then(|l| l.local_addr().ok());
     let grpc_addr = listeners.grpc_addr;
     let mut tasks = JoinSet::new();
-    let s = stop.clone();
-    tasks.spawn(async move { node_task.run(s).await });
-    spawn_transport(&mut tasks, &shared, outbox, listeners, &stop);
+    // the transport outlives the other loops until the node task ended: a
+    // stopping leader hands its leadership over through it
+    let transport = CancellationToken::new();
+    let (s, t) = (stop.clone(), transport.clone());
+    tasks.spawn(async move {
+        let ended = node_task.run(s).await;
+        t.cancel();
+        ended
+    });
+    spawn_transport(&mut tasks, &shared, outbox, listeners, &transport);
     spawn_loops(&mut tasks, &shared, commands_rx, &stop);
     tracing::info!(member = %config.name, %grpc_addr, ?metrics_addr, "ringd started");
     Ok(RunningDaemon {

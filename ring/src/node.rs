@@ -185,6 +185,29 @@ impl RaftCore {
         }
     }
 
+    /// A leader that is about to stop starts handing its leadership to the
+    /// voter whose log matches its own furthest (raft's leader transfer:
+    /// once caught up, that voter campaigns at once instead of after an
+    /// election timeout). The voter's id; `None` when not the leader or
+    /// alone.
+    pub fn hand_over(&mut self) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        let me = self.raw.raft.id;
+        let voters = self.store.conf_state().voters;
+        let to = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me && voters.contains(id))
+            .max_by_key(|(id, p)| (p.matched, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id)?;
+        self.raw.transfer_leader(to);
+        Some(to)
+    }
+
     /// Starts an election now (tests and single-member bootstrap).
     pub fn campaign(&mut self) -> Result<(), RingError> {
         self.raw.campaign().map_err(raft_err)
@@ -559,6 +582,9 @@ impl NodeHandle {
     }
 }
 
+/// How long a stopping leader waits for a voter to take its leadership over.
+pub const HAND_OVER: Duration = Duration::from_secs(2);
+
 /// The single task that owns a [`RaftCore`].
 pub struct NodeTask {
     core: RaftCore,
@@ -597,7 +623,7 @@ impl NodeTask {
         loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => return self.hand_over().await,
                 req = self.rx.recv() => match req {
                     Some(req) => self.handle(req),
                     None => return Ok(()),
@@ -611,12 +637,54 @@ impl NodeTask {
                     Err(_) => break,
                 }
             }
-            let outbox = &self.outbox;
-            self.core.handle_ready(|msgs| {
-                let _ = outbox.try_send(msgs);
-            })?;
-            self.view.send_replace(self.core.view());
+            self.flush()?;
         }
+    }
+
+    /// Persists and sends what raft has ready; publishes the new view.
+    fn flush(&mut self) -> Result<(), RingError> {
+        let outbox = &self.outbox;
+        self.core.handle_ready(|msgs| {
+            let _ = outbox.try_send(msgs);
+        })?;
+        self.view.send_replace(self.core.view());
+        Ok(())
+    }
+
+    /// At shutdown, a leader hands its leadership over (at most
+    /// [`HAND_OVER`]) before the node stops: otherwise the ring commits
+    /// nothing for an election timeout and more on a loaded machine, and
+    /// with another member restarting just before (a seed switch, an
+    /// upgrade) the control planes' leases ran out and they fenced
+    /// themselves. The transport runs until this returns.
+    async fn hand_over(&mut self) -> Result<(), RingError> {
+        let Some(to) = self.core.hand_over() else {
+            return Ok(());
+        };
+        tracing::info!(to, "stopping: handing the leadership over first");
+        let deadline = tokio::time::Instant::now() + HAND_OVER;
+        let mut ticker = tokio::time::interval(self.tick);
+        while self.core.is_leader() {
+            self.flush()?;
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(to, "the leadership was not taken over within {HAND_OVER:?}; stopping anyway");
+                    return Ok(());
+                }
+                req = self.rx.recv() => match req {
+                    Some(req) => self.handle(req),
+                    None => return Ok(()),
+                },
+                _ = ticker.tick() => self.core.tick(),
+            }
+        }
+        self.flush()?;
+        tracing::info!(
+            leader = self.core.view().leader_id,
+            "the leadership was taken over"
+        );
+        Ok(())
     }
 
     fn handle(&mut self, req: NodeRequest) {

@@ -445,3 +445,38 @@ fn peers_propose_only_their_own_duties_and_never_an_empty_proposal() {
     sim.run(20);
     assert!(applied(&mut after));
 }
+
+/// A leader about to stop hands its leadership to a caught-up voter, which
+/// leads within a few message rounds (every election timeout here is at
+/// least 13 ticks) and commits with the third voter once the old leader is
+/// gone; a follower has nothing to hand over.
+#[test]
+fn a_stopping_leader_hands_its_leadership_to_a_caught_up_voter() {
+    let mut sim = Sim::new(3, 11);
+    assert!(sim.run_until(600, |s| s.leader().is_some()));
+    let old = sim.leader().unwrap();
+    let mut rx = sim.propose(old, backup(1));
+    sim.run(5);
+    assert!(applied(&mut rx));
+    let follower = *sim.ids.iter().find(|i| **i != old).unwrap();
+    assert_eq!(sim.nodes.get_mut(&follower).unwrap().hand_over(), None);
+    let to = sim
+        .nodes
+        .get_mut(&old)
+        .unwrap()
+        .hand_over()
+        .expect("a leader with voters hands over");
+    assert_ne!(to, old);
+    assert!(
+        sim.run_until(5, |s| s.nodes[&to].is_leader()),
+        "{to} did not take the leadership over within 5 ticks"
+    );
+    sim.crash(old);
+    let mut rx = sim.propose(to, backup(2));
+    sim.run(5);
+    assert!(
+        applied(&mut rx),
+        "the new leader commits with the third voter"
+    );
+    sim.assert_one_leader_per_term();
+}

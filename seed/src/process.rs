@@ -83,6 +83,33 @@ impl std::fmt::Display for Component {
     }
 }
 
+/// The arguments kube-controller-manager and kube-scheduler share, as
+/// processes and as pods: `kubeconfig` for the API, delegated authentication
+/// and authorization; serving on `bind`:`port` with self-signed certificates
+/// in `cert_dir`; leader election.
+///
+/// Both may start before their API serves (a control plane's pods start
+/// together; a moved API comes back later than its managers). With an
+/// authentication kubeconfig, kube-controller-manager v1.20 then exits at
+/// once ("unable to load configmap based request-header-client-ca-file"),
+/// and a pod's restarts back off 10 s, then 20 s, so a move waited up to
+/// half a minute for it. Tolerating the failed lookup, it waits in leader
+/// election and loads the client CA once the API answers.
+pub fn manager_args(kubeconfig: &str, bind: &str, port: u16, cert_dir: &str) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        "--authentication-tolerate-lookup-failure=true".into(),
+        format!("--bind-address={bind}"),
+        format!("--secure-port={port}"),
+        "--port=0".into(),
+        format!("--cert-dir={cert_dir}"),
+        "--leader-elect=true".into(),
+        "--profiling=false".into(),
+    ]
+}
+
 /// How to run one component.
 #[derive(Debug, Clone)]
 pub struct ComponentSpec {

@@ -515,6 +515,59 @@ metadata: {name: app, namespace: team-a}
 spec: {nodeName: m1, containers: [{name: c, image: ring/etcd:0.1.0}]}
 "#;
 
+/// kube-controller-manager started with Ring's arguments before its API
+/// serves (as when a control plane's pods start together, or its API moved)
+/// waits for the API in leader election instead of exiting: as a pod, each
+/// exit backs its restart off by 10 s, then 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_manager_started_before_its_api_waits_for_it() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    // nothing listens there: the API is away
+    let api = format!("https://127.0.0.1:{}", ring_tests::etcd::free_port());
+    let kubeconfig = dir.join("kcm.kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{api}\", insecure-skip-tls-verify: true}}\n\
+         users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
+    );
+    std::fs::write(&kubeconfig, text).unwrap();
+    let args = seed::process::manager_args(
+        &kubeconfig.display().to_string(),
+        "127.0.0.1",
+        ring_tests::etcd::free_port(),
+        &dir.join("certs").display().to_string(),
+    );
+    let log = dir.join("kcm.log");
+    let mut kcm = std::process::Command::new(&binaries().kube_controller_manager)
+        .args(&args)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting kube-controller-manager");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_ok(
+        "kube-controller-manager waiting for its API in leader election",
+        Duration::from_secs(60),
+        || {
+            let exited = kcm.try_wait().ok().flatten();
+            let text = read_log();
+            async move {
+                if let Some(status) = exited {
+                    panic!(
+                        "kube-controller-manager exited ({status}) while its API was away:\n{text}"
+                    );
+                }
+                match text.contains("attempting to acquire leader lease") {
+                    true => Ok(()),
+                    false => Err(format!("not yet; log so far:\n{text}")),
+                }
+            }
+        },
+    )
+    .await;
+    let _ = kcm.kill();
+    let _ = kcm.wait();
+}
+
 #[path = "controlplane/standby.rs"]
 mod standby;
 #[path = "controlplane/supervision.rs"]

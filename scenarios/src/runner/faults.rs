@@ -571,7 +571,11 @@ pub(super) fn pivots(report: &[u8]) -> String {
     };
     let mut moves: Vec<String> = Vec::new();
     let labels = r["steps"].as_array().into_iter().flatten();
-    for l in labels.filter_map(|s| s[0].as_str()) {
+    // moves made together are one step: "move a ...; move b ..."
+    let each = labels
+        .filter_map(|s| s[0].as_str())
+        .flat_map(|l| l.split("; "));
+    for l in each {
         // a move waited for in two spells is listed twice
         let Some(m) = l
             .strip_prefix("move ")

@@ -158,11 +158,12 @@ fn a_restore_report_names_each_move_into_pods_once() {
         ["start control planes", 0.4],
         ["move dr1 into pods on dr3", 2.0],
         ["move dr2 into pods on dr1", 18.0],
+        ["move dr1 off dr2 to dr3; move dr3 into pods on dr2", 16.0],
     ]});
     let text = faults::pivots(report.to_string().as_bytes());
     assert_eq!(
         text,
-        "; then moved dr1 into pods on dr3, dr2 into pods on dr1"
+        "; then moved dr1 into pods on dr3, dr2 into pods on dr1, dr3 into pods on dr2"
     );
     // a process-hosted restore moves nothing; a report that is not JSON says nothing
     let plain = serde_json::json!({"steps": [["start control planes", 7.4]]});

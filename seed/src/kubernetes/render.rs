@@ -533,17 +533,7 @@ impl Renderer<'_> {
     /// Arguments kube-controller-manager and kube-scheduler share.
     fn common_args(component: Component, port: u16) -> Vec<String> {
         let kc = format!("{PKI_MOUNT}/{}.kubeconfig", component.name());
-        vec![
-            format!("--kubeconfig={kc}"),
-            format!("--authentication-kubeconfig={kc}"),
-            format!("--authorization-kubeconfig={kc}"),
-            "--bind-address=0.0.0.0".into(),
-            format!("--secure-port={port}"),
-            "--port=0".into(),
-            "--cert-dir=/var/run/ring".into(),
-            "--leader-elect=true".into(),
-            "--profiling=false".into(),
-        ]
+        crate::process::manager_args(&kc, "0.0.0.0", port, "/var/run/ring")
     }
 
     fn controller_manager(&self, owner: &Owner) -> Value {

@@ -100,17 +100,7 @@ pub(super) fn component_specs(
     ];
     let common = |c: Component, port: u16| {
         let kc = p(layout.component_kubeconfig(c));
-        vec![
-            format!("--kubeconfig={kc}"),
-            format!("--authentication-kubeconfig={kc}"),
-            format!("--authorization-kubeconfig={kc}"),
-            format!("--bind-address={addr}"),
-            format!("--secure-port={port}"),
-            "--port=0".into(),
-            format!("--cert-dir={}", p(layout.run_dir(c))),
-            "--leader-elect=true".into(),
-            "--profiling=false".into(),
-        ]
+        crate::process::manager_args(&kc, &addr, port, &p(layout.run_dir(c)))
     };
     let mut cm = common(Component::KubeControllerManager, e.controller_manager_port);
     cm.extend([
