@@ -681,7 +681,8 @@ impl NodeTask {
         }
         self.flush()?;
         tracing::info!(
-            leader = self.core.view().leader_id,
+            to,
+            term = self.core.view().term,
             "the leadership was taken over"
         );
         Ok(())
