@@ -180,6 +180,29 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
         || async { accounts.get_opt("default").await.ok().flatten() },
     )
     .await;
+    // a node imports the control plane's images only; the others (ringd and
+    // kube-proxy run on the node as processes) go in by hand, as a user's own
+    // would: `ringctl images import --address` into each node of shoot m1
+    for node in ["m1", "m1-2"] {
+        let socket = bootstrap::nodes::node_config(&layout, node)
+            .expect("the node's config")
+            .layout()
+            .containerd_socket();
+        let ctr = seed::BinarySearch::standard(None).find("ctr").unwrap();
+        let listed = seed::images::listed(&ctr, &socket).unwrap();
+        let ringd = seed::images::reference("ringd").unwrap();
+        assert!(
+            !listed.contains_key(&ringd),
+            "node {node} imported {ringd} at start: {listed:?}"
+        );
+        let address = socket.display().to_string();
+        expect_success(&ringctl_cmd(
+            ["images", "import", "--address", address.as_str()],
+            &[],
+        ));
+        let listed = seed::images::listed(&ctr, &socket).unwrap();
+        assert!(listed.contains_key(&ringd), "{listed:?}");
+    }
     let work = sandbox.path().join("manifests");
     std::fs::create_dir_all(&work).unwrap();
     for (pod, img, cmd) in [
