@@ -239,9 +239,9 @@ pub async fn start(
     let transport = CancellationToken::new();
     let (s, t) = (stop.clone(), transport.clone());
     tasks.spawn(async move {
-        let ended = node_task.run(s).await;
-        t.cancel();
-        ended
+        // cancels when the task ends, also by a panic
+        let _transport = t.drop_guard();
+        node_task.run(s).await
     });
     spawn_transport(&mut tasks, &shared, outbox, listeners, &transport);
     spawn_loops(&mut tasks, &shared, commands_rx, &stop);
