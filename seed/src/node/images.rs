@@ -51,8 +51,10 @@ fn import_blocking(
             ),
         });
     }
+    // one listing for all: each `ctr images ls` is a process and a round trip
+    let have = crate::images::listed(ctr, socket)?;
     for image in images {
-        if crate::images::present(ctr, socket, &image)? {
+        if have.get(&image.reference) == Some(&image.digest) {
             continue;
         }
         tracing::info!(image = %image.reference, "importing into containerd");
