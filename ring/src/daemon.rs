@@ -237,12 +237,12 @@ pub async fn start(
     // the transport outlives the other loops until the node task ended: a
     // stopping leader hands its leadership over through it
     let transport = CancellationToken::new();
-    let (s, t) = (stop.clone(), transport.clone());
-    tasks.spawn(async move {
-        // cancels when the task ends, also by a panic
-        let _transport = t.drop_guard();
-        node_task.run(s).await
-    });
+    tasks.spawn(run_raft_thread(
+        node_task,
+        config.name.clone(),
+        stop.clone(),
+        transport.clone(),
+    ));
     spawn_transport(&mut tasks, &shared, outbox, listeners, &transport);
     spawn_loops(&mut tasks, &shared, commands_rx, &stop);
     tracing::info!(member = %config.name, %grpc_addr, ?metrics_addr, "ringd started");
@@ -252,6 +252,50 @@ pub async fn start(
         shared,
         tasks,
         stop,
+    })
+}
+
+/// Runs the node task on a thread of its own (a current-thread runtime):
+/// its ticks, heartbeats and fsyncs then never wait behind ringd's other
+/// work (backups compressing snapshots, kube clients, gRPC), which on a
+/// loaded 2-core machine delayed ticks by up to a second, an election
+/// timeout. `transport` is cancelled when the node task ends in any way.
+async fn run_raft_thread(
+    node_task: NodeTask,
+    member: String,
+    stop: CancellationToken,
+    transport: CancellationToken,
+) -> Result<(), RingError> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("raft-node".into())
+        .spawn(move || {
+            // cancels when the node task ends, also by a panic
+            let _transport = transport.drop_guard();
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(source) => {
+                    let what = "cannot build the raft node's runtime".to_string();
+                    let _ = done_tx.send(Err(RingError::Io { what, source }));
+                    return;
+                }
+            };
+            let span = tracing::info_span!("raft", %member);
+            let result =
+                runtime.block_on(tracing::Instrument::instrument(node_task.run(stop), span));
+            let _ = done_tx.send(result);
+        });
+    if let Err(source) = spawned {
+        let what = "cannot start the raft node thread".to_string();
+        return Err(RingError::Io { what, source });
+    }
+    done_rx.await.unwrap_or_else(|_| {
+        Err(RingError::Raft(
+            "the raft node thread ended without a result (it panicked)".into(),
+        ))
     })
 }
 

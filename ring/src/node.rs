@@ -582,6 +582,10 @@ impl NodeHandle {
     }
 }
 
+/// A Ready that takes this long to persist is logged: ringd's leases and
+/// elections count in hundreds of milliseconds.
+const SLOW_READY: Duration = Duration::from_millis(300);
+
 /// How long a stopping leader waits for a voter to take its leadership over.
 pub const HAND_OVER: Duration = Duration::from_secs(2);
 
@@ -620,6 +624,7 @@ impl NodeTask {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RingError> {
         let mut ticker = tokio::time::interval(self.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_tick = std::time::Instant::now();
         loop {
             tokio::select! {
                 biased;
@@ -628,7 +633,17 @@ impl NodeTask {
                     Some(req) => self.handle(req),
                     None => return Ok(()),
                 },
-                _ = ticker.tick() => self.core.tick(),
+                _ = ticker.tick() => {
+                    let gap = last_tick.elapsed();
+                    if gap >= self.tick * 3 {
+                        tracing::warn!(
+                            gap_ms = gap.as_millis() as u64,
+                            "raft ticks came late (ringd was not scheduled or blocked); leases and elections may suffer"
+                        );
+                    }
+                    last_tick = std::time::Instant::now();
+                    self.core.tick();
+                }
             }
             // Drain what else is queued before the (fsyncing) Ready, to batch.
             for _ in 0..256 {
@@ -644,10 +659,33 @@ impl NodeTask {
     /// Persists and sends what raft has ready; publishes the new view.
     fn flush(&mut self) -> Result<(), RingError> {
         let outbox = &self.outbox;
+        let started = std::time::Instant::now();
         self.core.handle_ready(|msgs| {
             let _ = outbox.try_send(msgs);
         })?;
-        self.view.send_replace(self.core.view());
+        let took = started.elapsed();
+        if took >= SLOW_READY {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                "persisting the raft log was slow (a loaded disk or machine); leases and elections may suffer"
+            );
+        }
+        let view = self.core.view();
+        let before = self.view.borrow();
+        if (view.leader_id, view.term) != (before.leader_id, before.term) {
+            let was = before.leader_id;
+            drop(before);
+            tracing::info!(
+                leader = view.leader_id,
+                was,
+                term = view.term,
+                role = ?view.role,
+                "raft leader changed"
+            );
+        } else {
+            drop(before);
+        }
+        self.view.send_replace(view);
         Ok(())
     }
 

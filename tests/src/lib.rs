@@ -120,10 +120,17 @@ impl Drop for Sandbox {
             }
         }
         let _ = self.wait_no_processes(Duration::from_secs(10));
-        // a failed test keeps its sandbox (logs, state, pid files) for a post-mortem
+        // a failed test keeps its sandbox (logs, state, pid files) for a
+        // post-mortem; RING_TEST_KEEP=1 keeps every test's
         if std::thread::panicking() {
             self.dir.disable_cleanup(true);
             eprintln!("test failed: sandbox kept at {}", self.path().display());
+        } else if std::env::var_os("RING_TEST_KEEP").is_some_and(|v| v == "1") {
+            self.dir.disable_cleanup(true);
+            eprintln!(
+                "RING_TEST_KEEP=1: sandbox kept at {}",
+                self.path().display()
+            );
         }
     }
 }
