@@ -129,12 +129,20 @@ impl KubernetesExecutor {
     /// follow the lease file in the node's dir instead: written first, so a
     /// seed API that hangs holds up neither renewals nor fences.
     async fn record_lease(&self, shoot: &str, record: LeaseRecord) -> Result<(), RingError> {
-        lock(&self.leases).insert(shoot.to_string(), record.clone());
-        if let Some(dir) = self.seed.node_dir(shoot) {
-            seed::lease_file::record(&ShootLayout { dir }, record.fence_at_ms, Some(record.epoch))?;
-        }
+        self.record_lease_on_node(shoot, &record)?;
         self.seed.write_lease(shoot, &record).await?;
         Ok(())
+    }
+
+    /// Remembers `record` and, with `leaseFromNode`, writes the node's lease
+    /// file; whether the guards follow that file.
+    fn record_lease_on_node(&self, shoot: &str, record: &LeaseRecord) -> Result<bool, RingError> {
+        lock(&self.leases).insert(shoot.to_string(), record.clone());
+        let Some(dir) = self.seed.node_dir(shoot) else {
+            return Ok(false);
+        };
+        seed::lease_file::record(&ShootLayout { dir }, record.fence_at_ms, Some(record.epoch))?;
+        Ok(true)
     }
 
     /// Once the API answers: controller-manager and scheduler pods that
@@ -239,8 +247,24 @@ impl Executor for KubernetesExecutor {
         // bounded: a seed cluster's API that hangs must not hold up the next
         // renewal (nor the lease file written above)
         let bound = lease / crate::config::FENCE_EARLY_DIVISOR;
-        match tokio::time::timeout(bound, self.record_lease(shoot, record)).await {
-            Ok(Ok(())) => {}
+        let from_node = match self.record_lease_on_node(shoot, &record) {
+            Ok(from_node) => from_node,
+            Err(e) => {
+                tracing::warn!(%shoot, epoch, error = %e, "cannot write the node's lease file; the guards fence at the last fence time");
+                return;
+            }
+        };
+        let write = self.seed.write_lease(shoot, &record);
+        match tokio::time::timeout(bound, write).await {
+            Ok(Ok(_)) => {}
+            // the guards follow the node's lease file, written first: a seed
+            // API that is away (its own control plane moving) fences nothing
+            Ok(Err(e)) if from_node => {
+                tracing::info!(%shoot, epoch, error = %e, "the seed cluster's API did not take the lease; the guards follow the node's lease file, renewed")
+            }
+            Err(_) if from_node => {
+                tracing::info!(%shoot, epoch, waited = ?bound, "the seed cluster's API did not take the lease in time; the guards follow the node's lease file, renewed")
+            }
             Ok(Err(e)) => {
                 tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease for the guards; they fence at the last fence time")
             }
