@@ -14,7 +14,7 @@ use ring_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::node::ProposeError;
+use crate::node_task::ProposeError;
 use crate::now_ms;
 use crate::shared::Shared;
 use crate::state::{OperationStep, RingCommand};

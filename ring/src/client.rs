@@ -14,6 +14,10 @@ use crate::status::RingStatus;
 use crate::transport::channel;
 use crate::RingError;
 
+/// How long [`AdminClient::ring_status`] waits for one member before it asks
+/// the next.
+pub const MEMBER_ANSWER: Duration = Duration::from_secs(2);
+
 /// An administrator's connection to one ringd.
 pub struct AdminClient {
     inner: RingAdminClient<Channel>,
@@ -51,10 +55,7 @@ impl AdminClient {
         let mut failures = Vec::new();
         let mut leaderless = None;
         for address in addresses {
-            let status = match Self::connect(address, pki) {
-                Ok(mut c) => c.status().await,
-                Err(e) => Err(e),
-            };
+            let status = Self::status_within(address, pki, MEMBER_ANSWER).await;
             let s = match status {
                 Ok(s) => s,
                 Err(e) => {
@@ -68,7 +69,7 @@ impl AdminClient {
             }
             if s.leader.as_ref() != Some(&s.member) {
                 if let Some(leader) = s.leader_address() {
-                    if let Ok(ls) = async { Self::connect(leader, pki)?.status().await }.await {
+                    if let Ok(ls) = Self::status_within(leader, pki, MEMBER_ANSWER).await {
                         return Ok(ls);
                     }
                 }
@@ -83,6 +84,22 @@ impl AdminClient {
         } else {
             format!("no member answered: {}", failures.join("; "))
         }))
+    }
+
+    /// The status of the member at `address`, if it answers within `bound`:
+    /// a stopped ringd (SIGSTOP, a frozen VM) still has its connections
+    /// accepted by the kernel and would hold the caller for ever.
+    async fn status_within(
+        address: &str,
+        pki: &Path,
+        bound: Duration,
+    ) -> Result<RingStatus, RingError> {
+        let asked = async { Self::connect(address, pki)?.status().await };
+        tokio::time::timeout(bound, asked).await.unwrap_or_else(|_| {
+            Err(RingError::Transport(format!(
+                "ringd at {address} did not answer within {bound:?} (stopped, or its machine overloaded)"
+            )))
+        })
     }
 
     /// Connects to the current leader, found through whichever of `addresses`
@@ -221,5 +238,41 @@ pub async fn wait_status(
             )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member whose connections are accepted but never answered (a ringd
+    /// under SIGSTOP) costs [`MEMBER_ANSWER`], and the error names it; it
+    /// held the caller until the member continued before (the drill's
+    /// observer saw a stalled leader's ring for 20 s late).
+    #[tokio::test]
+    async fn a_member_that_never_answers_is_given_up_after_a_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = RingPki::new(dir.path());
+        pki.ensure_ca().unwrap();
+        pki.ensure_admin().unwrap();
+        let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = stalled.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = stalled.accept().await {
+                open.push(conn);
+            }
+        });
+        let addresses = [address.clone()];
+        let asked = AdminClient::ring_status(&addresses, dir.path());
+        let answer = tokio::time::timeout(MEMBER_ANSWER * 3, asked)
+            .await
+            .expect("ring_status gave up on the stalled member within its bound");
+        let e = answer.unwrap_err().to_string();
+        assert!(
+            e.contains(&address) && e.contains("did not answer within"),
+            "{e}"
+        );
+        held.abort();
     }
 }

@@ -19,6 +19,7 @@ pub mod localring;
 pub mod member;
 pub mod metrics;
 pub mod node;
+pub mod node_task;
 pub mod peer_proposal;
 pub mod quorum;
 pub mod shared;
@@ -91,7 +92,7 @@ pub enum RingError {
 
     /// A proposal did not commit.
     #[error(transparent)]
-    Propose(#[from] crate::node::ProposeError),
+    Propose(#[from] crate::node_task::ProposeError),
 
     /// raft-rs refused an operation.
     #[error("raft: {0}")]

@@ -18,7 +18,7 @@ use tonic::transport::{
 use tonic::{Request, Response, Status};
 
 use crate::identity::{IdentityPem, ADMIN_NAME};
-use crate::node::NodeHandle;
+use crate::node_task::NodeHandle;
 use crate::RingError;
 
 /// Largest snapshot a member accepts (the ring state is small; this bounds memory).

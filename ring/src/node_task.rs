@@ -1,0 +1,289 @@
+//! The task that owns one [`RaftCore`]: it ticks it, steps peers' messages,
+//! takes proposals through a [`NodeHandle`], persists and sends each Ready,
+//! and publishes a [`NodeView`] for observers.
+
+use std::time::Duration;
+
+use raft::prelude::Message;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::node::{ApplyResult, NodeView, RaftCore};
+use crate::state::RingCommand;
+use crate::RingError;
+
+/// Requests to the node task.
+pub enum NodeRequest {
+    /// A message from a peer.
+    Step(Message),
+    /// A ring command to commit.
+    Propose(RingCommand, oneshot::Sender<ApplyResult>),
+    /// A membership change to commit.
+    Membership(RingCommand, oneshot::Sender<ApplyResult>),
+    /// A peer could not be reached.
+    Unreachable(u64),
+    /// A snapshot transfer to a peer ended.
+    SnapshotSent { to: u64, ok: bool },
+}
+
+/// Cloneable access to the node task.
+#[derive(Clone)]
+pub struct NodeHandle {
+    tx: mpsc::Sender<NodeRequest>,
+    view: watch::Receiver<NodeView>,
+}
+
+/// Errors of a proposal made through a [`NodeHandle`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProposeError {
+    #[error("the node is shutting down")]
+    Stopped,
+    #[error("not committed within {0:?} (no quorum, or the leader changed); retry")]
+    Timeout(Duration),
+    #[error("rejected by the ring state: {0}")]
+    Rejected(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ProposeError {
+    /// Whether trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProposeError::Timeout(_))
+    }
+}
+
+impl NodeHandle {
+    /// The node's latest view.
+    pub fn view(&self) -> NodeView {
+        self.view.borrow().clone()
+    }
+
+    /// Subscribes to view changes.
+    pub fn watch(&self) -> watch::Receiver<NodeView> {
+        self.view.clone()
+    }
+
+    /// Delivers a peer's message (dropped if the node's inbox is full).
+    pub fn step(&self, msg: Message) {
+        let _ = self.tx.try_send(NodeRequest::Step(msg));
+    }
+
+    /// Reports an unreachable peer.
+    pub fn unreachable(&self, id: u64) {
+        let _ = self.tx.try_send(NodeRequest::Unreachable(id));
+    }
+
+    /// Reports the end of a snapshot transfer.
+    pub fn snapshot_sent(&self, to: u64, ok: bool) {
+        let _ = self.tx.try_send(NodeRequest::SnapshotSent { to, ok });
+    }
+
+    /// Commits `command` through the quorum and waits until it is applied here.
+    pub async fn propose(
+        &self,
+        command: RingCommand,
+        timeout: Duration,
+    ) -> Result<u64, ProposeError> {
+        self.request(timeout, |tx| NodeRequest::Propose(command, tx))
+            .await
+    }
+
+    /// Commits a membership change (AddMember / RemoveMember).
+    pub async fn change_membership(
+        &self,
+        command: RingCommand,
+        timeout: Duration,
+    ) -> Result<u64, ProposeError> {
+        self.request(timeout, |tx| NodeRequest::Membership(command, tx))
+            .await
+    }
+
+    async fn request(
+        &self,
+        timeout: Duration,
+        make: impl FnOnce(oneshot::Sender<ApplyResult>) -> NodeRequest,
+    ) -> Result<u64, ProposeError> {
+        let (tx, rx) = oneshot::channel();
+        let send = tokio::time::timeout(timeout, self.tx.send(make(tx))).await;
+        match send {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ProposeError::Stopped),
+            Err(_) => return Err(ProposeError::Timeout(timeout)),
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(ApplyResult::Applied { index })) => Ok(index),
+            Ok(Ok(ApplyResult::Rejected { reason, .. })) => Err(ProposeError::Rejected(reason)),
+            Ok(Err(_)) => Err(ProposeError::Timeout(timeout)),
+            Err(_) => Err(ProposeError::Timeout(timeout)),
+        }
+    }
+}
+
+/// A Ready that takes this long to persist is logged: ringd's leases and
+/// elections count in hundreds of milliseconds.
+const SLOW_READY: Duration = Duration::from_millis(300);
+
+/// How long a stopping leader waits for a voter to take its leadership over.
+pub const HAND_OVER: Duration = Duration::from_secs(2);
+
+/// The single task that owns a [`RaftCore`].
+pub struct NodeTask {
+    core: RaftCore,
+    rx: mpsc::Receiver<NodeRequest>,
+    view: watch::Sender<NodeView>,
+    outbox: mpsc::Sender<Vec<Message>>,
+    tick: Duration,
+}
+
+impl NodeTask {
+    /// Wraps `core`; messages to send go to `outbox`.
+    pub fn new(
+        core: RaftCore,
+        tick: Duration,
+        outbox: mpsc::Sender<Vec<Message>>,
+    ) -> (Self, NodeHandle) {
+        let (tx, rx) = mpsc::channel(4096);
+        let (view_tx, view_rx) = watch::channel(core.view());
+        (
+            NodeTask {
+                core,
+                rx,
+                view: view_tx,
+                outbox,
+                tick,
+            },
+            NodeHandle { tx, view: view_rx },
+        )
+    }
+
+    /// Runs until `shutdown`; a storage failure stops the node (it must not go on
+    /// acknowledging what it could not persist).
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RingError> {
+        let mut ticker = tokio::time::interval(self.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_tick = std::time::Instant::now();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return self.hand_over().await,
+                req = self.rx.recv() => match req {
+                    Some(req) => self.handle(req),
+                    None => return Ok(()),
+                },
+                _ = ticker.tick() => {
+                    let gap = last_tick.elapsed();
+                    if gap >= self.tick * 3 {
+                        tracing::warn!(
+                            gap_ms = gap.as_millis() as u64,
+                            "raft ticks came late (ringd was not scheduled or blocked); leases and elections may suffer"
+                        );
+                    }
+                    last_tick = std::time::Instant::now();
+                    self.core.tick();
+                }
+            }
+            // Drain what else is queued before the (fsyncing) Ready, to batch.
+            for _ in 0..256 {
+                match self.rx.try_recv() {
+                    Ok(req) => self.handle(req),
+                    Err(_) => break,
+                }
+            }
+            self.flush()?;
+        }
+    }
+
+    /// Persists and sends what raft has ready; publishes the new view.
+    fn flush(&mut self) -> Result<(), RingError> {
+        let outbox = &self.outbox;
+        let started = std::time::Instant::now();
+        self.core.handle_ready(|msgs| {
+            let _ = outbox.try_send(msgs);
+        })?;
+        let took = started.elapsed();
+        if took >= SLOW_READY {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                "persisting the raft log was slow (a loaded disk or machine); leases and elections may suffer"
+            );
+        }
+        let view = self.core.view();
+        let before = self.view.borrow();
+        if (view.leader_id, view.term) != (before.leader_id, before.term) {
+            let was = before.leader_id;
+            drop(before);
+            tracing::info!(
+                leader = view.leader_id,
+                was,
+                term = view.term,
+                role = ?view.role,
+                "raft leader changed"
+            );
+        } else {
+            drop(before);
+        }
+        self.view.send_replace(view);
+        Ok(())
+    }
+
+    /// At shutdown, a leader hands its leadership over (at most
+    /// [`HAND_OVER`]) before the node stops: otherwise the ring commits
+    /// nothing for an election timeout and more on a loaded machine, and
+    /// with another member restarting just before (a seed switch, an
+    /// upgrade) the control planes' leases ran out and they fenced
+    /// themselves. The transport runs until this returns.
+    async fn hand_over(&mut self) -> Result<(), RingError> {
+        let Some(to) = self.core.hand_over() else {
+            return Ok(());
+        };
+        tracing::info!(to, "stopping: handing the leadership over first");
+        let deadline = tokio::time::Instant::now() + HAND_OVER;
+        let mut ticker = tokio::time::interval(self.tick);
+        while self.core.is_leader() {
+            self.flush()?;
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(to, "the leadership was not taken over within {HAND_OVER:?}; stopping anyway");
+                    return Ok(());
+                }
+                req = self.rx.recv() => match req {
+                    Some(req) => self.handle(req),
+                    None => return Ok(()),
+                },
+                _ = ticker.tick() => self.core.tick(),
+            }
+        }
+        self.flush()?;
+        tracing::info!(
+            to,
+            term = self.core.view().term,
+            "the leadership was taken over"
+        );
+        Ok(())
+    }
+
+    fn handle(&mut self, req: NodeRequest) {
+        let res = match req {
+            NodeRequest::Step(m) => self.core.step(m),
+            NodeRequest::Propose(c, tx) => self.core.propose(c, Some(tx)),
+            NodeRequest::Membership(c, tx) => self.core.propose_membership(c, Some(tx)),
+            NodeRequest::Unreachable(id) => {
+                self.core.report_unreachable(id);
+                Ok(())
+            }
+            NodeRequest::SnapshotSent { to, ok } => {
+                self.core.report_snapshot(to, ok);
+                Ok(())
+            }
+        };
+        match res {
+            Ok(()) => {}
+            Err(e @ RingError::Refused(_)) => {
+                tracing::warn!(error = %e, "dropped a peer's proposal")
+            }
+            Err(e) => tracing::debug!(error = %e, "raft request failed"),
+        }
+    }
+}
