@@ -59,10 +59,20 @@ pub(crate) fn spawn_detached(
             Ok(())
         });
     }
-    let child = cmd
+    let mut child = cmd
         .spawn()
         .map_err(io(format!("starting {}", program.display())))?;
-    Ok(child.id())
+    let pid = child.id();
+    // reaped when it exits: a long-running caller (a drill runner restarting
+    // members) collected a zombie per process it ever started; a short one
+    // (`ringctl bootstrap`) exits first and its children go to init
+    let reaper = std::thread::Builder::new()
+        .name(format!("reap-{pid}"))
+        .spawn(move || child.wait());
+    if let Err(e) = reaper {
+        tracing::debug!(pid, error = %e, "cannot start a thread to reap the process; it stays a zombie once it exits");
+    }
+    Ok(pid)
 }
 
 /// How a process that was asked to stop ended.
@@ -132,4 +142,31 @@ pub(crate) async fn stop_processes(
         stopped.push(Stopped { name, pid, outcome });
     }
     stopped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A started process that exits is reaped, not left a zombie.
+    #[test]
+    fn an_exited_process_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ["-c".into(), "exit 0".into()];
+        let pid = spawn_detached(
+            Path::new("/bin/sh"),
+            &args,
+            &dir.path().join("log"),
+            None,
+            &[],
+        )
+        .unwrap();
+        let proc_dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while proc_dir.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+        assert!(!proc_dir.exists(), "pid {pid} is still there: {stat}");
+    }
 }
