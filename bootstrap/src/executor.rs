@@ -118,6 +118,12 @@ pub(crate) async fn execute(
                 .ok_or_else(|| {
                     BootstrapError::Unsupported(format!("shoot {shoot} has no placement yet"))
                 })?;
+            // first: a rerun skips a configured node, and without the
+            // binding its kubelet's renewals would wait unapproved for ever
+            let kubeconfig = layout.kubeconfig(&shoot);
+            seed::node::renewal::allow(&shoot, &kubeconfig)
+                .await
+                .map_err(RingError::from)?;
             nodes::configure(layout, config, node, &host)?;
         }
         Step::StartNode(member) => nodes::start(layout, &ring_node_binary(ringd), member)?,

@@ -115,6 +115,11 @@ impl SeedCluster {
         seed::wait_ready(&self.seed, &name, READY)
             .await
             .map_err(|e| setup("its control plane")(e.to_string()))?;
+        // its kubelet renews its client certificate through the cluster
+        let admin = self.seed.layout(&name).admin_kubeconfig();
+        seed::node::renewal::allow(&name, &admin)
+            .await
+            .map_err(|e| setup("the node's certificate renewal")(e.to_string()))?;
         let ca = self.seed.layout(&name).pki().ca();
         let read = |p: &Path| {
             std::fs::read_to_string(p)

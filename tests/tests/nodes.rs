@@ -88,6 +88,73 @@ spec:
 }
 
 /// The nodes as `ringctl status -o json` reports them.
+/// Node `node`'s kubelet renewed its client certificate through its shoot:
+/// a CSR of `system:node:<node>` approved and signed, and the kubelet holds
+/// a certificate for its name that is not the one it was configured with.
+async fn client_certificate_renewed(layout: &bootstrap::RingLayout, kubeconfig: &Path, node: &str) {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let csrs: kube::Api<CertificateSigningRequest> = kube::Api::all(kube_client(kubeconfig).await);
+    let user = format!("system:node:{node}");
+    wait_for(
+        &format!("an approved and signed client certificate request of {user}"),
+        Duration::from_secs(90),
+        || async {
+            let list = csrs.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|c| {
+                let status = c.status.as_ref();
+                let approved = status
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Approved"));
+                let signed = status.is_some_and(|s| s.certificate.is_some());
+                c.spec.username.as_deref() == Some(user.as_str()) && approved && signed
+            })
+        },
+    )
+    .await;
+    let node_layout = bootstrap::nodes::node_config(layout, node)
+        .expect("the node's config")
+        .layout();
+    let configured = std::fs::read(node_layout.node_cert().cert).unwrap();
+    let current_file = node_layout
+        .kubelet_root()
+        .join("pki/kubelet-client-current.pem");
+    let current = wait_for(
+        "the kubelet's renewed certificate on disk",
+        Duration::from_secs(30),
+        || {
+            let f = current_file.clone();
+            async move { std::fs::read(f).ok() }
+        },
+    )
+    .await;
+    let infos = seed::expiry::infos_pem(&current).unwrap();
+    assert_eq!(
+        seed::expiry::common_name_pem(&current).as_deref(),
+        Some(user.as_str())
+    );
+    assert!(
+        !infos.is_empty()
+            && !String::from_utf8_lossy(&current)
+                .contains(String::from_utf8_lossy(&configured).trim()),
+        "the kubelet still holds the configured certificate"
+    );
+    // `ringctl pki check` reports the certificate the kubelet uses now
+    let check = ringctl_in(&layout.dir, &["pki", "check", "-o", "json"]);
+    let check: serde_json::Value = serde_json::from_str(&check).unwrap();
+    let kubelet = check["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == format!("node {node} kubelet"))
+        .unwrap_or_else(|| panic!("no kubelet certificate of node {node}: {check}"))
+        .clone();
+    assert_eq!(
+        kubelet["source"],
+        current_file.display().to_string(),
+        "{kubelet}"
+    );
+}
+
 fn nodes_status(dir: &Path) -> Vec<serde_json::Value> {
     let out = ringctl_in(dir, &["status", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).expect("status json");
@@ -168,6 +235,8 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
         assert!(n["kubeletRssMib"].as_f64().unwrap() > 10.0, "{n}");
         assert!(n["containerdRssMib"].as_f64().unwrap() > 5.0, "{n}");
     }
+
+    client_certificate_renewed(&layout, &kc("m1"), "m1").await;
 
     // pods from every image, once kube-controller-manager made the namespace's
     // default service account (admission refuses a pod without it)

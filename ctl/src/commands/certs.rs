@@ -76,7 +76,9 @@ fn local_files(args: &RingArgs, pki: &std::path::Path) -> anyhow::Result<Vec<Cer
     Ok(out)
 }
 
-/// Each node's client certificates (kubelet, kube-proxy), from its shoot's CA.
+/// Each node's client certificates (kubelet, kube-proxy), from its shoot's
+/// CA: the kubelet's is the one it renewed itself once it did (see
+/// `seed::node::renewal`), else the one it was configured with.
 fn node_files(
     layout: &bootstrap::RingLayout,
     config: &bootstrap::config::RingConfig,
@@ -87,8 +89,14 @@ fn node_files(
             continue;
         };
         let dir = bootstrap::nodes::node_dir(layout, &node).join("pki");
-        for (file, name) in [("node.crt", "kubelet"), ("kube-proxy.crt", "kube-proxy")] {
-            let path = dir.join(file);
+        let renewed = bootstrap::nodes::node_config(layout, &node)
+            .map(|c| c.layout().kubelet_client_current())
+            .filter(|p| p.exists());
+        let kubelet = renewed.unwrap_or_else(|| dir.join("node.crt"));
+        for (path, name) in [
+            (kubelet, "kubelet"),
+            (dir.join("kube-proxy.crt"), "kube-proxy"),
+        ] {
             if path.exists() {
                 let read = seed::expiry::not_after_file(&path);
                 let name = format!("node {node} {name}");

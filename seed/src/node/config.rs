@@ -314,6 +314,13 @@ impl NodeLayout {
     pub fn kubelet_root(&self) -> PathBuf {
         self.state.join("kubelet")
     }
+    /// The client certificate the kubelet renewed itself (certificate and
+    /// key in one file, a link to the newest), once it did.
+    pub fn kubelet_client_current(&self) -> PathBuf {
+        self.kubelet_root()
+            .join("pki")
+            .join("kubelet-client-current.pem")
+    }
     /// Static pod manifests.
     pub fn manifests(&self) -> PathBuf {
         self.state.join("manifests")

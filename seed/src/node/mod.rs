@@ -20,6 +20,7 @@ pub mod dns;
 mod images;
 pub mod net;
 pub mod render;
+pub mod renewal;
 mod status;
 pub mod teardown;
 

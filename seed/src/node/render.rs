@@ -143,6 +143,10 @@ pub fn kubelet_config(config: &NodeConfig, layout: &NodeLayout) -> String {
         },
         "authorization": {"mode": "Webhook"},
         "podPidsLimit": 4096,
+        // the client certificate renews itself through a CSR the shoot
+        // approves and signs (see `renewal`): a year after a node's start
+        // it would otherwise stop being let in
+        "rotateCertificates": true,
         // how often the node's status is computed (posted only when it
         // changed, the Lease renews apart): a new or restarted node turns
         // Ready about 2 s after its runtime is, not up to 10 s
