@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// How long a cut member may keep serving: its lease (6 s by default) and
+/// the guards' poll, with room for a loaded machine.
+const FENCE_BOUND: Duration = Duration::from_secs(20);
+
 impl Run<'_> {
     fn resolve(&mut self, target: Target, obs: &Observer) -> Result<String, ScenarioError> {
         let status = obs.status();
@@ -245,10 +249,39 @@ impl Run<'_> {
         // what it hosts may move away: writes it acknowledges from now on
         // count as lost only beyond what reached the bucket
         self.record_losses(&hosted, obs).await;
+        // clients on its side of the cut (the runner's relays reach every
+        // namespace) keep writing to it until its guards fence it at the
+        // lease's end: a second loss point once it stopped serving, as after
+        // a stall (it failed a drill: a write acknowledged 3 s after the cut
+        // by the cut member, never backed up, counted as one that had to survive)
+        let fenced = self.wait_until_not_serving(&m, &hosted, obs).await;
+        self.record_losses(&hosted, obs).await;
         Ok(format!(
-            "cut {m} (hosting {}) off from the other members and the runner",
+            "cut {m} (hosting {}) off from the other members; {fenced}",
             hosted.join(", ")
         ))
+    }
+
+    /// Waits (at most [`FENCE_BOUND`]) until `member` serves none of
+    /// `shoots`; says how long that took, or that it did not happen.
+    async fn wait_until_not_serving(
+        &self,
+        member: &str,
+        shoots: &[String],
+        obs: &Observer,
+    ) -> String {
+        let began = Instant::now();
+        let bound = FENCE_BOUND.min(self.remaining());
+        while shoots.iter().any(|s| obs.serves(s, member)) {
+            if began.elapsed() >= bound {
+                return format!("it still served after {bound:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        format!(
+            "it stopped serving {:.1}s later",
+            began.elapsed().as_secs_f64()
+        )
     }
 
     /// A full snapshot of a shoot now, next to the continuous backup.

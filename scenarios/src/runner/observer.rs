@@ -166,6 +166,20 @@ impl Observer {
         }
     }
 
+    /// Whether `member` served `shoot`'s control plane at the checker's
+    /// last look (its processes or pods).
+    pub(super) fn serves(&self, shoot: &str, member: &str) -> bool {
+        let st = lock(&self.state);
+        st.events
+            .iter()
+            .rev()
+            .find_map(|e| match &e.kind {
+                EventKind::Serving { shoot: s, members } if s == shoot => Some(members),
+                _ => None,
+            })
+            .is_some_and(|members| members.iter().any(|m| m == member))
+    }
+
     pub(super) fn status(&self) -> Option<RingStatus> {
         lock(&self.state).status.clone()
     }
