@@ -99,6 +99,8 @@ pub struct RaftCore {
     state: Arc<RingState>,
     applied: u64,
     waiters: HashMap<u64, oneshot::Sender<ApplyResult>>,
+    /// Outcomes applied but not yet told (see [`RaftCore::answer_waiters`]).
+    replies: Vec<(oneshot::Sender<ApplyResult>, ApplyResult)>,
     next_proposal: u64,
     compact_every: u64,
     last_compacted: u64,
@@ -151,6 +153,7 @@ impl RaftCore {
             state: Arc::new(state),
             applied,
             waiters: HashMap::new(),
+            replies: Vec::new(),
             next_proposal: 1,
             compact_every: tuning.compact_every.max(1),
             last_compacted: applied,
@@ -423,6 +426,18 @@ impl RaftCore {
             }
         };
         if let Some(w) = self.waiters.remove(&proposal.id) {
+            self.replies.push((w, result));
+        }
+    }
+
+    /// Tells the proposers what their applied proposals came to. The node
+    /// task calls it after publishing the view with those results in it: a
+    /// proposer that reads the view on being answered (the admin API opening a
+    /// migration) must find what it proposed there. Answered at once, an
+    /// admin call on another thread read the view before it was published and
+    /// refused a committed migration ("committed but is not open").
+    pub fn answer_waiters(&mut self) {
+        for (w, result) in self.replies.drain(..) {
             let _ = w.send(result);
         }
     }

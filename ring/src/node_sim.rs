@@ -112,6 +112,7 @@ impl Sim {
                     .unwrap()
                     .handle_ready(|m| out.extend(m))
                     .unwrap();
+                self.nodes.get_mut(&id).unwrap().answer_waiters();
                 for m in out {
                     if !self.connected(m.from, m.to) || self.rng.random_bool(self.drop_rate) {
                         continue;

@@ -224,6 +224,7 @@ impl NodeTask {
             drop(before);
         }
         self.view.send_replace(view);
+        self.core.answer_waiters();
         Ok(())
     }
 
@@ -285,5 +286,70 @@ impl NodeTask {
             }
             Err(e) => tracing::debug!(error = %e, "raft request failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::node::RaftTuning;
+    use crate::storage::DiskStorage;
+
+    fn report(rev: u64) -> RingCommand {
+        RingCommand::ReportBackup {
+            shoot: "s".into(),
+            revision: rev,
+            at_ms: rev,
+            seen: None,
+        }
+    }
+
+    /// A proposer that is answered finds what it proposed applied in the
+    /// view, as the admin API does when it opens a migration. The node task
+    /// runs on a thread of its own, as in ringd: answered before the view
+    /// was published, the admin API once refused a committed migration
+    /// ("committed but is not open").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answered_proposal_is_already_in_the_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStorage::open(&dir.path().join("raft.redb"), &[1]).unwrap();
+        let tuning = RaftTuning::default();
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let core = RaftCore::new(1, store, &tuning, &logger).unwrap();
+        let (outbox, _sent) = mpsc::channel(16);
+        let (task, handle) = NodeTask::new(core, Duration::from_millis(5), outbox);
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let node = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(task.run(s))
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while handle.view().role != raft::StateRole::Leader {
+            assert!(Instant::now() < deadline, "the single voter did not lead");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut late = Vec::new();
+        for rev in 1..=1000 {
+            let index = handle
+                .propose(report(rev), Duration::from_secs(5))
+                .await
+                .unwrap();
+            let applied = handle.view().applied;
+            if applied < index {
+                late.push((index, applied));
+            }
+        }
+        stop.cancel();
+        node.join().unwrap().unwrap();
+        assert!(
+            late.is_empty(),
+            "answered before the view showed it (index, view's applied): {late:?}"
+        );
     }
 }
