@@ -61,7 +61,7 @@ impl Component {
         }
     }
 
-    /// The CPU niceness the component runs at. A control plane and a node's
+    /// How much nicer than its supervisor the component runs. A control plane and a node's
     /// containerd (its pods inherit it) yield the CPU to ringd, the kubelet
     /// and the relays on a saturated machine: on 2 cores, three control
     /// planes starting together kept ringd off the CPU for up to a second
@@ -359,9 +359,14 @@ fn spawn(spec: &ComponentSpec) -> std::io::Result<tokio::process::Child> {
     unsafe {
         cmd.pre_exec(move || {
             die_with_parent(supervisor)?;
-            // best effort: a lower priority is always allowed, and a
-            // component at the default one still works
-            libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+            // relative to the supervisor's (under a ringd that runs at 10,
+            // 5 would rank the workloads above it); best effort: a lower
+            // priority is always allowed, and a component at the
+            // supervisor's still works
+            if nice != 0 {
+                let base = libc::getpriority(libc::PRIO_PROCESS, 0);
+                libc::setpriority(libc::PRIO_PROCESS, 0, (base + nice).min(19));
+            }
             if let Some(fd) = netns_fd {
                 if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
                     return Err(std::io::Error::last_os_error());
