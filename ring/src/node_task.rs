@@ -209,21 +209,12 @@ impl NodeTask {
             );
         }
         let view = self.core.view();
-        let before = self.view.borrow();
-        if (view.leader_id, view.term) != (before.leader_id, before.term) {
+        let (leader, term, role) = (view.leader_id, view.term, view.role);
+        let before = self.view.send_replace(view);
+        if (before.leader_id, before.term) != (leader, term) {
             let was = before.leader_id;
-            drop(before);
-            tracing::info!(
-                leader = view.leader_id,
-                was,
-                term = view.term,
-                role = ?view.role,
-                "raft leader changed"
-            );
-        } else {
-            drop(before);
+            tracing::info!(leader, was, term, ?role, "raft leader changed");
         }
-        self.view.send_replace(view);
         self.core.answer_waiters();
         Ok(())
     }
