@@ -293,7 +293,8 @@ fn explained_silence(
     (ago <= election_timeout * 3).then_some(ago)
 }
 
-/// Shoot → the etcd revision its current host last reported, and when.
+/// Shoot → the newest etcd revision reported by a member that may have
+/// served it since its last finished move (`RingState::newest_heard`).
 fn reported_revisions(
     shared: &Shared,
     state: &crate::state::RingState,
@@ -301,17 +302,14 @@ fn reported_revisions(
     let reports = lock(&shared.reports);
     state
         .placements
-        .values()
-        .filter_map(|p| {
-            let (at_ms, shoots) = reports.get(&p.host)?;
-            let h = shoots
-                .iter()
-                .find(|h| h.shoot == p.shoot && h.revision > 0)?;
-            let seen = crate::state::SeenRevision {
-                revision: h.revision,
-                at_ms: *at_ms,
+        .keys()
+        .filter_map(|shoot| {
+            let heard = |member: &str| {
+                let (at_ms, shoots) = reports.get(member)?;
+                let h = shoots.iter().find(|h| &h.shoot == shoot)?;
+                Some((*at_ms, h.revision))
             };
-            Some((p.shoot.clone(), seen))
+            Some((shoot.clone(), state.newest_heard(shoot, heard)?))
         })
         .collect()
 }

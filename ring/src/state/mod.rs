@@ -476,6 +476,47 @@ impl RingState {
             .find(|o| o.shoot() == shoot && !o.step.is_finished())
     }
 
+    /// The failovers of `shoot` that failed since its last finished move,
+    /// oldest first. Each one's target may have served the shoot, and
+    /// acknowledged writes, before its failover failed (a target serves
+    /// during its verification): what a later failover may lose is measured
+    /// against them too, not only against the member the shoot is placed on.
+    pub fn failed_failovers(&self, shoot: &str) -> Vec<&Operation> {
+        let since_done = self
+            .operations
+            .iter()
+            .filter(|o| o.shoot() == shoot && o.step == OperationStep::Done)
+            .map(|o| o.id)
+            .max();
+        self.operations
+            .iter()
+            .filter(|o| o.shoot() == shoot && since_done.is_none_or(|d| o.id > d))
+            .filter(|o| o.step == OperationStep::Failed && !o.is_migration())
+            .collect()
+    }
+
+    /// The newest revision of `shoot`'s etcd heard from a member that may
+    /// have served it since its last finished move: its host (any report)
+    /// and the targets of failed failovers (reports since their failover
+    /// began; an older one is of other data). `heard(member)` is that
+    /// member's last report of the shoot: when, and the revision.
+    pub fn newest_heard(
+        &self,
+        shoot: &str,
+        heard: impl Fn(&str) -> Option<(u64, u64)>,
+    ) -> Option<SeenRevision> {
+        let host = self.placements.get(shoot)?;
+        let failed = self.failed_failovers(shoot);
+        let candidates = std::iter::once((host.host.as_str(), 0))
+            .chain(failed.iter().map(|o| (o.target(), o.created_at_ms)));
+        candidates
+            .filter_map(|(member, since)| {
+                let (at_ms, revision) = heard(member)?;
+                (at_ms >= since && revision > 0).then_some(SeenRevision { revision, at_ms })
+            })
+            .max()
+    }
+
     /// The member before `name` in ring order.
     pub fn predecessor(&self, name: &str) -> Option<&Member> {
         let i = self.members.iter().position(|m| m.name == name)?;

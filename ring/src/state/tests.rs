@@ -455,3 +455,72 @@ fn standby_assignments_follow_the_placement() {
         .unwrap_err()
         .contains("not an up member"));
 }
+
+/// Members' last reports of a shoot: (member, at ms, revision).
+type Reports = &'static [(&'static str, u64, u64)];
+
+/// What a failover may lose is measured against every etcd that may have
+/// served the shoot since its last finished move: its dead host, and the
+/// target of a failover that failed after it served (heard since that
+/// failover began), never a report from before it or before a later move.
+#[test]
+fn the_newest_revision_heard_counts_failed_failover_targets() {
+    let mut s = ring3();
+    fail_b_over_to_c(&mut s);
+    let first = s.open_operation("b").unwrap().id;
+    advance(&mut s, first, &[OperationStep::Failed], 8_000);
+    assert_eq!(s.placements["b"].host, "a", "a failed failover rolls back");
+    let heard = |reports: Reports| {
+        move |m: &str| {
+            reports
+                .iter()
+                .find(|(name, _, _)| *name == m)
+                .map(|(_, at, rev)| (*at, *rev))
+        }
+    };
+    let seen = |revision, at_ms| Some(SeenRevision { revision, at_ms });
+    let cases: [(&str, Reports, _); 5] = [
+        ("the host alone", &[("a", 4_000, 100)], seen(100, 4_000)),
+        (
+            "the failed target served past it",
+            &[("a", 4_000, 100), ("c", 7_000, 130)],
+            seen(130, 7_000),
+        ),
+        (
+            "a report from before the failover began",
+            &[("a", 4_000, 100), ("c", 4_500, 130)],
+            seen(100, 4_000),
+        ),
+        (
+            "a target that never ran etcd",
+            &[("a", 4_000, 100), ("c", 7_000, 0)],
+            seen(100, 4_000),
+        ),
+        ("nothing heard", &[], None),
+    ];
+    for (name, reports, want) in cases {
+        assert_eq!(s.newest_heard("b", heard(reports)), want, "{name}");
+    }
+    assert_eq!(s.failed_failovers("b").len(), 1);
+    // a later failover that completes ends the chain: the failed one before
+    // it no longer counts
+    s.apply(&RingCommand::StartFailover {
+        shoot: "b".into(),
+        to: "c".into(),
+        at_ms: 9_000,
+        not_before_ms: 9_000,
+        seen: None,
+        promote: false,
+    })
+    .unwrap();
+    let second = s.open_operation("b").unwrap().id;
+    let done = [
+        OperationStep::Pending,
+        OperationStep::Restoring,
+        OperationStep::Done,
+    ];
+    advance(&mut s, second, &done, 10_000);
+    assert!(s.failed_failovers("b").is_empty());
+    let stale = heard(&[("c", 9_500, 90), ("a", 7_000, 130)]);
+    assert_eq!(s.newest_heard("b", stale), seen(90, 9_500), "c hosts b now");
+}

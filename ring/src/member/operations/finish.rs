@@ -160,7 +160,7 @@ fn failover_outcome(
         "serving on {} at epoch {}; restored revision {reached} from {from} ({objects} objects); {}",
         shared.name(),
         op.epoch(),
-        loss.describe(op.source()),
+        loss.describe(&served_by(&state, op)),
     );
     let mut figures = outcome(
         reached,
@@ -171,6 +171,32 @@ fn failover_outcome(
     figures.may_lose_revisions = loss.may_lose_revisions;
     figures.may_lose_ms = loss.may_lose_ms;
     (detail, figures)
+}
+
+/// Whose etcd a failover's loss is measured against, in words: the member
+/// that died (`m1's etcd`), and after it the targets of the failovers of the
+/// shoot that failed since (each may have served before it failed).
+fn served_by(state: &crate::state::RingState, op: &Operation) -> String {
+    let failed = state.failed_failovers(op.shoot());
+    let later: Vec<String> = failed
+        .iter()
+        .filter(|f| f.id != op.id && f.target() != op.source())
+        .map(|f| {
+            format!(
+                "of {} (target of failover {}, which failed)",
+                f.target(),
+                f.id
+            )
+        })
+        .collect();
+    if later.is_empty() {
+        return format!("{}'s etcd", op.source());
+    }
+    format!(
+        "the etcd of {}, then {}",
+        op.source(),
+        later.join(", then ")
+    )
 }
 
 /// What a failover lost, as far as the ring can tell: the revisions it knew
@@ -213,8 +239,9 @@ impl FailoverLoss {
         }
     }
 
-    /// The report's words; `host` is the member that died.
-    pub fn describe(&self, host: &str) -> String {
+    /// The report's words; `served` names the etcd that served last (the
+    /// dead member's, `m1's etcd`; see [`served_by`]).
+    pub fn describe(&self, served: &str) -> String {
         let known = match (&self.durable, self.lost, self.durable_age_ms) {
             (Some(b), Some(lost), Some(age)) => format!(
                 "the ring last knew revision {} durable ({age} ms before the failover began); {lost} revisions lost",
@@ -228,12 +255,12 @@ impl FailoverLoss {
                     format!(", {:.1} s after the newest durable backup", ms as f64 / 1000.0)
                 });
                 format!(
-                    "{n} revisions past the restore are lost ({host}'s etcd was at revision {} when last heard{span}); writes it acknowledged after that report may be lost too",
+                    "{n} revisions past the restore are lost ({served} was at revision {} when last heard{span}); writes it acknowledged after that report may be lost too",
                     s.revision
                 )
             }
             _ => format!(
-                "how far {host}'s etcd got beyond the bucket is unknown (no report of its revision reached the ring): any write acknowledged after the newest durable backup may be lost"
+                "how far {served} got beyond the bucket is unknown (no report of its revision reached the ring): any write acknowledged after the newest durable backup may be lost"
             ),
         };
         format!("{known}; {clients}")
@@ -313,13 +340,46 @@ mod tests {
             );
         }
         let l = FailoverLoss::new(&op, Some(&durable), seen(112, 9_400), 100);
-        let words = l.describe("m1");
+        let words = l.describe("m1's etcd");
         assert!(words.contains("0 revisions lost"), "{words}");
         assert!(
             words.contains("12 revisions past the restore are lost (m1's etcd was at revision 112 when last heard, 1.4 s after the newest durable backup); writes it acknowledged after that report may be lost too"),
             "{words}"
         );
-        let unknown = FailoverLoss::new(&op, Some(&durable), None, 100).describe("m1");
+        let unknown = FailoverLoss::new(&op, Some(&durable), None, 100).describe("m1's etcd");
         assert!(unknown.contains("is unknown"), "{unknown}");
+    }
+
+    /// A failover after one that failed names both etcds its loss is
+    /// measured against: the dead host's and the failed target's.
+    #[test]
+    fn the_report_names_a_failed_target_that_may_have_served() {
+        use crate::state::tests::{advance, ring3};
+        use crate::state::RingCommand;
+        let mut s = ring3();
+        let fail_over = |s: &mut crate::state::RingState, at_ms| {
+            s.apply(&RingCommand::StartFailover {
+                shoot: "b".into(),
+                to: "c".into(),
+                at_ms,
+                not_before_ms: at_ms,
+                seen: None,
+                promote: false,
+            })
+            .unwrap();
+            s.open_operation("b").unwrap().clone()
+        };
+        let first = fail_over(&mut s, 5_000);
+        assert_eq!(served_by(&s, &first), "a's etcd");
+        advance(&mut s, first.id, &[OperationStep::Failed], 8_000);
+        // (c is passed over after a failure; the names are what matters here)
+        let second = fail_over(&mut s, 9_000);
+        assert_eq!(
+            served_by(&s, &second),
+            format!(
+                "the etcd of a, then of c (target of failover {}, which failed)",
+                first.id
+            )
+        );
     }
 }
