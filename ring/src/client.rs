@@ -89,7 +89,7 @@ impl AdminClient {
     /// The status of the member at `address`, if it answers within `bound`:
     /// a stopped ringd (SIGSTOP, a frozen VM) still has its connections
     /// accepted by the kernel and would hold the caller for ever.
-    async fn status_within(
+    pub async fn status_within(
         address: &str,
         pki: &Path,
         bound: Duration,

@@ -23,9 +23,9 @@ pub async fn pki_check(args: RingArgs, format: Format) -> anyhow::Result<()> {
     for address in &addresses {
         match ask(address, &pki).await {
             Ok(status) => check.add(&status.member, status.certificates),
-            Err(why) => check
+            Err(e) => check
                 .unreachable
-                .push(format!("the member at {address} {why}")),
+                .push(format!("the member at {address}: {e}")),
         }
     }
     check.add("ringctl", local_files(&args, &pki)?);
@@ -38,14 +38,12 @@ pub async fn pki_check(args: RingArgs, format: Format) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ask(address: &str, pki: &std::path::Path) -> Result<ringd::status::RingStatus, String> {
-    let mut client =
-        ringd::client::AdminClient::connect(address, pki).map_err(|e| format!("failed: {e}"))?;
-    match tokio::time::timeout(ASK_TIMEOUT, client.status()).await {
-        Ok(Ok(status)) => Ok(status),
-        Ok(Err(e)) => Err(format!("failed: {e}")),
-        Err(_) => Err(format!("did not answer within {ASK_TIMEOUT:?}")),
-    }
+/// The status of the member at `address`, if it answers within [`ASK_TIMEOUT`].
+async fn ask(
+    address: &str,
+    pki: &std::path::Path,
+) -> Result<ringd::status::RingStatus, ringd::RingError> {
+    ringd::client::AdminClient::status_within(address, pki, ASK_TIMEOUT).await
 }
 
 /// ringctl's own certificate and, for a local ring, every shoot's kubeconfig
@@ -338,7 +336,7 @@ pub async fn pki_rotate_ca(args: crate::cli::PkiRotateArgs, format: Format) -> a
             match ask(&config.member_address(i), &layout.pki()).await {
                 Ok(s) => reports.insert(m.clone(), Some(in_use(&s, m))),
                 Err(e) => {
-                    errors.push(format!("{m} {e}"));
+                    errors.push(format!("{m}: {e}"));
                     reports.insert(m.clone(), None)
                 }
             };
