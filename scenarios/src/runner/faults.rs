@@ -310,7 +310,16 @@ impl Run<'_> {
         } else {
             "processes on"
         };
-        let config = backup::BackupConfig::new(shoot.clone(), etcd, self.bucket.clone());
+        let mut config = backup::BackupConfig::new(shoot.clone(), etcd, self.bucket.clone());
+        // sealed with the ring's bucket key, as its own backup would be: a
+        // keyed bucket's restore leaves a plaintext object out (not trusted)
+        let key = self.layout.bucket_key();
+        if key.exists() {
+            config.encryption = Some(backup::config::EncryptionConfig {
+                key_file: Some(key),
+                ..Default::default()
+            });
+        }
         // written at the host's epoch, as its own backup would be
         let epoch = obs
             .status()
