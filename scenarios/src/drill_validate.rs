@@ -126,8 +126,8 @@ impl Drill {
         Ok(())
     }
 
-    /// Fault `i`'s action: ring positions in range, and what the ring's
-    /// network and bucket must be for it.
+    /// Fault `i`'s action: ring positions in range, durations positive, and
+    /// what the ring's network and bucket must be for it.
     fn validate_action(&self, i: usize, f: &Fault) -> Result<(), ScenarioError> {
         let n = self.ring.members;
         let field = |f: &str| format!("faults[{i}].{f}");
@@ -141,14 +141,6 @@ impl Drill {
                 Ok(())
             }
         };
-        if matches!(f.action, Action::Partition { .. })
-            && self.ring.network != NetworkKind::Namespaces
-        {
-            return Err(bad(
-                field("action.partition"),
-                "cuts a member's network link: set ring.network: namespaces (needs root)",
-            ));
-        }
         let target_position = |target: &Target| match target {
             Target::Member(p) => position(*p, "target.member"),
             Target::HostOf(p) => position(*p, "target.hostOf"),
@@ -174,49 +166,47 @@ impl Drill {
                     ));
                 }
             }
-            Action::FullSnapshot { shoot } => {
-                position(*shoot, "shoot")?;
-                if self.ring.network == NetworkKind::Namespaces {
-                    return Err(bad(
-                        field("action.fullSnapshot"),
-                        "reads etcd on the shoot's loopback address, which only its seed's namespace reaches: use ring.network: loopback",
-                    ));
-                }
+            Action::FullSnapshot { shoot } | Action::CorruptNewestSnapshot { shoot } => {
+                position(*shoot, "shoot")?
             }
-            Action::CorruptNewestSnapshot { shoot } => {
-                position(*shoot, "shoot")?;
-                if self.ring.bucket != BucketKind::File {
-                    return Err(bad(
-                        field("action.corruptNewestSnapshot"),
-                        "damages an object in a file:// bucket: set ring.bucket: file",
-                    ));
-                }
+            Action::StopBucket { r#for } if r#for.is_zero() => {
+                return Err(bad(field("action.stopBucket.for"), "must be positive"));
             }
-            Action::StopBucket { r#for } => {
-                if self.ring.bucket != BucketKind::S3 {
-                    return Err(bad(
-                        field("action.stopBucket"),
-                        "only an S3 bucket can be stopped: set ring.bucket: s3",
-                    ));
-                }
-                if r#for.is_zero() {
-                    return Err(bad(field("action.stopBucket.for"), "must be positive"));
-                }
+            Action::StopBucket { .. }
+            | Action::RestoreFromBucket {}
+            | Action::LoseRing {}
+            | Action::Heal {} => {}
+        }
+        self.validate_action_fits_ring(i, f)
+    }
+
+    /// What fault `i`'s action needs of the ring: its network, its bucket,
+    /// or a fault before it.
+    fn validate_action_fits_ring(&self, i: usize, f: &Fault) -> Result<(), ScenarioError> {
+        let name = f.action.name();
+        let needs = match &f.action {
+            Action::Partition { .. } if self.ring.network != NetworkKind::Namespaces => {
+                "cuts a member's network link: set ring.network: namespaces (needs root)"
             }
-            Action::RestoreFromBucket {} => {
+            Action::FullSnapshot { .. } if self.ring.network == NetworkKind::Namespaces => {
+                "reads etcd on the shoot's loopback address, which only its seed's namespace reaches: use ring.network: loopback"
+            }
+            Action::CorruptNewestSnapshot { .. } if self.ring.bucket != BucketKind::File => {
+                "damages an object in a file:// bucket: set ring.bucket: file"
+            }
+            Action::StopBucket { .. } if self.ring.bucket != BucketKind::S3 => {
+                "only an S3 bucket can be stopped: set ring.bucket: s3"
+            }
+            Action::RestoreFromBucket {}
                 if !self.faults[..i]
                     .iter()
-                    .any(|f| matches!(f.action, Action::LoseRing {}))
-                {
-                    return Err(bad(
-                        field("action.restoreFromBucket"),
-                        "restores a lost ring: put a loseRing fault before it",
-                    ));
-                }
+                    .any(|f| matches!(f.action, Action::LoseRing {})) =>
+            {
+                "restores a lost ring: put a loseRing fault before it"
             }
-            Action::LoseRing {} | Action::Heal {} => {}
-        }
-        Ok(())
+            _ => return Ok(()),
+        };
+        Err(bad(format!("faults[{i}].action.{name}"), needs))
     }
 
     fn validate_expect(&self) -> Result<(), ScenarioError> {
