@@ -86,13 +86,39 @@ impl LeaderView<'_> {
     }
 }
 
-/// The commands the leader should propose now.
 /// How long a live member that failed a failover of a shoot is passed over as
 /// the target of the next failover of that shoot.
 pub const RETRY_FAILED_MS: u64 = 60_000;
 
+/// The commands the leader should propose now: members marked down or up,
+/// operations failed or advanced, failovers of the shoots whose host is
+/// down, hot standbys assigned or dropped and, when nothing else is to do,
+/// a shoot moved back to its returned home.
 pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> Vec<RingCommand> {
     let mut out = Vec::new();
+    let down = membership(state, view, t, &mut out);
+    let is_down = |name: &str| down.contains(&name);
+    advance_operations(state, view, t, &is_down, &mut out);
+    start_failovers(state, view, t, &is_down, &mut out);
+    for p in state.placements.values() {
+        if state.open_operation(&p.shoot).is_none() && !is_down(&p.host) {
+            out.extend(standby(state, p, view, t, &is_down));
+        }
+    }
+    if out.is_empty() {
+        out.extend(relink(state, view, t));
+    }
+    out
+}
+
+/// Marks members down (silent for the failure window) or up again (heard
+/// since they went down); the members that are down after this round.
+fn membership<'a>(
+    state: &'a RingState,
+    view: &LeaderView<'_>,
+    t: &DecisionTiming,
+    out: &mut Vec<RingCommand>,
+) -> Vec<&'a str> {
     let mut down: Vec<&str> = Vec::new();
     for m in &state.members {
         let alive = view.alive(&m.name, t);
@@ -119,8 +145,18 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             (MemberState::Up, true) => {}
         }
     }
-    let is_down = |name: &str| down.contains(&name);
+    down
+}
 
+/// Fails the open operations whose target is down or that made no step
+/// within the deadline, and lets a failover restore once the old lease is over.
+fn advance_operations(
+    state: &RingState,
+    view: &LeaderView<'_>,
+    t: &DecisionTiming,
+    is_down: &dyn Fn(&str) -> bool,
+    out: &mut Vec<RingCommand>,
+) {
     for op in &state.operations {
         if op.step.is_finished() {
             continue;
@@ -175,7 +211,17 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             }
         }
     }
+}
 
+/// A failover for each shoot whose host is down and that no live target is
+/// moving: onto its ready standby, else the member [`choose_target`] picks.
+fn start_failovers(
+    state: &RingState,
+    view: &LeaderView<'_>,
+    t: &DecisionTiming,
+    is_down: &dyn Fn(&str) -> bool,
+    out: &mut Vec<RingCommand>,
+) {
     let mut load = state.load();
     for p in state.placements.values() {
         if !is_down(&p.host) {
@@ -226,15 +272,6 @@ pub fn decide(state: &RingState, view: &LeaderView<'_>, t: &DecisionTiming) -> V
             promote: promote.is_some(),
         });
     }
-    for p in state.placements.values() {
-        if state.open_operation(&p.shoot).is_none() && !is_down(&p.host) {
-            out.extend(standby(state, p, view, t, &is_down));
-        }
-    }
-    if out.is_empty() {
-        out.extend(relink(state, view, t));
-    }
-    out
 }
 
 /// The hot standby of a placement whose host lives: dropped when
