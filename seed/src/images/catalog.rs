@@ -60,15 +60,24 @@ impl ImageInputs {
 /// missing binary (and `scripts/setup`) or a binary of the wrong version.
 pub fn catalog(inputs: &ImageInputs) -> Result<Vec<ImageSpec>> {
     let ldd = inputs.search.find("ldd")?;
-    let mut specs = vec![pause(inputs)?, etcd(inputs, &ldd)?];
+    let pause = pause(inputs)?;
+    let objcopy = inputs.search.find("objcopy")?;
+    // stripped once for the three images that carry it
+    let agent = Agent::read(inputs, &objcopy)?;
+    let mut etcd = etcd(inputs, &ldd)?;
+    agent.add_to(&mut etcd, &ldd)?;
+    let mut specs = vec![pause, etcd];
     let mut apiserver = kube(inputs, &ldd, KUBE_APISERVER)?;
-    add_agent(&mut apiserver, inputs, KUBE_APISERVER, &ldd)?;
+    agent.add_to(&mut apiserver, &ldd)?;
     specs.push(apiserver);
     for image in [KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER] {
         specs.push(kube(inputs, &ldd, image)?);
     }
     specs.push(kube_proxy(inputs, &ldd)?);
-    specs.push(ringd(inputs, &ldd)?);
+    let mut ringd = ringd(inputs, &ldd, &objcopy)?;
+    // next to ringd: the lease guard and relay its seeds run
+    agent.add_to(&mut ringd, &ldd)?;
+    specs.push(ringd);
     Ok(specs)
 }
 
@@ -127,27 +136,43 @@ fn etcd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     let mut spec = ImageSpec::new(ETCD, &["/usr/local/bin/etcd"]);
     spec.add_program("/usr/local/bin/etcd", &etcd, ldd)?;
     spec.add_program("/usr/local/bin/etcdctl", &etcdctl, ldd)?;
-    add_agent(&mut spec, inputs, ETCD, ldd)?;
     Ok(spec)
 }
 
-/// `ring-agent` at [`crate::kubernetes::agent::AGENT`], with its libraries.
-fn add_agent(
-    spec: &mut ImageSpec,
-    inputs: &ImageInputs,
-    image: ImageName,
-    ldd: &Path,
-) -> Result<()> {
-    if !inputs.agent.is_file() {
-        return Err(SeedError::ImageBuild {
-            image: image.name.into(),
-            reason: format!(
-                "{} does not exist; build it with `cargo build -p ringd --bins` (it is taken from next to ringd)",
-                inputs.agent.display()
-            ),
-        });
+/// `ring-agent` (lease guard, backup, restore), stripped, for the images
+/// that run it at [`crate::kubernetes::agent::AGENT`].
+struct Agent {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Agent {
+    fn read(inputs: &ImageInputs, objcopy: &Path) -> Result<Self> {
+        if !inputs.agent.is_file() {
+            return Err(SeedError::ImageBuild {
+                image: ETCD.name.into(),
+                reason: format!(
+                    "{} does not exist; build it with `cargo build -p ringd --bins` (it is taken from next to ringd)",
+                    inputs.agent.display()
+                ),
+            });
+        }
+        let bytes = host::stripped(ETCD.name, objcopy, &inputs.agent)?;
+        Ok(Agent {
+            path: inputs.agent.clone(),
+            bytes,
+        })
     }
-    spec.add_program(crate::kubernetes::agent::AGENT, &inputs.agent, ldd)
+
+    /// Adds the agent, and the shared libraries it loads, to `spec`.
+    fn add_to(&self, spec: &mut ImageSpec, ldd: &Path) -> Result<()> {
+        let data = self.bytes.clone();
+        spec.insert(
+            crate::kubernetes::agent::AGENT,
+            Content::Bytes { data, mode: 0o755 },
+        )?;
+        spec.add_libraries(std::slice::from_ref(&self.path), ldd)
+    }
 }
 
 /// A Kubernetes control-plane image: the one binary at `/usr/local/bin`.
@@ -229,7 +254,7 @@ fn xtables_extensions(spec: &ImageSpec) -> Result<PathBuf> {
 
 /// `ring/ringd`: this workspace's ringd and `ring-agent` with their shared
 /// libraries and the host's CA bundle (for object storage over TLS).
-pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
+pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path, objcopy: &Path) -> Result<ImageSpec> {
     let ringd = &inputs.ringd;
     if !ringd.is_file() {
         return Err(SeedError::ImageBuild {
@@ -242,9 +267,9 @@ pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     }
     check_version(RINGD, ringd)?;
     let mut spec = ImageSpec::new(RINGD, &["/usr/local/bin/ringd"]);
-    spec.add_program("/usr/local/bin/ringd", ringd, ldd)?;
-    // next to ringd: the lease guard and relay its seeds run
-    add_agent(&mut spec, inputs, RINGD, ldd)?;
+    let data = host::stripped(RINGD.name, objcopy, ringd)?;
+    spec.insert("/usr/local/bin/ringd", Content::Bytes { data, mode: 0o755 })?;
+    spec.add_libraries(std::slice::from_ref(ringd), ldd)?;
     spec.add_optional_host_file("/etc/ssl/certs/ca-certificates.crt")?;
     Ok(spec)
 }

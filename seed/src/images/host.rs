@@ -33,6 +33,40 @@ pub(super) fn run_for(image: &str, cmd: &mut Command, timeout: Duration) -> Resu
     })
 }
 
+/// `binary`'s bytes without debug info and symbol table (`objcopy
+/// --strip-all` into a scratch file): Ring's own binaries are debug builds,
+/// more than half of them both, and every node imports them.
+pub(super) fn stripped(image: &str, objcopy: &Path, binary: &Path) -> Result<Vec<u8>> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let name = binary
+        .file_name()
+        .map_or("binary".into(), |n| n.to_string_lossy());
+    let out = std::env::temp_dir().join(format!(
+        "ring-stripped-{name}-{}-{nanos}",
+        std::process::id()
+    ));
+    let mut cmd = Command::new(objcopy);
+    cmd.arg("--strip-all").arg(binary).arg(&out);
+    let ran = run_for(image, &mut cmd, Duration::from_secs(120));
+    let read = match ran {
+        Ok(r) if r.success => std::fs::read(&out).map_err(SeedError::io(&out)),
+        Ok(r) => Err(SeedError::ImageBuild {
+            image: image.to_string(),
+            reason: format!(
+                "`{} --strip-all {}` failed (objcopy is binutils', which gcc brings; run scripts/setup): {}",
+                objcopy.display(),
+                binary.display(),
+                r.stderr.trim()
+            ),
+        }),
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&out);
+    read
+}
+
 /// The shared libraries (and the dynamic loader) the `binaries` load, as
 /// absolute paths in `ldd`'s order without repeats; empty for static binaries.
 pub(super) fn shared_libraries(

@@ -224,7 +224,9 @@ fn missing_gcc_or_ringd_is_named_with_the_fix() {
         "{msg}"
     );
     let no_ringd = ImageInputs::standard(None, tmp.path().join("ringd"));
-    let msg = catalog::ringd(&no_ringd, &ldd()).unwrap_err().to_string();
+    let msg = catalog::ringd(&no_ringd, &ldd(), Path::new("objcopy"))
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("cargo build -p ringd"), "{msg}");
 }
 
@@ -269,4 +271,37 @@ fn the_table_names_every_image_once() {
     names.dedup();
     assert_eq!(names.len(), ALL.len());
     assert_eq!(crate::node::SANDBOX_IMAGE, PAUSE.full());
+}
+
+/// Ring's binaries go into images stripped: no debug info, no symbol table,
+/// and the program still runs.
+#[test]
+fn a_stripped_binary_loses_debug_info_and_still_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let search = BinarySearch::standard(None);
+    let (gcc, objcopy) = (search.find("gcc").unwrap(), search.find("objcopy").unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("seven.c");
+    std::fs::write(&source, "int main(void) { return 7; }\n").unwrap();
+    let built = tmp.path().join("seven");
+    let ok = std::process::Command::new(gcc)
+        .args(["-g", "-o"])
+        .arg(&built)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let before = std::fs::read(&built).unwrap();
+    let after = host::stripped("test", &objcopy, &built).unwrap();
+    let has = |bytes: &[u8], what: &[u8]| bytes.windows(what.len()).any(|w| w == what);
+    assert!(has(&before, b".debug_info") && has(&before, b".symtab"));
+    assert!(!has(&after, b".debug_info") && !has(&after, b".symtab"));
+    assert!(after.len() < before.len());
+    let out = tmp.path().join("seven-stripped");
+    std::fs::write(&out, &after).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let code = std::process::Command::new(&out).status().unwrap().code();
+    assert_eq!(code, Some(7));
+    let missing = host::stripped("test", &objcopy, &tmp.path().join("nope")).unwrap_err();
+    assert!(missing.to_string().contains("--strip-all"), "{missing}");
 }
