@@ -252,8 +252,9 @@ fn xtables_extensions(spec: &ImageSpec) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// `ring/ringd`: this workspace's ringd and `ring-agent` with their shared
-/// libraries and the host's CA bundle (for object storage over TLS).
+/// `ring/ringd`: this workspace's ringd (stripped) with its shared libraries
+/// and the host's CA bundle (for object storage over TLS); [`catalog`] adds
+/// `ring-agent` next to it.
 pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path, objcopy: &Path) -> Result<ImageSpec> {
     let ringd = &inputs.ringd;
     if !ringd.is_file() {
