@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::config::Protection;
-use crate::state::{MemberState, OperationStep, Placement, RingCommand, RingState, SeenRevision};
+use crate::state::{
+    MemberState, Operation, OperationStep, Placement, RingCommand, RingState, SeenRevision,
+};
 
 /// Timing the decisions depend on (milliseconds).
 #[derive(Debug, Clone, Copy)]
@@ -157,60 +159,51 @@ fn advance_operations(
     is_down: &dyn Fn(&str) -> bool,
     out: &mut Vec<RingCommand>,
 ) {
-    for op in &state.operations {
-        if op.step.is_finished() {
-            continue;
-        }
-        if is_down(op.target()) {
+    for op in state.operations.iter().filter(|op| !op.step.is_finished()) {
+        if let Some((step, detail)) = next_step(op, view, t, is_down) {
             out.push(RingCommand::AdvanceOperation {
                 id: op.id,
-                step: OperationStep::Failed,
-                detail: format!("target member {} is down", op.target()),
+                step,
+                detail,
                 at_ms: view.now_ms,
                 outcome: None,
             });
-            continue;
-        }
-        let idle_ms = view.now_ms.saturating_sub(op.updated_at_ms);
-        if idle_ms >= t.operation_deadline_ms {
-            out.push(RingCommand::AdvanceOperation {
-                id: op.id,
-                step: OperationStep::Failed,
-                detail: format!(
-                    "no step for {} s in {:?} (timing.operationDeadlineMs); last: {}",
-                    idle_ms / 1000,
-                    op.step,
-                    op.detail
-                ),
-                at_ms: view.now_ms,
-                outcome: None,
-            });
-            continue;
-        }
-        if op.is_migration() && op.step == OperationStep::Pending && is_down(op.source()) {
-            out.push(RingCommand::AdvanceOperation {
-                id: op.id,
-                step: OperationStep::Failed,
-                detail: format!("source member {} died before the handover", op.source()),
-                at_ms: view.now_ms,
-                outcome: None,
-            });
-            continue;
-        }
-        if op.step == OperationStep::WaitingForLeaseExpiry {
-            // this leader's own bound, not the proposer's `not_before_ms`:
-            // a leader elected since may have a clock far from the old one's
-            if view.now_ms >= view.old_lease_over_at(op.shoot(), t) {
-                out.push(RingCommand::AdvanceOperation {
-                    id: op.id,
-                    step: OperationStep::Pending,
-                    detail: format!("old lease expired; {} may restore", op.target()),
-                    at_ms: view.now_ms,
-                    outcome: None,
-                });
-            }
         }
     }
+}
+
+/// The step the leader moves open operation `op` to now, and why, if any.
+fn next_step(
+    op: &Operation,
+    view: &LeaderView<'_>,
+    t: &DecisionTiming,
+    is_down: &dyn Fn(&str) -> bool,
+) -> Option<(OperationStep, String)> {
+    if is_down(op.target()) {
+        let why = format!("target member {} is down", op.target());
+        return Some((OperationStep::Failed, why));
+    }
+    let idle_ms = view.now_ms.saturating_sub(op.updated_at_ms);
+    if idle_ms >= t.operation_deadline_ms {
+        let why = format!(
+            "no step for {} s in {:?} (timing.operationDeadlineMs); last: {}",
+            idle_ms / 1000,
+            op.step,
+            op.detail
+        );
+        return Some((OperationStep::Failed, why));
+    }
+    if op.is_migration() && op.step == OperationStep::Pending && is_down(op.source()) {
+        let why = format!("source member {} died before the handover", op.source());
+        return Some((OperationStep::Failed, why));
+    }
+    // this leader's own bound, not the proposer's `not_before_ms`: a leader
+    // elected since may have a clock far from the old one's
+    let lease_over = view.now_ms >= view.old_lease_over_at(op.shoot(), t);
+    (op.step == OperationStep::WaitingForLeaseExpiry && lease_over).then(|| {
+        let why = format!("old lease expired; {} may restore", op.target());
+        (OperationStep::Pending, why)
+    })
 }
 
 /// A failover for each shoot whose host is down and that no live target is
