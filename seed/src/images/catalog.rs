@@ -99,33 +99,26 @@ pub(super) fn pause(inputs: &ImageInputs) -> Result<ImageSpec> {
 
 /// `gcc -static -Os -s` of the pause source in a scratch dir; the binary's bytes.
 fn compile_pause(gcc: &Path) -> Result<Vec<u8>> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!("ring-pause-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(SeedError::io(&dir))?;
-    let result = (|| {
-        let source = dir.join("pause.c");
-        std::fs::write(&source, PAUSE_SOURCE).map_err(SeedError::io(&source))?;
-        let mut cmd = Command::new(gcc);
-        cmd.current_dir(&dir)
-            .args(["-static", "-Os", "-s", "-o", "pause", "pause.c"]);
-        let ran = host::run_for(PAUSE.name, &mut cmd, Duration::from_secs(120))?;
-        if !ran.success {
-            return Err(SeedError::ImageBuild {
-                image: PAUSE.name.into(),
-                reason: format!(
-                    "`{} -static -Os pause.c` failed (a static build needs gcc and libc6-dev; run scripts/setup): {}",
-                    gcc.display(),
-                    ran.stderr.trim()
-                ),
-            });
-        }
-        let binary = dir.join("pause");
-        std::fs::read(&binary).map_err(SeedError::io(&binary))
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let scratch = host::scratch_dir("ring-pause-")?;
+    let dir = scratch.path();
+    let source = dir.join("pause.c");
+    std::fs::write(&source, PAUSE_SOURCE).map_err(SeedError::io(&source))?;
+    let mut cmd = Command::new(gcc);
+    cmd.current_dir(dir)
+        .args(["-static", "-Os", "-s", "-o", "pause", "pause.c"]);
+    let ran = host::run_for(PAUSE.name, &mut cmd, Duration::from_secs(120))?;
+    if !ran.success {
+        return Err(SeedError::ImageBuild {
+            image: PAUSE.name.into(),
+            reason: format!(
+                "`{} -static -Os pause.c` failed (a static build needs gcc and libc6-dev; run scripts/setup): {}",
+                gcc.display(),
+                ran.stderr.trim()
+            ),
+        });
+    }
+    let binary = dir.join("pause");
+    std::fs::read(&binary).map_err(SeedError::io(&binary))
 }
 
 /// `ring/etcd`: etcd and etcdctl with their shared libraries.

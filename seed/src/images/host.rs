@@ -37,34 +37,32 @@ pub(super) fn run_for(image: &str, cmd: &mut Command, timeout: Duration) -> Resu
 /// --strip-all` into a scratch file): Ring's own binaries are debug builds,
 /// more than half of them both, and every node imports them.
 pub(super) fn stripped(image: &str, objcopy: &Path, binary: &Path) -> Result<Vec<u8>> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let name = binary
-        .file_name()
-        .map_or("binary".into(), |n| n.to_string_lossy());
-    let out = std::env::temp_dir().join(format!(
-        "ring-stripped-{name}-{}-{nanos}",
-        std::process::id()
-    ));
+    let dir = scratch_dir("ring-stripped-")?;
+    let out = dir.path().join("stripped");
     let mut cmd = Command::new(objcopy);
     cmd.arg("--strip-all").arg(binary).arg(&out);
-    let ran = run_for(image, &mut cmd, Duration::from_secs(120));
-    let read = match ran {
-        Ok(r) if r.success => std::fs::read(&out).map_err(SeedError::io(&out)),
-        Ok(r) => Err(SeedError::ImageBuild {
+    let ran = run_for(image, &mut cmd, Duration::from_secs(120))?;
+    if !ran.success {
+        return Err(SeedError::ImageBuild {
             image: image.to_string(),
             reason: format!(
                 "`{} --strip-all {}` failed (objcopy is binutils', which gcc brings; run scripts/setup): {}",
                 objcopy.display(),
                 binary.display(),
-                r.stderr.trim()
+                ran.stderr.trim()
             ),
-        }),
-        Err(e) => Err(e),
-    };
-    let _ = std::fs::remove_file(&out);
-    read
+        });
+    }
+    std::fs::read(&out).map_err(SeedError::io(&out))
+}
+
+/// A fresh directory under the temp dir, removed when dropped.
+pub(super) fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir> {
+    let tmp = std::env::temp_dir();
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(SeedError::io(&tmp))
 }
 
 /// The shared libraries (and the dynamic loader) the `binaries` load, as
