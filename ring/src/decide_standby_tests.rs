@@ -39,6 +39,7 @@ fn set(s: &mut RingState, shoot: &str, member: &str, ready: bool) {
     p.standby = Some(Standby {
         member: member.into(),
         ready,
+        warm: false,
     });
 }
 

@@ -118,6 +118,7 @@ impl RingStatus {
 fn standby_cell(protection: Protection, standby: Option<&Standby>) -> String {
     match (protection, standby) {
         (Protection::Backup, None) => "-".into(),
+        (_, Some(sb)) if sb.ready && sb.warm => format!("{} (votes, warm)", sb.member),
         (_, Some(sb)) if sb.ready => format!("{} (votes)", sb.member),
         (_, Some(sb)) => format!("{} (joining: backup only)", sb.member),
         (Protection::Standby, None) => "none: backup only".into(),
@@ -301,6 +302,7 @@ mod tests {
             standby: standby.map(|(member, ready)| Standby {
                 member: member.into(),
                 ready,
+                warm: false,
             }),
         }
     }
@@ -359,6 +361,12 @@ mod tests {
         assert!(out.contains("m2 (votes)"), "{out}");
         assert!(out.contains("m3 (joining: backup only)"), "{out}");
         assert!(out.contains("none: backup only"), "{out}");
+        let mut warm = placements.clone();
+        if let Some(sb) = warm[0].standby.as_mut() {
+            sb.warm = true;
+        }
+        let out = render(&status(Protection::Standby, warm));
+        assert!(out.contains("m2 (votes, warm)"), "{out}");
         assert!(
             out.contains(
                 "degraded to backup (protection standby, but no voting standby yet): b, c;"

@@ -59,10 +59,22 @@ fn is_control_plane(comm: &str) -> bool {
     matches!(comm, "etcd" | "kube-apiserver")
 }
 
-/// Whether an etcd is a hot standby (`--name=standby-<id>`): a voting member
-/// of the serving control plane's etcd, which serves nothing by itself.
+/// Whether a process is part of a hot standby: its etcd
+/// (`--name=standby-<id>`), a voting member of the serving control plane's
+/// etcd, which serves nothing by itself; or the warm kube-apiserver next to
+/// it (its secure port among the standbys' API ports), a second
+/// kube-apiserver of that same etcd, reachable at the shoot's address only
+/// once the standby is promoted (then the promoted etcd, under the shoot's
+/// own name, counts for that member).
 fn is_standby(cmdline: &str) -> bool {
-    cmdline.split(' ').any(|a| a.starts_with("--name=standby-"))
+    let base = seed::endpoint::STANDBY_API_PORT_BASE;
+    let warm_port = |p: u16| (base..base + 1000).contains(&p);
+    cmdline.split(' ').any(|a| {
+        a.starts_with("--name=standby-")
+            || a.strip_prefix("--secure-port=")
+                .and_then(|p| p.parse().ok())
+                .is_some_and(warm_port)
+    })
 }
 
 /// The prefix every process of member `m` of the ring in `ring_dir` names.
@@ -374,6 +386,14 @@ mod tests {
         assert_eq!(parse_member_shoot("etcd --data-dir /else", needle), None);
         assert!(is_standby("etcd --name=standby-3 --data-dir=/x"));
         assert!(!is_standby("etcd --name=ks2 --data-dir=/x/standby-3"));
+        // the warm kube-apiserver next to a standby, not the serving one
+        assert!(is_standby(
+            "kube-apiserver --bind-address=127.1.2.3 --secure-port=14403"
+        ));
+        assert!(!is_standby(
+            "kube-apiserver --bind-address=127.1.2.3 --secure-port=6443"
+        ));
+        assert!(!is_standby("kube-apiserver --secure-port=15400"));
     }
 
     #[test]

@@ -13,6 +13,9 @@ use crate::error::{Result, SeedError};
 
 /// The first port of the hot standbys' etcd ports ([`ShootEndpoint::standby_ports`]).
 pub const STANDBY_PORT_BASE: u16 = 12400;
+/// The first port of the warm kube-apiservers next to hot standbys
+/// ([`ShootEndpoint::standby_api_port`]), above every standby etcd port.
+pub const STANDBY_API_PORT_BASE: u16 = 14400;
 
 /// Where a shoot's control plane listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +85,12 @@ impl ShootEndpoint {
     pub fn standby_ports(&self, slot: u64) -> (u16, u16) {
         let base = STANDBY_PORT_BASE + 2 * (slot % 1000) as u16;
         (base, base + 1)
+    }
+
+    /// The secure port of the warm kube-apiserver next to the hot standby on
+    /// the seed of member `slot` (see [`ShootEndpoint::standby_ports`]).
+    pub fn standby_api_port(&self, slot: u64) -> u16 {
+        STANDBY_API_PORT_BASE + (slot % 1000) as u16
     }
 
     /// Every socket a control plane listens on, with the component that owns it.

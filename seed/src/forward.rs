@@ -1,11 +1,43 @@
 //! A TCP relay: every connection accepted on a listener is copied both ways
-//! to a target address. Nodes reach their shoot's API through it, and a
-//! Kubernetes seed's shoot keeps its stable endpoint through it.
+//! to a target address. Nodes reach their shoot's API through it, a
+//! Kubernetes seed's shoot keeps its stable endpoint through it, and a local
+//! seed's promoted standby serves the shoot's address from its warm
+//! kube-apiserver through it.
 
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+
+use crate::local::ShootLayout;
+use crate::process::{Component, ComponentSpec};
+use crate::ControlPlaneSpec;
+
+/// The relay's command: `ring-agent forward` from `listen` to `target`,
+/// under the guard of the lease file of `layout`.
+pub fn relay_spec(
+    agent: &Path,
+    layout: &ShootLayout,
+    spec: &ControlPlaneSpec,
+    target: &str,
+) -> ComponentSpec {
+    let listen = std::net::SocketAddr::new(spec.endpoint.address.into(), spec.endpoint.api_port);
+    let forward = ComponentSpec {
+        component: Component::ApiForwarder,
+        program: agent.to_path_buf(),
+        args: vec![
+            "forward".into(),
+            "--listen".into(),
+            listen.to_string(),
+            "--to".into(),
+            target.to_string(),
+        ],
+        log: layout.log(Component::ApiForwarder),
+        netns: None,
+    };
+    crate::lease_file::guarded(agent, &crate::lease_file::path(layout), forward, None)
+}
 
 /// How long one connect to the target may take (a Service whose endpoints
 /// just changed may drop the connect instead of refusing it).

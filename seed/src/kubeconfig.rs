@@ -121,12 +121,24 @@ pub fn write(
 
 /// A `kube` client authenticated by the kubeconfig at `path`.
 pub async fn client(shoot: &str, path: &Path) -> Result<kube::Client> {
+    client_at(shoot, path, None).await
+}
+
+/// A `kube` client authenticated by the kubeconfig at `path`, reaching
+/// `server` instead of the kubeconfig's if given (a warm kube-apiserver
+/// on a port of its own, say).
+pub async fn client_at(shoot: &str, path: &Path, server: Option<&str>) -> Result<kube::Client> {
     let kube_err = |message: String| crate::SeedError::Kube {
         shoot: shoot.to_string(),
         message,
     };
-    let kc = kube::config::Kubeconfig::read_from(path)
+    let mut kc = kube::config::Kubeconfig::read_from(path)
         .map_err(|e| kube_err(format!("reading kubeconfig {}: {e}", path.display())))?;
+    if let Some(server) = server {
+        for c in kc.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+            c.server = Some(server.to_string());
+        }
+    }
     let config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
@@ -137,7 +149,13 @@ pub async fn client(shoot: &str, path: &Path) -> Result<kube::Client> {
 /// Asks the kube-apiserver behind the kubeconfig at `path` for `/readyz` (5 s bound).
 /// `Ok(Health)` whatever the answer; the detail says what came back or why nothing did.
 pub async fn readyz(shoot: &str, path: &Path) -> Result<crate::Health> {
-    let client = client(shoot, path).await?;
+    readyz_at(shoot, path, None).await
+}
+
+/// [`readyz`] of the kube-apiserver at `server` (if given) with the
+/// credentials of the kubeconfig at `path`.
+pub async fn readyz_at(shoot: &str, path: &Path, server: Option<&str>) -> Result<crate::Health> {
+    let client = client_at(shoot, path, server).await?;
     let req = http::Request::get("/readyz")
         .body(Vec::new())
         .map_err(|e| crate::SeedError::Kube {

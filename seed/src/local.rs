@@ -29,15 +29,17 @@ use crate::binaries::Binaries;
 use crate::error::{Result, SeedError};
 use crate::kubeconfig;
 use crate::pki::{create_private_dir, write_private, Leaf};
-use crate::process::{pid_alive, Component, ComponentSpec, States, SupervisorTuning};
+use crate::process::{pid_alive, Component, States, SupervisorTuning};
 use crate::{ComponentStatus, ControlPlaneSpec, ControlPlaneStatus, Health, Phase, Seed};
 
 mod layout;
 mod specs;
 mod supervision;
+mod warm;
 pub use layout::{holds_data, ShootLayout};
-use specs::{component_specs, etcd_tls_args};
+use specs::etcd_tls_args;
 use supervision::Running;
+pub use warm::WarmApi;
 
 /// How long `stop` waits for another process's supervisor to exit after SIGTERM.
 const FOREIGN_STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -216,32 +218,6 @@ impl LocalSeed {
         }
         Ok(layout)
     }
-
-    /// The command lines of the four components.
-    pub fn component_specs(&self, spec: &ControlPlaneSpec) -> Vec<ComponentSpec> {
-        let advertise = self
-            .advertise
-            .get(&spec.shoot)
-            .copied()
-            .unwrap_or(spec.endpoint.address);
-        let layout = self.layout(&spec.shoot);
-        let specs = component_specs(&layout, spec, &self.bins, advertise);
-        let Some(agent) = &self.guard else {
-            return specs;
-        };
-        let lease = crate::lease_file::path(&layout);
-        let data = layout.etcd_data();
-        specs
-            .into_iter()
-            .map(|cs| {
-                let etcd_data = (cs.component == Component::Etcd).then_some(data.as_path());
-                match crate::lease_file::GUARDED.contains(&cs.component) {
-                    true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
-                    false => cs,
-                }
-            })
-            .collect()
-    }
 }
 
 /// Creates `dir` (0700) if needed and proves it writable. Each call writes its
@@ -320,6 +296,9 @@ fn p(path: PathBuf) -> String {
 #[async_trait::async_trait]
 impl Seed for LocalSeed {
     async fn start(&self, spec: &ControlPlaneSpec) -> Result<()> {
+        if self.promoted_warm(&spec.shoot).await.is_some() {
+            return self.start_missing(spec, &supervision::SHOOT_ORDER).await;
+        }
         self.start_only(spec, &Component::ALL).await
     }
 
@@ -364,6 +343,7 @@ impl Seed for LocalSeed {
         let pids: Vec<u32> = {
             let states = r.states.borrow();
             [
+                Component::ApiForwarder,
                 Component::KubeApiserver,
                 Component::KubeControllerManager,
                 Component::KubeScheduler,

@@ -37,6 +37,17 @@ pub fn ring_node_bin() -> PathBuf {
     path
 }
 
+/// The `ring-agent` binary next to this test binary (built by `scripts/test`).
+pub fn ring_agent_bin() -> PathBuf {
+    let path = ringctl().with_file_name("ring-agent");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first with `cargo build --workspace --bins` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
 /// The `ringctl` binary next to this test binary (`scripts/test` builds it before the tests).
 pub fn ringctl() -> PathBuf {
     let exe = std::env::current_exe().expect("current test executable");

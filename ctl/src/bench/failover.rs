@@ -350,7 +350,8 @@ async fn any_leader_status(ring: &BenchRing) -> Option<RingStatus> {
 }
 
 /// Waits (at most 90 s) until m2's hot standby votes (a failover before
-/// that restores from the bucket).
+/// that restores from the bucket) and its kube-apiserver is warm (a
+/// promotion before that starts one).
 async fn wait_for_standby(admin: &mut AdminClient) -> Result<(), BootstrapError> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -358,13 +359,13 @@ async fn wait_for_standby(admin: &mut AdminClient) -> Result<(), BootstrapError>
         let m2 = s.placements.iter().find(|p| p.shoot == "m2");
         if m2
             .and_then(|p| p.standby.as_ref())
-            .is_some_and(|sb| sb.ready)
+            .is_some_and(|sb| sb.ready && sb.warm)
         {
             return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(BootstrapError::Unsupported(format!(
-                "m2's hot standby did not vote within 90 s: {:?}",
+                "m2's hot standby did not vote with a warm kube-apiserver within 90 s: {:?}",
                 m2.map(|p| &p.standby)
             )));
         }

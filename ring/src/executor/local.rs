@@ -192,7 +192,8 @@ impl Mover for LocalExecutor {
     ) -> Result<TargetFacts, RingError> {
         let layout = self.layout(shoot);
         seed::pki::create_private_dir(&layout.dir)?;
-        let running = self.seed.running_components(shoot).await.len() == Component::ALL.len();
+        let components = self.seed.running_components(shoot).await;
+        let running = Component::ALL.iter().all(|c| components.contains(c));
         if from_bucket {
             let restored = self.bucket_report(shoot, op).is_some();
             return Ok(TargetFacts {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backup::standby;
+use seed::local::WarmApi;
 use seed::{Component, Seed, ShootLayout};
 
 use super::local::{move_data_aside, LocalExecutor};
@@ -18,6 +19,8 @@ use crate::RingError;
 
 /// How long a joined standby may take to catch up and vote.
 const VOTE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a warm kube-apiserver may take to answer ready.
+const WARM_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a standby that is no longer assigned tries to leave the shoot's
 /// etcd before it stops regardless.
 const LEAVE_PATIENCE: Duration = Duration::from_secs(60);
@@ -121,11 +124,6 @@ impl LocalExecutor {
 
 #[async_trait]
 impl StandbyOps for LocalExecutor {
-    async fn standby_running(&self, shoot: &str) -> bool {
-        self.seed.running_components(shoot).await == [Component::Etcd]
-            && read_marker(&self.layout(shoot)).is_some()
-    }
-
     async fn join_standby(
         &self,
         shoot: &str,
@@ -138,7 +136,7 @@ impl StandbyOps for LocalExecutor {
             seed::pki::create_private_dir(&layout.dir)?;
             download_identity(bucket, &layout, shoot).await?;
         }
-        let id = if self.standby_running(shoot).await {
+        let id = if self.seed.runs_standby(shoot).await {
             let spec = self.spec(shoot)?;
             let peer_port = spec.endpoint.standby_ports(slot).1;
             let peer_url = format!("https://{}:{peer_port}", spec.endpoint.address);
@@ -162,10 +160,30 @@ impl StandbyOps for LocalExecutor {
         Ok(())
     }
 
+    async fn warm_standby(&self, shoot: &str, slot: u64) -> Result<bool, RingError> {
+        let spec = self.spec(shoot)?;
+        let warm = WarmApi::for_standby(&spec.endpoint, slot);
+        self.seed.start_warm_api(&spec, warm).await?;
+        let deadline = tokio::time::Instant::now() + WARM_TIMEOUT;
+        loop {
+            let health = self.seed.warm_api_health(&spec, warm).await?;
+            if health.ready {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RingError::StepTimeout {
+                    step: "the standby's warm kube-apiserver answering ready",
+                    secs: WARM_TIMEOUT.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     async fn leave_standby(&self, shoot: &str, keep: bool) -> Result<(), RingError> {
         // only a standby stops here: a control plane serving from its data
         // (promoted) is never touched
-        if self.standby_running(shoot).await {
+        if self.seed.runs_standby(shoot).await {
             if let Err(e) = self.remove_self(shoot).await {
                 let waited = crate::now_ms().saturating_sub(self.leaving_since(shoot));
                 if waited < LEAVE_PATIENCE.as_millis() as u64 {
@@ -191,13 +209,24 @@ impl StandbyOps for LocalExecutor {
     ) -> Result<backup::restore::RestoreReport, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;
-        self.seed.stop(shoot).await?;
+        // only etcd stops: the warm kube-apiserver finds the promoted etcd
+        // where the standby was, and the start completes the control plane
+        // around it
+        self.seed.stop_only(shoot, &[Component::Etcd]).await?;
+        self.seed.end_standby(shoot).await;
         let name = read_marker(&layout).map_or(shoot.to_string(), |(_, slot)| member_name(slot));
         let etcd_bin = self.bins().find("etcd")?;
         let data = layout.etcd_data();
         let log = layout.dir.join("logs").join("promote.log");
         let peer_url = spec.endpoint.etcd_peer_url();
-        let p = standby::promote(&etcd_bin, &data, &name, &peer_url, &log).await?;
+        let p = match standby::promote(&etcd_bin, &data, &name, &peer_url, &log).await {
+            Ok(p) => p,
+            Err(e) => {
+                // nothing of a failed promotion keeps running here
+                let _ = self.seed.stop(shoot).await;
+                return Err(e.into());
+            }
+        };
         let _ = std::fs::remove_file(marker(&layout));
         let report = backup::restore::RestoreReport {
             data_dir: data,
@@ -243,17 +272,15 @@ impl StandbyOps for LocalExecutor {
     async fn drop_peers(&self, shoot: &str, keep: Option<u64>) -> Result<(), RingError> {
         let spec = self.spec(shoot)?;
         let etcd = self.shoot_etcd(shoot)?;
+        // without a quorum no removal can commit: asking would only wait
+        // out its timeout before the re-form (3 s more of outage)
+        if !standby::has_quorum(&etcd, Duration::from_secs(3)).await {
+            return self
+                .reform_alone(shoot, &spec, "the shoot's etcd has no quorum")
+                .await;
+        }
         let mut lost_quorum = None;
-        let peers = match standby::peers(&etcd).await {
-            Ok(peers) => peers,
-            // an etcd that lost its quorum before it became ready answers nothing
-            Err(e) if !standby::has_quorum(&etcd, Duration::from_secs(3)).await => {
-                lost_quorum = Some(e);
-                Vec::new()
-            }
-            Err(e) => return Err(e.into()),
-        };
-        for (id, urls) in peers {
+        for (id, urls) in standby::peers(&etcd).await? {
             let slot = urls.iter().find_map(|u| standby_slot(&spec, u));
             if slot.is_some() && slot == keep {
                 continue;
@@ -269,11 +296,22 @@ impl StandbyOps for LocalExecutor {
             }
             tracing::info!(%shoot, member = format!("{id:x}"), "removed a member from the shoot's etcd");
         }
-        let Some(why) = lost_quorum else {
-            return Ok(());
-        };
-        // the standby is gone with the quorum: etcd re-formed alone; the
-        // rest of the control plane keeps running and reconnects
+        match lost_quorum {
+            Some(why) => self.reform_alone(shoot, &spec, &why.to_string()).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl LocalExecutor {
+    /// The standby is gone with the quorum: etcd is re-formed alone; the
+    /// rest of the control plane keeps running and reconnects.
+    async fn reform_alone(
+        &self,
+        shoot: &str,
+        spec: &seed::ControlPlaneSpec,
+        why: &str,
+    ) -> Result<(), RingError> {
         tracing::warn!(%shoot, error = %why, "re-forming the shoot's etcd alone");
         self.seed.stop_only(shoot, &[Component::Etcd]).await?;
         let layout = self.layout(shoot);
@@ -281,7 +319,7 @@ impl StandbyOps for LocalExecutor {
         let etcd_bin = self.bins().find("etcd")?;
         let peer_url = spec.endpoint.etcd_peer_url();
         standby::promote(&etcd_bin, &layout.etcd_data(), shoot, &peer_url, &log).await?;
-        let started = self.seed.start_missing(&spec, &Component::ALL).await;
+        let started = self.seed.start_missing(spec, &Component::ALL).await;
         super::started(started)
     }
 }

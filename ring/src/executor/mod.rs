@@ -115,8 +115,6 @@ pub trait Executor: Send + Sync {
 /// and, on the host, keeping the etcd cluster to the standby the ring assigned.
 #[async_trait]
 pub trait StandbyOps: Send + Sync {
-    /// Whether this seed runs a standby of `shoot`.
-    async fn standby_running(&self, shoot: &str) -> bool;
     /// Joins `shoot`'s etcd (served on another seed at `epoch`) as the
     /// standby of member id `slot`, fetching the shoot's spec and PKI from
     /// `bucket` first if needed; returns once the standby votes (bounded).
@@ -127,6 +125,12 @@ pub trait StandbyOps: Send + Sync {
         epoch: u64,
         bucket: &RingBucket,
     ) -> Result<(), RingError>;
+    /// Runs a kube-apiserver next to the voting standby of member id `slot`
+    /// so that a promotion need not wait for one to start; returns once it
+    /// answers ready (bounded), `false` from a seed that keeps none warm.
+    async fn warm_standby(&self, _shoot: &str, _slot: u64) -> Result<bool, RingError> {
+        Ok(false)
+    }
     /// Stops the standby of `shoot`; unless `keep`, its data is moved aside.
     async fn leave_standby(&self, shoot: &str, keep: bool) -> Result<(), RingError>;
     /// Promotes the standby of `shoot` for failover `op` (stopped, re-formed

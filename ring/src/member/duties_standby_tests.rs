@@ -11,6 +11,7 @@ fn with_standby(member: Option<&str>, ready: bool) -> RingState {
     s.placements.get_mut("b").unwrap().standby = member.map(|m| Standby {
         member: m.into(),
         ready,
+        warm: false,
     });
     s
 }

@@ -74,13 +74,27 @@ async fn run(
             // from the first attempt on, the seed may run it: leaving stops it
             lock(&shared.standbys).insert(shoot.to_string());
             ops.join_standby(shoot, slot, epoch, bucket).await?;
-            let cmd = RingCommand::StandbyReady {
+            let ready = |warm| RingCommand::StandbyReady {
                 shoot: shoot.to_string(),
                 epoch,
                 member: shared.name().to_string(),
+                warm,
             };
-            shared.propose_cmd(cmd).await?;
-            Ok("standby votes")
+            shared.propose_cmd(ready(false)).await?;
+            // the standby protects every write from here on; a warm
+            // kube-apiserver only shortens a promotion: without one the
+            // promotion starts a kube-apiserver as usual
+            match ops.warm_standby(shoot, slot).await {
+                Ok(true) => {
+                    shared.propose_cmd(ready(true)).await?;
+                    Ok("standby votes; a kube-apiserver waits next to it")
+                }
+                Ok(false) => Ok("standby votes"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the standby votes, but no warm kube-apiserver waits next to it");
+                    Ok("standby votes (no warm kube-apiserver)")
+                }
+            }
         }
         StandbyStep::Leave { keep } => {
             ops.leave_standby(shoot, keep).await?;

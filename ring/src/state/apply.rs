@@ -52,7 +52,8 @@ impl RingState {
                 shoot,
                 epoch,
                 member,
-            } => self.standby_ready(shoot, *epoch, member),
+                warm,
+            } => self.standby_ready(shoot, *epoch, member, *warm),
             RingCommand::StartMigration { shoot, to, at_ms } => {
                 self.start_migration(shoot, to, *at_ms)
             }
@@ -371,12 +372,19 @@ impl RingState {
         p.standby = member.map(|m| Standby {
             member: m.to_string(),
             ready: false,
+            warm: false,
         });
         Ok(())
     }
 
     /// The assigned standby of `shoot` votes.
-    fn standby_ready(&mut self, shoot: &str, epoch: u64, member: &str) -> Result<(), Rejection> {
+    fn standby_ready(
+        &mut self,
+        shoot: &str,
+        epoch: u64,
+        member: &str,
+        warm: bool,
+    ) -> Result<(), Rejection> {
         let p = self
             .placements
             .get_mut(shoot)
@@ -384,6 +392,7 @@ impl RingState {
         match &mut p.standby {
             Some(s) if s.member == member && p.epoch == epoch => {
                 s.ready = true;
+                s.warm |= warm;
                 Ok(())
             }
             _ => Err(format!(

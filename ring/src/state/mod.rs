@@ -71,6 +71,10 @@ pub struct Standby {
     /// It votes: every write the host's etcd acknowledges is on it, and a
     /// failover promotes it instead of restoring from the bucket.
     pub ready: bool,
+    /// A kube-apiserver waits next to it, so a promotion does not wait for
+    /// one to start (seeds that keep one warm: local seeds).
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// Progress of a long-running operation.
@@ -402,11 +406,14 @@ pub enum RingCommand {
         epoch: u64,
         member: Option<String>,
     },
-    /// `member`'s standby of `shoot` at `epoch` votes in the shoot's etcd.
+    /// `member`'s standby of `shoot` at `epoch` votes in the shoot's etcd
+    /// (and, if `warm`, a kube-apiserver waits next to it).
     StandbyReady {
         shoot: String,
         epoch: u64,
         member: String,
+        #[serde(default)]
+        warm: bool,
     },
     /// Planned move of `shoot` to member `to` (`ringctl migrate`).
     StartMigration {

@@ -393,6 +393,7 @@ fn standby_assignments_follow_the_placement() {
         shoot: "b".into(),
         epoch,
         member: member.into(),
+        warm: false,
     };
     assert!(s
         .apply(&set(Some("a"), 1))
@@ -422,8 +423,29 @@ fn standby_assignments_follow_the_placement() {
         s.placements["b"].standby,
         Some(Standby {
             member: "c".into(),
-            ready: true
+            ready: true,
+            warm: false,
         })
+    );
+    // a kube-apiserver warm next to it; a later report without does not
+    // take that back
+    let mut warmed = s.clone();
+    let warm = RingCommand::StandbyReady {
+        shoot: "b".into(),
+        epoch: 1,
+        member: "c".into(),
+        warm: true,
+    };
+    warmed.apply(&warm).unwrap();
+    warmed.apply(&ready("c", 1)).unwrap();
+    assert!(warmed.placements["b"].standby.as_ref().unwrap().warm);
+    warmed.apply(&set(Some("a"), 1)).unwrap_err();
+    warmed.apply(&set(None, 1)).unwrap();
+    warmed.apply(&set(Some("c"), 1)).unwrap();
+    let again = warmed.placements["b"].standby.as_ref().unwrap();
+    assert!(
+        !again.ready && !again.warm,
+        "a new assignment starts cold: {again:?}"
     );
     let mut migrating = s.clone();
     migrating

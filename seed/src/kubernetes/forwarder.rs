@@ -9,7 +9,7 @@
 //! control plane moves.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::KubernetesSeed;
 use crate::error::{Result, SeedError};
+use crate::forward::relay_spec;
 use crate::local::ShootLayout;
-use crate::process::{supervise, Component, ComponentSpec, ComponentState, SupervisorTuning};
+use crate::process::{supervise, Component, ComponentState, SupervisorTuning};
 use crate::ControlPlaneSpec;
 
 /// How long stopping a relay may take (SIGTERM to the guard, then SIGKILL).
@@ -41,31 +42,6 @@ struct Relay {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The relay's command: `ring-agent forward` from `listen` to `target`,
-/// under the guard of the lease file of `layout`.
-pub fn relay_spec(
-    agent: &Path,
-    layout: &ShootLayout,
-    spec: &ControlPlaneSpec,
-    target: &str,
-) -> ComponentSpec {
-    let listen = std::net::SocketAddr::new(spec.endpoint.address.into(), spec.endpoint.api_port);
-    let forward = ComponentSpec {
-        component: Component::ApiForwarder,
-        program: agent.to_path_buf(),
-        args: vec![
-            "forward".into(),
-            "--listen".into(),
-            listen.to_string(),
-            "--to".into(),
-            target.to_string(),
-        ],
-        log: layout.log(Component::ApiForwarder),
-        netns: None,
-    };
-    crate::lease_file::guarded(agent, &crate::lease_file::path(layout), forward, None)
 }
 
 impl Forwarders {
@@ -203,6 +179,7 @@ impl KubernetesSeed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn the_relay_runs_under_the_guard_from_the_stable_address_to_the_service() {

@@ -1,8 +1,10 @@
-//! The command lines of a local seed's control plane components (pure).
+//! The command lines of a local seed's control plane components: pure
+//! builders, and the seed's choice between the usual four and a promoted
+//! standby's (around its warm kube-apiserver).
 
 use std::path::PathBuf;
 
-use super::ShootLayout;
+use super::{warm, LocalSeed, ShootLayout, WarmApi};
 use crate::binaries::Binaries;
 use crate::pki::{Leaf, SERVICE_CIDR};
 use crate::process::{Component, ComponentSpec};
@@ -46,9 +48,6 @@ pub(super) fn component_specs(
     let addr = e.address.to_string();
     let pki = layout.pki();
     let ca = pki.ca();
-    let leaf = |l| pki.leaf(l);
-    let (etcd_cli, api) = (leaf(Leaf::EtcdClient), leaf(Leaf::ApiServer));
-    let kubelet_cli = leaf(Leaf::KubeletClient);
     let etcd: Vec<String> = [
         format!("--name={}", spec.shoot),
         format!("--data-dir={}", p(layout.etcd_data())),
@@ -63,41 +62,7 @@ pub(super) fn component_specs(
     .into_iter()
     .chain(etcd_tls_args(layout))
     .collect::<Vec<_>>();
-    let apiserver = vec![
-        format!("--advertise-address={advertise}"),
-        format!("--bind-address={addr}"),
-        format!("--secure-port={}", e.api_port),
-        "--insecure-port=0".into(),
-        format!("--etcd-servers={}", e.etcd_url()),
-        format!("--etcd-cafile={}", p(ca.cert.clone())),
-        format!("--etcd-certfile={}", p(etcd_cli.cert)),
-        format!("--etcd-keyfile={}", p(etcd_cli.key)),
-        format!("--client-ca-file={}", p(ca.cert.clone())),
-        format!("--tls-cert-file={}", p(api.cert)),
-        format!("--tls-private-key-file={}", p(api.key)),
-        // Nodes register with certificates of group system:nodes; the Node
-        // authorizer and NodeRestriction keep each one to its own objects.
-        "--authorization-mode=Node,RBAC".into(),
-        "--enable-admission-plugins=NodeRestriction".into(),
-        format!("--kubelet-client-certificate={}", p(kubelet_cli.cert)),
-        format!("--kubelet-client-key={}", p(kubelet_cli.key)),
-        // node names are member names, not resolvable host names
-        "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP".into(),
-        format!(
-            "--service-account-key-file={}",
-            p(pki.service_account_pub())
-        ),
-        format!(
-            "--service-account-signing-key-file={}",
-            p(pki.service_account_key())
-        ),
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-        "--allow-privileged=true".into(),
-        "--profiling=false".into(),
-        format!("--cert-dir={}", p(layout.run_dir(Component::KubeApiserver))),
-        "--v=1".into(),
-    ];
+    let apiserver = apiserver_args(layout, spec, advertise, e.api_port, &e.etcd_url());
     let common = |c: Component, port: u16| {
         let kc = p(layout.component_kubeconfig(c));
         crate::process::manager_args(&kc, &addr, port, &p(layout.run_dir(c)))
@@ -133,4 +98,109 @@ pub(super) fn component_specs(
         netns: None,
     })
     .collect()
+}
+
+/// kube-apiserver's flags: serving on the shoot's address at `port`,
+/// reading etcd at `etcd_servers`.
+pub(super) fn apiserver_args(
+    layout: &ShootLayout,
+    spec: &ControlPlaneSpec,
+    advertise: std::net::Ipv4Addr,
+    port: u16,
+    etcd_servers: &str,
+) -> Vec<String> {
+    let addr = spec.endpoint.address;
+    let pki = layout.pki();
+    let ca = pki.ca();
+    let (etcd_cli, api) = (pki.leaf(Leaf::EtcdClient), pki.leaf(Leaf::ApiServer));
+    let kubelet_cli = pki.leaf(Leaf::KubeletClient);
+    vec![
+        format!("--advertise-address={advertise}"),
+        format!("--bind-address={addr}"),
+        format!("--secure-port={port}"),
+        "--insecure-port=0".into(),
+        format!("--etcd-servers={etcd_servers}"),
+        format!("--etcd-cafile={}", p(ca.cert.clone())),
+        format!("--etcd-certfile={}", p(etcd_cli.cert)),
+        format!("--etcd-keyfile={}", p(etcd_cli.key)),
+        format!("--client-ca-file={}", p(ca.cert.clone())),
+        format!("--tls-cert-file={}", p(api.cert)),
+        format!("--tls-private-key-file={}", p(api.key)),
+        // Nodes register with certificates of group system:nodes; the Node
+        // authorizer and NodeRestriction keep each one to its own objects.
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--kubelet-client-certificate={}", p(kubelet_cli.cert)),
+        format!("--kubelet-client-key={}", p(kubelet_cli.key)),
+        // node names are member names, not resolvable host names
+        "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP".into(),
+        format!(
+            "--service-account-key-file={}",
+            p(pki.service_account_pub())
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            p(pki.service_account_key())
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--allow-privileged=true".into(),
+        "--profiling=false".into(),
+        format!("--cert-dir={}", p(layout.run_dir(Component::KubeApiserver))),
+        "--v=1".into(),
+    ]
+}
+
+impl LocalSeed {
+    /// The command lines of the four components.
+    pub fn component_specs(&self, spec: &ControlPlaneSpec) -> Vec<ComponentSpec> {
+        self.specs_for(spec, None)
+    }
+
+    /// The address the shoot's kube-apiserver advertises.
+    pub(super) fn advertise_of(&self, spec: &ControlPlaneSpec) -> std::net::Ipv4Addr {
+        self.advertise
+            .get(&spec.shoot)
+            .copied()
+            .unwrap_or(spec.endpoint.address)
+    }
+
+    /// The command lines of the shoot's components, in start order: the
+    /// usual four, or with `warm` a promoted standby's (see [`WarmApi`]).
+    /// Under the lease guard, etcd and kube-apiserver run guarded (a warm
+    /// kube-apiserver does not: its relay does).
+    pub(super) fn specs_for(
+        &self,
+        spec: &ControlPlaneSpec,
+        warm: Option<WarmApi>,
+    ) -> Vec<ComponentSpec> {
+        let advertise = self.advertise_of(spec);
+        let layout = self.layout(&spec.shoot);
+        let mut specs = component_specs(&layout, spec, &self.bins, advertise);
+        let Some(agent) = &self.guard else {
+            return specs;
+        };
+        if let Some(w) = &warm {
+            let api = warm::warm_apiserver(&layout, spec, advertise, &self.bins, w);
+            specs = warm::promoted(specs, api, spec, w);
+        }
+        let lease = crate::lease_file::path(&layout);
+        let data = layout.etcd_data();
+        let mut out = Vec::new();
+        for cs in specs {
+            let c = cs.component;
+            let etcd_data = (c == Component::Etcd).then_some(data.as_path());
+            let guard = crate::lease_file::GUARDED.contains(&c)
+                && !(warm.is_some() && c == Component::KubeApiserver);
+            out.push(match guard {
+                true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
+                false => cs,
+            });
+            if let (Some(w), Component::KubeApiserver) = (&warm, c) {
+                let to = format!("{}:{}", spec.endpoint.address, w.api_port);
+                out.push(crate::forward::relay_spec(agent, &layout, spec, &to));
+            }
+        }
+        out
+    }
 }

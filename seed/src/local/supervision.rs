@@ -31,6 +31,17 @@ const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `start` waits for kube-apiserver's `/readyz` before starting the others.
 const API_START_WAIT: Duration = Duration::from_secs(60);
 
+/// Every component of a local control plane in start order (stop order is
+/// the reverse): the usual four, and the relay from the shoot's address to
+/// a promoted standby's warm kube-apiserver ([`super::WarmApi`]).
+pub(super) const SHOOT_ORDER: [Component; 5] = [
+    Component::Etcd,
+    Component::KubeApiserver,
+    Component::ApiForwarder,
+    Component::KubeControllerManager,
+    Component::KubeScheduler,
+];
+
 /// Tells the starts of this process apart (see [`Running::generation`]).
 static GENERATIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -38,7 +49,12 @@ static GENERATIONS: AtomicU64 = AtomicU64::new(0);
 pub(super) struct Running {
     /// Which start made it: a start whose supervision was stopped meanwhile
     /// (and maybe begun again by another start) adds nothing to it.
-    generation: u64,
+    pub(super) generation: u64,
+    /// A hot standby's (etcd, maybe a warm kube-apiserver), not a serving
+    /// control plane; cleared when the standby is promoted.
+    pub(super) standby: bool,
+    /// The warm kube-apiserver started next to the standby, if any.
+    pub(super) warm: Option<super::WarmApi>,
     tokens: BTreeMap<Component, CancellationToken>,
     tasks: BTreeMap<Component, JoinHandle<()>>,
     /// The components' states; the status writer ends once every sender is gone.
@@ -49,6 +65,11 @@ pub(super) struct Running {
 }
 
 impl Running {
+    /// Whether component `c` is supervised.
+    pub(super) fn has(&self, c: Component) -> bool {
+        self.tasks.contains_key(&c)
+    }
+
     /// Tells every component's supervisor to stop (none restarts its
     /// component any more), without waiting.
     pub(super) fn cancel(&self) {
@@ -59,7 +80,7 @@ impl Running {
 
     /// Stops components in reverse start order, waiting for each.
     pub(super) async fn shutdown(mut self) {
-        for c in Component::ALL.iter().rev() {
+        for c in SHOOT_ORDER.iter().rev() {
             if let Some(t) = self.tokens.get(c) {
                 t.cancel();
             }
@@ -76,7 +97,7 @@ impl LocalSeed {
     /// Starts only the given components of the shoot's control plane (e.g. etcd
     /// alone, to take a final snapshot without writers). Nothing may run yet.
     pub async fn start_only(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
-        let specs = self.specs_of(spec, |c| only.contains(&c));
+        let specs = self.specs_of(spec, None, |c| only.contains(&c));
         self.supervise(spec, specs, etcd_addr(spec), || check_ports(spec))
             .await
     }
@@ -85,9 +106,10 @@ impl LocalSeed {
     fn specs_of(
         &self,
         spec: &ControlPlaneSpec,
+        warm: Option<super::WarmApi>,
         wanted: impl Fn(Component) -> bool,
     ) -> Vec<ComponentSpec> {
-        self.component_specs(spec)
+        self.specs_for(spec, warm)
             .into_iter()
             .filter(|cs| wanted(cs.component))
             .collect()
@@ -141,7 +163,12 @@ impl LocalSeed {
             }
             Ok(())
         };
-        self.supervise(spec, vec![etcd], addr, free).await
+        let generation = self.begin(spec, free).await?;
+        if let Some(r) = self.running.lock().await.get_mut(&spec.shoot) {
+            r.standby = r.generation == generation;
+        }
+        self.run_components(&spec.shoot, generation, vec![etcd], addr)
+            .await
     }
 
     /// Supervises `specs` of the shoot (in order) once `free` says their
@@ -162,19 +189,21 @@ impl LocalSeed {
     /// Starts the given components of a shoot whose supervision runs and
     /// lacks them (etcd again after it was stopped to re-form it, say), in
     /// order, leaving the others as they are: a kube-apiserver that runs
-    /// reconnects to the new etcd by itself. With nothing running, a start
-    /// of just those.
+    /// reconnects to the new etcd by itself (a promoted standby's
+    /// components are completed around its warm kube-apiserver). With
+    /// nothing running, a start of just those.
     pub async fn start_missing(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
         let supervised = {
             let running = self.running.lock().await;
-            running
-                .get(&spec.shoot)
-                .map(|r| (r.generation, r.tasks.keys().copied().collect::<Vec<_>>()))
+            running.get(&spec.shoot).map(|r| {
+                let present = r.tasks.keys().copied().collect::<Vec<_>>();
+                (r.generation, r.warm, present)
+            })
         };
-        let Some((generation, present)) = supervised else {
+        let Some((generation, warm, present)) = supervised else {
             return self.start_only(spec, only).await;
         };
-        let specs = self.specs_of(spec, |c| only.contains(&c) && !present.contains(&c));
+        let specs = self.specs_of(spec, warm, |c| only.contains(&c) && !present.contains(&c));
         self.run_components(&spec.shoot, generation, specs, etcd_addr(spec))
             .await
     }
@@ -227,6 +256,8 @@ impl LocalSeed {
         let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
         let r = Running {
             generation,
+            standby: false,
+            warm: None,
             tokens: BTreeMap::new(),
             tasks: BTreeMap::new(),
             status,
@@ -239,7 +270,12 @@ impl LocalSeed {
     }
 
     /// Starts supervising one component, unless the start was stopped meanwhile.
-    async fn spawn_component(&self, shoot: &str, generation: u64, cs: ComponentSpec) -> Result<()> {
+    pub(super) async fn spawn_component(
+        &self,
+        shoot: &str,
+        generation: u64,
+        cs: ComponentSpec,
+    ) -> Result<()> {
         let mut running = self.running.lock().await;
         let r = running
             .get_mut(shoot)
@@ -320,13 +356,18 @@ impl LocalSeed {
     }
 
     /// Stops only the given components (in reverse start order), keeping the
-    /// others running; stopping the last one ends the supervision.
+    /// others running (kube-apiserver's relay goes with it); stopping the
+    /// last one ends the supervision.
     pub async fn stop_only(&self, shoot: &str, only: &[Component]) -> Result<()> {
         let mut running = self.running.lock().await;
         let Some(r) = running.get_mut(shoot) else {
             return Ok(());
         };
-        for c in Component::ALL.iter().rev().filter(|c| only.contains(c)) {
+        let stops = |c: &Component| {
+            only.contains(c)
+                || (*c == Component::ApiForwarder && only.contains(&Component::KubeApiserver))
+        };
+        for c in SHOOT_ORDER.iter().rev().filter(|c| stops(c)) {
             if let Some(t) = r.tokens.remove(c) {
                 t.cancel();
             }

@@ -1,7 +1,9 @@
 //! A hot standby of a hosted control plane's etcd on a second local seed:
-//! joined while the host serves, the host killed, the standby promoted and
-//! the control plane started there from its data; the shoot's kubeconfig
-//! then shows every object, the last one written just before the kill.
+//! joined while the host serves, with a warm kube-apiserver next to it; the
+//! host killed, the standby promoted and the control plane completed there
+//! around the warm kube-apiserver (the same process serves the shoot's
+//! address through the relay); the shoot's kubeconfig then shows every
+//! object, the last one written just before the kill.
 
 use std::path::Path;
 
@@ -23,7 +25,9 @@ fn copy_identity(from: &Path, to: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_on_another_seed_takes_over_with_every_object() {
     let (host_box, standby_box) = (Sandbox::new(), Sandbox::new());
-    let (host, standby_seed) = (host_box.seed(), standby_box.seed());
+    let host = host_box.seed();
+    // the relay to a promoted standby's warm kube-apiserver runs under the lease guard
+    let standby_seed = standby_box.seed().with_guard(ring_agent_bin());
     let shoot = "cp-standby";
     let spec = ControlPlaneSpec::new(shoot);
     host.start(&spec).await.expect("start on the host");
@@ -65,16 +69,37 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     })
     .await;
     create_config_map(&kubeconfig, "after-join", "marker", "2").await;
+    let warm = seed::local::WarmApi::for_standby(&spec.endpoint, 2);
+    standby_seed
+        .start_warm_api(&spec, warm)
+        .await
+        .expect("starting the warm kube-apiserver");
+    wait_ok("the warm kube-apiserver is ready", READY, || {
+        let (standby_seed, spec) = (&standby_seed, &spec);
+        async move {
+            match standby_seed.warm_api_health(spec, warm).await {
+                Ok(h) if h.ready => Ok(()),
+                Ok(h) => Err(h.detail),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    let warm_pid = component_pid(&standby_seed, shoot, Component::KubeApiserver).await;
 
     // the host dies; the standby is promoted and serves the shoot
     host.fence(shoot)
         .await
         .expect("killing the host's control plane");
     standby_seed
-        .stop(shoot)
+        .stop_only(shoot, &[Component::Etcd])
         .await
-        .expect("stopping the standby");
+        .expect("stopping the standby's etcd");
+    standby_seed.end_standby(shoot).await;
     let layout = standby_seed.layout(shoot);
+    // the guard lets etcd and the relay serve until then
+    let fence_at = ring_tests::now_ms() + 600_000;
+    seed::lease_file::record(&layout, fence_at, Some(2)).expect("lease file");
     let promoted = standby::promote(
         &ring_tests::etcd::etcd_bin(),
         &layout.etcd_data(),
@@ -94,7 +119,26 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
         .expect("ready after promotion");
     assert_eq!(read_config_map(&kubeconfig, "before", "marker"), "1");
     assert_eq!(read_config_map(&kubeconfig, "after-join", "marker"), "2");
+    create_config_map(&kubeconfig, "after-promotion", "marker", "3").await;
+    assert_eq!(
+        component_pid(&standby_seed, shoot, Component::KubeApiserver).await,
+        warm_pid,
+        "the warm kube-apiserver serves the shoot: it was not started again"
+    );
+    let running = standby_seed.running_components(shoot).await;
+    assert!(running.contains(&Component::ApiForwarder), "{running:?}");
     standby_seed.stop(shoot).await.expect("stop");
     let left = standby_box.wait_no_processes(Duration::from_secs(10));
     assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+/// The pid of `component` of `shoot` as the seed's status file records it.
+async fn component_pid(seed: &seed::LocalSeed, shoot: &str, component: Component) -> u32 {
+    let status = seed.inspect(shoot).await.expect("inspect");
+    status
+        .components
+        .iter()
+        .find(|c| c.component == component)
+        .and_then(|c| c.state.pid)
+        .unwrap_or_else(|| panic!("no pid of {component} in {status:?}"))
 }
