@@ -423,7 +423,15 @@ impl TempEtcd {
             data_dir,
             name,
             log,
-            &["--force-new-cluster".to_string()],
+            &[
+                "--force-new-cluster".to_string(),
+                // alone, it need not wait a second or two for its election
+                "--heartbeat-interval=20".to_string(),
+                "--election-timeout=100".to_string(),
+                // a snapshot of the one-member configuration: the member it
+                // leaves starts as the only voter and campaigns at once
+                "--snapshot-count=1".to_string(),
+            ],
             &[],
         )
         .await
