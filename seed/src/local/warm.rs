@@ -135,7 +135,6 @@ impl LocalSeed {
             if r.has(Component::KubeApiserver) {
                 return Ok(());
             }
-            r.warm = Some(warm);
             r.generation
         };
         check_port(
@@ -145,7 +144,14 @@ impl LocalSeed {
         )?;
         let layout = self.layout(shoot);
         let cs = warm_apiserver(&layout, spec, self.advertise_of(spec), &self.bins, &warm);
-        self.spawn_component(shoot, generation, cs).await
+        self.spawn_component(shoot, generation, cs).await?;
+        // only a running one shapes the promoted control plane
+        if let Some(r) = self.running.lock().await.get_mut(shoot) {
+            if r.generation == generation {
+                r.warm = Some(warm);
+            }
+        }
+        Ok(())
     }
 
     /// The standby of `shoot` is being promoted: from now on its supervision
@@ -164,14 +170,6 @@ impl LocalSeed {
         running
             .get(shoot)
             .is_some_and(|r| r.standby && r.has(Component::Etcd))
-    }
-
-    /// Whether the warm kube-apiserver next to `shoot`'s hot standby runs here.
-    pub async fn runs_warm_api(&self, shoot: &str) -> bool {
-        let running = self.running.lock().await;
-        running
-            .get(shoot)
-            .is_some_and(|r| r.standby && r.has(Component::KubeApiserver))
     }
 
     /// The `/readyz` of the warm kube-apiserver `warm` of `spec`'s shoot.
