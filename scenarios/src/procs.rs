@@ -65,7 +65,9 @@ fn is_control_plane(comm: &str) -> bool {
 /// it (its secure port among the standbys' API ports), a second
 /// kube-apiserver of that same etcd, reachable at the shoot's address only
 /// once the standby is promoted (then the promoted etcd, under the shoot's
-/// own name, counts for that member).
+/// own name, counts for that member). The blind spot: a warm
+/// kube-apiserver left running after its etcd was fenced is not counted
+/// (it can serve no write without that etcd).
 fn is_standby(cmdline: &str) -> bool {
     let base = seed::endpoint::STANDBY_API_PORT_BASE;
     let warm_port = |p: u16| (base..base + 1000).contains(&p);

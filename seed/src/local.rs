@@ -297,6 +297,15 @@ fn p(path: PathBuf) -> String {
 impl Seed for LocalSeed {
     async fn start(&self, spec: &ControlPlaneSpec) -> Result<()> {
         if self.promoted_warm(&spec.shoot).await.is_some() {
+            // the promotion's start: nothing else may hold the shoot's
+            // sockets (etcd's start only waits for a connection)
+            if !self
+                .running_components(&spec.shoot)
+                .await
+                .contains(&Component::Etcd)
+            {
+                check_ports(spec)?;
+            }
             return self.start_missing(spec, &supervision::SHOOT_ORDER).await;
         }
         self.start_only(spec, &Component::ALL).await

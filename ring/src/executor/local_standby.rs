@@ -171,6 +171,9 @@ impl StandbyOps for LocalExecutor {
                 return Ok(true);
             }
             if tokio::time::Instant::now() >= deadline {
+                // a promotion starts a kube-apiserver of its own rather
+                // than wait for this one
+                self.seed.stop_warm_api(shoot).await?;
                 return Err(RingError::StepTimeout {
                     step: "the standby's warm kube-apiserver answering ready",
                     secs: WARM_TIMEOUT.as_secs(),
@@ -192,6 +195,10 @@ impl StandbyOps for LocalExecutor {
                 tracing::warn!(%shoot, error = %e, "the standby could not leave the shoot's etcd; stopping it anyway (the host re-forms its etcd)");
             }
             self.seed.stop(shoot).await?;
+        } else if self.seed.running_components(shoot).await == [Component::KubeApiserver] {
+            // the warm kube-apiserver of a promotion that never finished
+            // (its step timed out): nothing else of the shoot runs here
+            self.seed.stop(shoot).await?;
         }
         let _ = std::fs::remove_file(self.layout(shoot).dir.join("standby-leaving"));
         let layout = self.layout(shoot);
@@ -209,13 +216,13 @@ impl StandbyOps for LocalExecutor {
     ) -> Result<backup::restore::RestoreReport, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;
+        let etcd_bin = self.bins().find("etcd")?;
         // only etcd stops: the warm kube-apiserver finds the promoted etcd
         // where the standby was, and the start completes the control plane
         // around it
         self.seed.stop_only(shoot, &[Component::Etcd]).await?;
         self.seed.end_standby(shoot).await;
         let name = read_marker(&layout).map_or(shoot.to_string(), |(_, slot)| member_name(slot));
-        let etcd_bin = self.bins().find("etcd")?;
         let data = layout.etcd_data();
         let log = layout.dir.join("logs").join("promote.log");
         let peer_url = spec.endpoint.etcd_peer_url();

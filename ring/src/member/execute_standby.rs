@@ -86,7 +86,11 @@ async fn run(
             // promotion starts a kube-apiserver as usual
             match ops.warm_standby(shoot, slot).await {
                 Ok(true) => {
-                    shared.propose_cmd(ready(true)).await?;
+                    // informational: refused once the standby was promoted
+                    // or moved meanwhile, which is no failure of this step
+                    if let Err(e) = shared.propose_cmd(ready(true)).await {
+                        tracing::info!(error = %e, "the warm kube-apiserver was not recorded");
+                    }
                     Ok("standby votes; a kube-apiserver waits next to it")
                 }
                 Ok(false) => Ok("standby votes"),

@@ -392,7 +392,7 @@ impl RingState {
         match &mut p.standby {
             Some(s) if s.member == member && p.epoch == epoch => {
                 s.ready = true;
-                s.warm |= warm;
+                s.warm = warm;
                 Ok(())
             }
             _ => Err(format!(

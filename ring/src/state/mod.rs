@@ -407,7 +407,8 @@ pub enum RingCommand {
         member: Option<String>,
     },
     /// `member`'s standby of `shoot` at `epoch` votes in the shoot's etcd
-    /// (and, if `warm`, a kube-apiserver waits next to it).
+    /// (and, if `warm`, a kube-apiserver waits next to it; a report without
+    /// `warm`, as a standby joining again sends first, clears it).
     StandbyReady {
         shoot: String,
         epoch: u64,

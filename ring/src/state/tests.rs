@@ -427,8 +427,8 @@ fn standby_assignments_follow_the_placement() {
             warm: false,
         })
     );
-    // a kube-apiserver warm next to it; a later report without does not
-    // take that back
+    // a kube-apiserver warm next to it; a report without (the standby
+    // joined again, say after its ringd restarted) clears it
     let mut warmed = s.clone();
     let warm = RingCommand::StandbyReady {
         shoot: "b".into(),
@@ -437,8 +437,10 @@ fn standby_assignments_follow_the_placement() {
         warm: true,
     };
     warmed.apply(&warm).unwrap();
-    warmed.apply(&ready("c", 1)).unwrap();
     assert!(warmed.placements["b"].standby.as_ref().unwrap().warm);
+    let mut rejoined = warmed.clone();
+    rejoined.apply(&ready("c", 1)).unwrap();
+    assert!(!rejoined.placements["b"].standby.as_ref().unwrap().warm);
     warmed.apply(&set(Some("a"), 1)).unwrap_err();
     warmed.apply(&set(None, 1)).unwrap();
     warmed.apply(&set(Some("c"), 1)).unwrap();

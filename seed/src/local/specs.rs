@@ -192,14 +192,16 @@ impl LocalSeed {
             let etcd_data = (c == Component::Etcd).then_some(data.as_path());
             let guard = crate::lease_file::GUARDED.contains(&c)
                 && !(warm.is_some() && c == Component::KubeApiserver);
-            out.push(match guard {
-                true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
-                false => cs,
-            });
+            // the relay to a warm kube-apiserver comes first: its start
+            // waits for `/readyz` at the shoot's address
             if let (Some(w), Component::KubeApiserver) = (&warm, c) {
                 let to = format!("{}:{}", spec.endpoint.address, w.api_port);
                 out.push(crate::forward::relay_spec(agent, &layout, spec, &to));
             }
+            out.push(match guard {
+                true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
+                false => cs,
+            });
         }
         out
     }

@@ -33,11 +33,13 @@ const API_START_WAIT: Duration = Duration::from_secs(60);
 
 /// Every component of a local control plane in start order (stop order is
 /// the reverse): the usual four, and the relay from the shoot's address to
-/// a promoted standby's warm kube-apiserver ([`super::WarmApi`]).
+/// a promoted standby's warm kube-apiserver ([`super::WarmApi`]), which
+/// comes before it (kube-apiserver's start waits for `/readyz` at the
+/// shoot's address, which only the relay serves).
 pub(super) const SHOOT_ORDER: [Component; 5] = [
     Component::Etcd,
-    Component::KubeApiserver,
     Component::ApiForwarder,
+    Component::KubeApiserver,
     Component::KubeControllerManager,
     Component::KubeScheduler,
 ];

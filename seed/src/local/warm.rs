@@ -154,6 +154,20 @@ impl LocalSeed {
         Ok(())
     }
 
+    /// Stops the warm kube-apiserver next to `shoot`'s hot standby (one that
+    /// never answered ready): a promotion then starts a kube-apiserver as
+    /// usual. The standby's etcd keeps running.
+    pub async fn stop_warm_api(&self, shoot: &str) -> Result<()> {
+        if !self.runs_standby(shoot).await {
+            return Ok(());
+        }
+        self.stop_only(shoot, &[Component::KubeApiserver]).await?;
+        if let Some(r) = self.running.lock().await.get_mut(shoot) {
+            r.warm = None;
+        }
+        Ok(())
+    }
+
     /// The standby of `shoot` is being promoted: from now on its supervision
     /// is the control plane's, and a start completes it around the warm
     /// kube-apiserver (if one runs) instead of refusing.
@@ -230,8 +244,8 @@ mod tests {
             order,
             [
                 Component::Etcd,
-                Component::KubeApiserver,
                 Component::ApiForwarder,
+                Component::KubeApiserver,
                 Component::KubeControllerManager,
                 Component::KubeScheduler
             ]
