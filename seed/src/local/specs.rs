@@ -181,28 +181,26 @@ impl LocalSeed {
             return specs;
         };
         if let Some(w) = &warm {
+            let relay = warm::relay(agent, &layout, spec, w);
             let api = warm::warm_apiserver(&layout, spec, advertise, &self.bins, w);
-            specs = warm::promoted(specs, api, spec, w);
+            specs = warm::promoted(specs, relay, api, spec, w);
         }
         let lease = crate::lease_file::path(&layout);
         let data = layout.etcd_data();
-        let mut out = Vec::new();
-        for cs in specs {
-            let c = cs.component;
-            let etcd_data = (c == Component::Etcd).then_some(data.as_path());
-            let guard = crate::lease_file::GUARDED.contains(&c)
-                && !(warm.is_some() && c == Component::KubeApiserver);
-            // the relay to a warm kube-apiserver comes first: its start
-            // waits for `/readyz` at the shoot's address
-            if let (Some(w), Component::KubeApiserver) = (&warm, c) {
-                let to = format!("{}:{}", spec.endpoint.address, w.api_port);
-                out.push(crate::forward::relay_spec(agent, &layout, spec, &to));
-            }
-            out.push(match guard {
-                true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
-                false => cs,
-            });
-        }
-        out
+        specs
+            .into_iter()
+            .map(|cs| {
+                let c = cs.component;
+                let etcd_data = (c == Component::Etcd).then_some(data.as_path());
+                // a warm kube-apiserver is not guarded: its relay (guarded
+                // already) is
+                let guard = crate::lease_file::GUARDED.contains(&c)
+                    && !(warm.is_some() && c == Component::KubeApiserver);
+                match guard {
+                    true => crate::lease_file::guarded(agent, &lease, cs, etcd_data),
+                    false => cs,
+                }
+            })
+            .collect()
     }
 }

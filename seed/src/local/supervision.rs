@@ -72,6 +72,11 @@ impl Running {
         self.tasks.contains_key(&c)
     }
 
+    /// Whether this is a hot standby whose etcd runs.
+    pub(super) fn runs_standby(&self) -> bool {
+        self.standby && self.has(Component::Etcd)
+    }
+
     /// Tells every component's supervisor to stop (none restarts its
     /// component any more), without waiting.
     pub(super) fn cancel(&self) {
@@ -100,7 +105,8 @@ impl LocalSeed {
     /// alone, to take a final snapshot without writers). Nothing may run yet.
     pub async fn start_only(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
         let specs = self.specs_of(spec, None, |c| only.contains(&c));
-        self.supervise(spec, specs, etcd_addr(spec), || check_ports(spec))
+        let free = || check_ports(spec);
+        self.supervise(spec, specs, etcd_addr(spec), free, false)
             .await
     }
 
@@ -165,25 +171,22 @@ impl LocalSeed {
             }
             Ok(())
         };
-        let generation = self.begin(spec, free).await?;
-        if let Some(r) = self.running.lock().await.get_mut(&spec.shoot) {
-            r.standby = r.generation == generation;
-        }
-        self.run_components(&spec.shoot, generation, vec![etcd], addr)
-            .await
+        self.supervise(spec, vec![etcd], addr, free, true).await
     }
 
     /// Supervises `specs` of the shoot (in order) once `free` says their
     /// sockets are free, waiting for etcd at `etcd_addr` and for the API
-    /// before the components after them.
+    /// before the components after them; a hot `standby`'s, or a control
+    /// plane's.
     async fn supervise(
         &self,
         spec: &ControlPlaneSpec,
         specs: Vec<ComponentSpec>,
         etcd_addr: SocketAddr,
         free: impl FnOnce() -> Result<()>,
+        standby: bool,
     ) -> Result<()> {
-        let generation = self.begin(spec, free).await?;
+        let generation = self.begin(spec, free, standby).await?;
         self.run_components(&spec.shoot, generation, specs, etcd_addr)
             .await
     }
@@ -234,11 +237,13 @@ impl LocalSeed {
     }
 
     /// Claims the shoot (nothing of it may run here or in another process),
-    /// prepares its files and records its supervision, still empty.
+    /// prepares its files and records its supervision (a hot `standby`'s or
+    /// not), still empty.
     async fn begin(
         &self,
         spec: &ControlPlaneSpec,
         free: impl FnOnce() -> Result<()>,
+        standby: bool,
     ) -> Result<u64> {
         let mut running = self.running.lock().await;
         if running.contains_key(&spec.shoot) {
@@ -258,7 +263,7 @@ impl LocalSeed {
         let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
         let r = Running {
             generation,
-            standby: false,
+            standby,
             warm: None,
             tokens: BTreeMap::new(),
             tasks: BTreeMap::new(),

@@ -82,32 +82,48 @@ pub(super) fn warm_apiserver(
     }
 }
 
+/// The relay from the shoot's address to the warm kube-apiserver, under
+/// the lease guard of `ring-agent` at `agent`.
+pub(super) fn relay(
+    agent: &std::path::Path,
+    layout: &ShootLayout,
+    spec: &ControlPlaneSpec,
+    warm: &WarmApi,
+) -> ComponentSpec {
+    let to = warm.api_addr(&spec.endpoint).to_string();
+    crate::forward::relay_spec(agent, layout, spec, &to)
+}
+
 /// A promoted standby's components (pure): `specs` (the usual four, not yet
-/// guarded) with etcd listening on the standby's client port too and the
-/// warm kube-apiserver in place of the usual one.
+/// guarded) with etcd listening on the standby's client port too, and in
+/// place of the usual kube-apiserver the `relay` (it comes first:
+/// kube-apiserver's start waits for `/readyz` at the shoot's address) and
+/// the warm kube-apiserver.
 pub(super) fn promoted(
     specs: Vec<ComponentSpec>,
+    relay: ComponentSpec,
     warm_api: ComponentSpec,
     spec: &ControlPlaneSpec,
     warm: &WarmApi,
 ) -> Vec<ComponentSpec> {
     let e = &spec.endpoint;
     let listen = format!("--listen-client-urls={},{}", e.etcd_url(), warm.etcd_url(e));
-    specs
-        .into_iter()
-        .map(|mut cs| match cs.component {
+    let mut out = Vec::with_capacity(specs.len() + 1);
+    for mut cs in specs {
+        match cs.component {
             Component::Etcd => {
                 for a in cs.args.iter_mut() {
                     if a.starts_with("--listen-client-urls=") {
                         a.clone_from(&listen);
                     }
                 }
-                cs
+                out.push(cs);
             }
-            Component::KubeApiserver => warm_api.clone(),
-            _ => cs,
-        })
-        .collect()
+            Component::KubeApiserver => out.extend([relay.clone(), warm_api.clone()]),
+            _ => out.push(cs),
+        }
+    }
+    out
 }
 
 impl LocalSeed {
@@ -127,7 +143,7 @@ impl LocalSeed {
             let mut running = self.running.lock().await;
             let r = running
                 .get_mut(shoot)
-                .filter(|r| r.standby && r.has(Component::Etcd))
+                .filter(|r| r.runs_standby())
                 .ok_or_else(|| SeedError::InvalidSpec {
                     field: "warm kube-apiserver".into(),
                     reason: format!("no hot standby of {shoot} runs here"),
@@ -181,9 +197,7 @@ impl LocalSeed {
     /// kube-apiserver) runs here.
     pub async fn runs_standby(&self, shoot: &str) -> bool {
         let running = self.running.lock().await;
-        running
-            .get(shoot)
-            .is_some_and(|r| r.standby && r.has(Component::Etcd))
+        running.get(shoot).is_some_and(|r| r.runs_standby())
     }
 
     /// The `/readyz` of the warm kube-apiserver `warm` of `spec`'s shoot.
