@@ -61,7 +61,9 @@ impl AdminService {
 fn propose_status(e: ProposeError) -> Status {
     match e {
         ProposeError::Rejected(r) => Status::failed_precondition(r),
-        ProposeError::Timeout(_) => Status::unavailable(format!("{e}")),
+        ProposeError::Timeout(_) | ProposeError::LeaderChanged => {
+            Status::unavailable(format!("{e}"))
+        }
         ProposeError::Stopped => Status::unavailable("ringd is shutting down"),
         ProposeError::Invalid(r) => Status::invalid_argument(r),
     }

@@ -40,6 +40,8 @@ pub enum ProposeError {
     Stopped,
     #[error("not committed within {0:?} (no quorum, or the leader changed); retry")]
     Timeout(Duration),
+    #[error("the leader changed before it was applied (raft may have dropped it); retry")]
+    LeaderChanged,
     #[error("rejected by the ring state: {0}")]
     Rejected(String),
     #[error("{0}")]
@@ -49,7 +51,7 @@ pub enum ProposeError {
 impl ProposeError {
     /// Whether trying again later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ProposeError::Timeout(_))
+        matches!(self, ProposeError::Timeout(_) | ProposeError::LeaderChanged)
     }
 }
 
@@ -87,6 +89,36 @@ impl NodeHandle {
     ) -> Result<u64, ProposeError> {
         self.request(timeout, |tx| NodeRequest::Propose(command, tx))
             .await
+    }
+
+    /// Like [`NodeHandle::propose`], but gives up as soon as the leader this
+    /// node knew when proposing is lost or replaced. Raft drops a proposal
+    /// forwarded to a leader that died without a word: waiting out `timeout`
+    /// (a lease renewal's is a third of the lease) let the guards of healthy
+    /// control planes reach their fence time while the ring elected a new
+    /// leader (`kill-machine` drill: two bystander shoots out for 7 s).
+    pub async fn propose_until_leader_changes(
+        &self,
+        command: RingCommand,
+        timeout: Duration,
+    ) -> Result<u64, ProposeError> {
+        let mut view = self.view.clone();
+        let leader_of = |v: &NodeView| (v.leader_id, v.term);
+        let known = leader_of(&view.borrow_and_update());
+        let changed = async move {
+            while view.changed().await.is_ok() {
+                if leader_of(&view.borrow_and_update()) != known {
+                    return;
+                }
+            }
+            // the node stopped: the proposal's own answer says so
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            biased;
+            answer = self.propose(command, timeout) => answer,
+            () = changed => Err(ProposeError::LeaderChanged),
+        }
     }
 
     /// Commits a membership change (AddMember / RemoveMember).
@@ -295,6 +327,61 @@ mod tests {
             at_ms: rev,
             seen: None,
         }
+    }
+
+    fn view(leader_id: u64, term: u64) -> NodeView {
+        NodeView {
+            id: 1,
+            leader_id,
+            term,
+            role: raft::StateRole::Follower,
+            commit: 10,
+            applied: 10,
+            voters: vec![1, 2, 3],
+            state: Default::default(),
+            last_leader_contact: None,
+            followed: None,
+            log_entries: 0,
+            snapshot_index: 0,
+            lease_seen: Default::default(),
+        }
+    }
+
+    /// A renewal forwarded to a leader that then died is dropped by raft
+    /// without an answer: the proposer gives up as soon as that leader is
+    /// lost, not after its whole timeout, but not at every other change of
+    /// the view (commits, applied entries).
+    #[tokio::test]
+    async fn a_proposal_lost_with_its_leader_ends_when_the_leader_changes() {
+        let (tx, mut requests) = mpsc::channel(4);
+        let (views, view_rx) = watch::channel(view(2, 5));
+        let node = NodeHandle { tx, view: view_rx };
+        let mut asked = tokio::spawn(async move {
+            node.propose_until_leader_changes(report(1), Duration::from_secs(3600))
+                .await
+        });
+        // held, never answered: what a dead leader does with it
+        let _dropped = requests
+            .recv()
+            .await
+            .expect("the proposal reached the node");
+        views.send_modify(|v| v.commit += 1);
+        let waited = tokio::time::timeout(Duration::from_millis(300), &mut asked).await;
+        assert!(
+            waited.is_err(),
+            "gave up on a view change of the same leader: {waited:?}"
+        );
+        views.send_modify(|v| {
+            v.leader_id = 0;
+            v.term = 6;
+        });
+        // an hour's timeout: anything but the leader's change would take that long
+        let answer = tokio::time::timeout(Duration::from_secs(30), asked)
+            .await
+            .expect("still waiting after the leader was lost")
+            .unwrap();
+        assert_eq!(answer, Err(ProposeError::LeaderChanged));
+        assert!(answer.unwrap_err().is_retryable());
     }
 
     /// A proposer that is answered finds what it proposed applied in the

@@ -156,7 +156,8 @@ impl Shared {
 
     /// Renews (or acquires) this member's lease on `shoot` for `epoch` through
     /// the quorum. A failed renewal is tried again soon (200 ms), so electing a
-    /// new leader does not fence healthy control planes.
+    /// new leader does not fence healthy control planes; a renewal sent to a
+    /// leader that is then lost fails at once (raft drops it silently).
     pub async fn renew_lease(&self, shoot: &str, epoch: u64) -> Result<(), RingError> {
         let lease = self.lease_length();
         let sent = Instant::now();
@@ -167,7 +168,7 @@ impl Shared {
             epoch,
             expires_at_ms,
         };
-        if let Err(e) = self.node.propose(cmd, lease / 3).await {
+        if let Err(e) = self.node.propose_until_leader_changes(cmd, lease / 3).await {
             let retry = Instant::now() + Duration::from_millis(200);
             if let Some(l) = lock(&self.leases).get_mut(shoot) {
                 l.renew_at = retry;
