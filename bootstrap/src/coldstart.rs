@@ -43,10 +43,12 @@ pub async fn cold_start(
     let bins = seed::BinarySearch::standard(None)
         .control_plane()
         .map_err(RingError::from)?;
-    let local = seed::LocalSeed::new(layout.seed_dir(member), bins.clone());
+    let local = seed::LocalSeed::new(layout.seed_dir(member), bins.clone())
+        .with_deprecated_apis(config.deprecated_apis);
     if !seed::local::holds_data(&local.layout(shoot).etcd_data()) {
         let stage_dir = layout.member_dir(member).join("seed-cold-start");
-        let stage = seed::LocalSeed::new(stage_dir.clone(), bins);
+        let stage = seed::LocalSeed::new(stage_dir.clone(), bins)
+            .with_deprecated_apis(config.deprecated_apis);
         if !seed::local::holds_data(&stage.layout(shoot).etcd_data()) {
             check_placement(layout, config, member, shoot).await?;
             stage_pods_data(layout, config, member, shoot, &stage).await?;

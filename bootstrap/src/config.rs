@@ -11,6 +11,7 @@
 //! bucket: file:///var/lib/ring/bucket   # optional
 //! ports: { address: 127.0.0.1, base: 17100 }
 //! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000, relinkAfterMs: 60000 }
+//! deprecatedApis: off      # or `served`: kube-apiservers also serve 1.20's deprecated betas
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -171,6 +172,13 @@ pub struct RingConfig {
     /// (a hot standby on the seed that would take it over; local seeds).
     #[serde(default)]
     pub protection: ringd::config::Protection,
+    /// Whether the shoots' kube-apiservers serve the beta API versions that
+    /// Kubernetes 1.20 deprecated and 1.22 removes (`rbac.../v1beta1`,
+    /// `extensions/v1beta1` Ingress, ...): `off` (default; every control
+    /// plane starts faster and smaller) or `served`, for manifests that still
+    /// use them.
+    #[serde(default)]
+    pub deprecated_apis: seed::DeprecatedApis,
 }
 
 /// Which members host as pods on their own shoot's node (`selfHosting`).
@@ -208,6 +216,7 @@ impl Default for RingConfig {
             release_grace_seconds: ringd::config::default_release_grace_secs(),
             self_hosting: SelfHosting::default(),
             protection: Default::default(),
+            deprecated_apis: Default::default(),
         }
     }
 }

@@ -176,6 +176,16 @@ fn a_self_hosted_ring_refuses_a_bucket_its_pods_cannot_reach() {
 }
 
 #[test]
+fn deprecated_apis_are_off_unless_served_is_asked_for() {
+    let three = "members: [{name: a}, {name: b}, {name: c}]\n";
+    let c = RingConfig::parse(&yaml(three), "ring.yaml").unwrap();
+    assert_eq!(c.deprecated_apis, seed::DeprecatedApis::Off);
+    let text = yaml(&format!("{three}deprecatedApis: served\n"));
+    let c = RingConfig::parse(&text, "ring.yaml").unwrap();
+    assert_eq!(c.deprecated_apis, seed::DeprecatedApis::Served);
+}
+
+#[test]
 fn bad_configs_give_precise_errors() {
     let three = "members: [{name: a}, {name: b}, {name: c}]\n";
     let cases = [
@@ -223,6 +233,10 @@ fn bad_configs_give_precise_errors() {
         (
             yaml("members: [{name: a}, {name: b, address: 10.0.0.300}, {name: c}]\n"),
             "config members[1].address: \"10.0.0.300\" is not an IP address",
+        ),
+        (
+            yaml(&format!("{three}deprecatedApis: maybe\n")),
+            "unknown variant `maybe`, expected `off` or `served`",
         ),
         (
             yaml("members: [{name: a, netns: ../x}, {name: b}, {name: c}]\n"),

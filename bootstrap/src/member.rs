@@ -76,6 +76,7 @@ pub(crate) fn write_member_config(
             kubernetes: m.seed.kubernetes_config(&config.name),
             release_grace_secs: config.release_grace_seconds,
             api_advertise: nodes::api_advertise(layout, config)?,
+            deprecated_apis: config.deprecated_apis,
         }),
         backup: Some(ringd::config::BackupSection {
             bucket: backup::BucketConfig::url(layout.bucket_url(config)),

@@ -189,6 +189,7 @@ fn ringd_config(
             kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
             release_grace_secs: ringd::config::default_release_grace_secs(),
             api_advertise: Default::default(),
+            deprecated_apis: ring.deprecated_apis,
         }),
         backup: ring
             .bucket

@@ -132,6 +132,7 @@ impl LocalRing {
                 kubernetes: None,
                 release_grace_secs: crate::config::default_release_grace_secs(),
                 api_advertise: Default::default(),
+                deprecated_apis: Default::default(),
             }),
             backup: None,
             protection: Default::default(),

@@ -73,6 +73,8 @@ pub struct KubernetesSeed {
     wiring: Wiring,
     /// Relays of the shoots' stable endpoints (a ring's seed; see [`forwarder`]).
     forwarders: Option<forwarder::Forwarders>,
+    /// Whether kube-apiservers serve the deprecated beta API versions.
+    apis: crate::DeprecatedApis,
 }
 
 impl KubernetesSeed {
@@ -133,7 +135,15 @@ impl KubernetesSeed {
             starting: tokio::sync::Mutex::new(()),
             wiring: Wiring::default(),
             forwarders: None,
+            apis: Default::default(),
         }
+    }
+
+    /// Whether kube-apiservers serve the deprecated beta API versions
+    /// [default: not served].
+    pub fn with_deprecated_apis(mut self, apis: crate::DeprecatedApis) -> Self {
+        self.apis = apis;
+        self
     }
 
     /// Runs etcd and kube-apiserver under the lease guard and, with `backup`,
@@ -217,6 +227,7 @@ impl KubernetesSeed {
             config: &self.config,
             wiring: &self.wiring,
             node_dir: self.node_dir(&spec.shoot),
+            apis: self.apis,
         }
     }
 

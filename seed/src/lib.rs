@@ -6,6 +6,7 @@
 //! directory; a Kubernetes seed (workloads in a real cluster) implements the
 //! same trait.
 
+pub mod apis;
 pub mod binaries;
 pub mod endpoint;
 mod error;
@@ -27,6 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use apis::DeprecatedApis;
 pub use binaries::{Binaries, BinarySearch};
 pub use endpoint::{validate_shoot_name, ShootEndpoint};
 pub use error::{Result, SeedError};

@@ -61,6 +61,8 @@ pub struct LocalSeed {
     advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
     /// `ring-agent`, when etcd and kube-apiserver run under its lease guard.
     guard: Option<PathBuf>,
+    /// Whether kube-apiservers serve the deprecated beta API versions.
+    apis: crate::DeprecatedApis,
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -86,6 +88,7 @@ impl LocalSeed {
             tuning: SupervisorTuning::default(),
             advertise: Default::default(),
             guard: None,
+            apis: Default::default(),
             running: Mutex::new(HashMap::new()),
         }
     }
@@ -95,6 +98,13 @@ impl LocalSeed {
     /// ([`crate::lease_file`]); without a lease file they do not start.
     pub fn with_guard(mut self, agent: PathBuf) -> Self {
         self.guard = Some(agent);
+        self
+    }
+
+    /// Whether kube-apiservers serve the deprecated beta API versions
+    /// [default: not served].
+    pub fn with_deprecated_apis(mut self, apis: crate::DeprecatedApis) -> Self {
+        self.apis = apis;
         self
     }
 
@@ -501,6 +511,33 @@ mod tests {
         assert!(specs[1].args.contains(&"--insecure-port=0".to_string()));
         assert!(specs[2].args.contains(&"--port=0".to_string()));
         assert!(specs[3].args.contains(&"--port=0".to_string()));
+    }
+
+    #[test]
+    fn kube_apiserver_serves_deprecated_betas_only_when_asked_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ControlPlaneSpec::new("alpha");
+        let api_args = |seed: LocalSeed| {
+            let specs = seed.component_specs(&spec);
+            let api = specs
+                .iter()
+                .find(|s| s.component == Component::KubeApiserver);
+            api.expect("kube-apiserver's spec").args.clone()
+        };
+        let runtime_config = |args: &[String]| {
+            let rc = args.iter().filter(|a| a.starts_with("--runtime-config="));
+            rc.cloned().collect::<Vec<_>>()
+        };
+        let off = api_args(LocalSeed::new(dir.path(), bins()));
+        let off_rc = runtime_config(&off);
+        assert_eq!(off_rc, crate::DeprecatedApis::Off.apiserver_args());
+        let served = LocalSeed::new(dir.path(), bins())
+            .with_guard("/bin/ring-agent".into())
+            .with_deprecated_apis(crate::DeprecatedApis::Served);
+        assert!(runtime_config(&api_args(served)).is_empty());
+        // under the guard too (its child's arguments follow `--`)
+        let guarded = LocalSeed::new(dir.path(), bins()).with_guard("/bin/ring-agent".into());
+        assert_eq!(runtime_config(&api_args(guarded)), off_rc);
     }
 
     /// Under the lease guard, etcd's guard also watches etcd's data dir (a

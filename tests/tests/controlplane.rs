@@ -86,17 +86,21 @@ async fn data_survives_stop_and_start() {
 async fn two_control_planes_side_by_side_keep_their_own_data() {
     let sandbox = Sandbox::new();
     let seed = sandbox.seed();
+    // b's seed serves the deprecated beta API versions, a's (the default) does not
+    let seed_b = sandbox
+        .seed()
+        .with_deprecated_apis(seed::DeprecatedApis::Served);
     let (a, b) = (
         ControlPlaneSpec::new("cp-side-a"),
         ControlPlaneSpec::new("cp-side-b"),
     );
     assert_ne!(a.endpoint.address, b.endpoint.address);
     seed.start(&a).await.expect("start a");
-    seed.start(&b).await.expect("start b");
+    seed_b.start(&b).await.expect("start b");
     wait_ready(&seed, "cp-side-a", READY)
         .await
         .expect("a ready");
-    wait_ready(&seed, "cp-side-b", READY)
+    wait_ready(&seed_b, "cp-side-b", READY)
         .await
         .expect("b ready");
 
@@ -122,8 +126,28 @@ async fn two_control_planes_side_by_side_keep_their_own_data() {
     let again = seed.start(&a).await.unwrap_err();
     assert!(again.to_string().contains("already supervised"), "{again}");
 
+    // what kube-apiserver serves: the GA versions everywhere, betas without
+    // a GA twin (CronJob) everywhere, deprecated betas only where asked for
+    let (versions_a, versions_b) = (
+        kubectl(&kc_a, &["api-versions"]),
+        kubectl(&kc_b, &["api-versions"]),
+    );
+    let serves = |versions: &str, gv: &str| versions.lines().any(|l| l.trim() == gv);
+    for gv in [
+        "rbac.authorization.k8s.io/v1",
+        "networking.k8s.io/v1",
+        "batch/v1beta1",
+    ] {
+        assert!(serves(&versions_a, gv), "a lacks {gv}: {versions_a}");
+        assert!(serves(&versions_b, gv), "b lacks {gv}: {versions_b}");
+    }
+    for gv in seed::apis::DEPRECATED_BETA_VERSIONS {
+        assert!(!serves(&versions_a, gv), "a serves {gv}: {versions_a}");
+        assert!(serves(&versions_b, gv), "b lacks {gv}: {versions_b}");
+    }
+
     seed.stop("cp-side-a").await.unwrap();
-    seed.stop("cp-side-b").await.unwrap();
+    seed_b.stop("cp-side-b").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use seed::{wait_ready, Component, ControlPlaneSpec, Seed};
+use seed::{wait_ready, Component, ControlPlaneSpec, DeprecatedApis, Seed};
 use serde::Serialize;
 
 use super::median;
@@ -35,14 +35,24 @@ pub struct RunFigures {
     pub peak_rss_mib: BTreeMap<Component, f64>,
 }
 
-/// The benchmark's result: each run and the medians.
+/// One variant's runs and medians.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ControlPlaneBench {
+pub struct VariantBench {
+    /// Whether kube-apiserver served the deprecated beta API versions.
+    pub deprecated_apis: DeprecatedApis,
     pub runs: Vec<RunFigures>,
     pub median_cold_ready_secs: f64,
     pub median_warm_ready_secs: f64,
     pub median_peak_rss_mib: BTreeMap<Component, f64>,
+}
+
+/// The benchmark's result: Ring's default (deprecated betas off) and
+/// kube-apiserver's own default (served), measured alternately in one run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneBench {
+    pub variants: Vec<VariantBench>,
 }
 
 fn peak_rss_mib(pid: u32) -> Option<f64> {
@@ -54,14 +64,29 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Creates, measures and deletes `opts.runs` control planes one after the other.
+/// The variants, in the order each run measures them.
+const VARIANTS: [DeprecatedApis; 2] = [DeprecatedApis::Off, DeprecatedApis::Served];
+
+/// Creates, measures and deletes `opts.runs` control planes per variant, the
+/// variants alternating (so both see the same machine).
 pub async fn controlplane(opts: &BenchOptions) -> Result<ControlPlaneBench> {
-    let mut runs = Vec::new();
+    let mut runs: Vec<Vec<RunFigures>> = vec![Vec::new(); VARIANTS.len()];
     for i in 0..opts.runs.max(1) {
-        let figures = measure_once(opts, i).await?;
-        tracing::info!(run = i, ?figures, "control plane bench run");
-        runs.push(figures);
+        for (v, apis) in VARIANTS.iter().enumerate() {
+            let figures = measure_once(opts, i, *apis).await?;
+            tracing::info!(run = i, deprecated_apis = %apis, ?figures, "control plane bench run");
+            runs[v].push(figures);
+        }
     }
+    let variants = VARIANTS
+        .iter()
+        .zip(runs)
+        .map(|(apis, runs)| summarize(*apis, runs))
+        .collect();
+    Ok(ControlPlaneBench { variants })
+}
+
+fn summarize(deprecated_apis: DeprecatedApis, runs: Vec<RunFigures>) -> VariantBench {
     let median_peak_rss_mib = Component::ALL
         .iter()
         .map(|c| {
@@ -72,24 +97,25 @@ pub async fn controlplane(opts: &BenchOptions) -> Result<ControlPlaneBench> {
             (*c, median(xs))
         })
         .collect();
-    Ok(ControlPlaneBench {
+    VariantBench {
+        deprecated_apis,
         median_cold_ready_secs: median(runs.iter().map(|r| r.cold_ready_secs).collect()),
         median_warm_ready_secs: median(runs.iter().map(|r| r.warm_ready_secs).collect()),
         median_peak_rss_mib,
         runs,
-    })
+    }
 }
 
 /// Run `i`: a new shoot from nothing to `/readyz`, its memory once settled, then
 /// a restart with its data to `/readyz`; its files are removed afterwards.
-async fn measure_once(opts: &BenchOptions, i: usize) -> Result<RunFigures> {
-    let dir = opts.seed.state_dir.join(format!("run-{i}"));
+async fn measure_once(opts: &BenchOptions, i: usize, apis: DeprecatedApis) -> Result<RunFigures> {
+    let dir = opts.seed.state_dir.join(format!("run-{i}-{apis}"));
     let seed_opts = SeedOptions {
         state_dir: dir.clone(),
         bin_dir: opts.seed.bin_dir.clone(),
     };
-    let seed = seed_opts.local_seed()?;
-    let spec = ControlPlaneSpec::new(format!("bench-{i}"));
+    let seed = seed_opts.local_seed()?.with_deprecated_apis(apis);
+    let spec = ControlPlaneSpec::new(format!("bench-{i}-{apis}"));
     let shoot = spec.shoot.clone();
 
     let t = Instant::now();
@@ -123,41 +149,69 @@ async fn measure_once(opts: &BenchOptions, i: usize) -> Result<RunFigures> {
     })
 }
 
-/// The benchmark as a table.
+/// The benchmark as a table: per figure Ring's default, kube-apiserver's
+/// default and their ratio.
 pub fn render(b: &ControlPlaneBench) -> String {
-    let mut t = table(&["FIGURE", "MEDIAN", "RUNS"]);
-    let each = |f: &dyn Fn(&RunFigures) -> Option<f64>| {
-        b.runs
-            .iter()
-            .map(|r| f(r).map_or("-".into(), |x| format!("{x:.1}")))
-            .collect::<Vec<_>>()
-            .join(" ")
+    let (Some(off), Some(served)) = (b.variants.first(), b.variants.get(1)) else {
+        return "control plane benchmark: no runs\n".into();
     };
-    t.add_row(vec![
-        "start to /readyz, new shoot (s)".to_string(),
-        format!("{:.2}", b.median_cold_ready_secs),
-        each(&|r| Some(r.cold_ready_secs)),
+    let mut t = table(&[
+        "FIGURE",
+        "BETAS OFF",
+        "BETAS SERVED",
+        "RATIO",
+        "RUNS (OFF / SERVED)",
     ]);
-    t.add_row(vec![
-        "start to /readyz, restart with data (s)".to_string(),
-        format!("{:.2}", b.median_warm_ready_secs),
-        each(&|r| Some(r.warm_ready_secs)),
-    ]);
-    for (c, m) in &b.median_peak_rss_mib {
+    let mut row = |name: String,
+                   f: &dyn Fn(&VariantBench) -> f64,
+                   each: &dyn Fn(&RunFigures) -> Option<f64>| {
+        let runs = |v: &VariantBench| {
+            let xs: Vec<String> = v
+                .runs
+                .iter()
+                .map(|r| each(r).map_or("-".into(), |x| format!("{x:.1}")))
+                .collect();
+            xs.join(" ")
+        };
+        let (a, b) = (f(off), f(served));
+        let ratio = if b > 0.0 {
+            format!("{:.2}", a / b)
+        } else {
+            "-".into()
+        };
         t.add_row(vec![
-            format!("peak RSS {c} (MiB)"),
-            format!("{m:.0}"),
-            each(&|r| r.peak_rss_mib.get(c).copied()),
+            name,
+            format!("{a:.2}"),
+            format!("{b:.2}"),
+            ratio,
+            format!("{} / {}", runs(off), runs(served)),
         ]);
+    };
+    row(
+        "start to /readyz, new shoot (s)".into(),
+        &|v| v.median_cold_ready_secs,
+        &|r| Some(r.cold_ready_secs),
+    );
+    row(
+        "start to /readyz, restart with data (s)".into(),
+        &|v| v.median_warm_ready_secs,
+        &|r| Some(r.warm_ready_secs),
+    );
+    for c in Component::ALL {
+        row(
+            format!("peak RSS {c} (MiB)"),
+            &|v| v.median_peak_rss_mib.get(&c).copied().unwrap_or(0.0),
+            &|r| r.peak_rss_mib.get(&c).copied(),
+        );
     }
-    let total: f64 = b.median_peak_rss_mib.values().sum();
-    t.add_row(vec![
+    row(
         "peak RSS, all four (MiB)".into(),
-        format!("{total:.0}"),
-        String::new(),
-    ]);
+        &|v| v.median_peak_rss_mib.values().sum(),
+        &|r| Some(r.peak_rss_mib.values().sum()),
+    );
     format!(
-        "control plane benchmark, {} runs (median):\n{t}\n",
-        b.runs.len()
+        "control plane benchmark, {} runs per variant (median; BETAS OFF is Ring's default, \
+         `deprecatedApis: off`; SERVED is kube-apiserver's own default; RATIO = off / served):\n{t}\n",
+        off.runs.len()
     )
 }

@@ -77,7 +77,7 @@ impl KubernetesExecutor {
     /// with a bucket, control planes get the backup sidecar and restore init container.
     pub async fn connect(
         config: &KubernetesSeedConfig,
-        state_dir: &Path,
+        sc: &crate::config::SeedConfig,
         member: &str,
         bucket: Option<&RingBucket>,
     ) -> Result<Self, RingError> {
@@ -85,8 +85,9 @@ impl KubernetesExecutor {
             guard: true,
             backup: bucket.map(pod_backup).transpose()?,
         };
-        let seed = KubernetesSeed::connect(config, state_dir)
+        let seed = KubernetesSeed::connect(config, &sc.state_dir)
             .await?
+            .with_deprecated_apis(sc.deprecated_apis)
             .with_wiring(wiring)
             .with_forwarder(super::agent_binary()?);
         Ok(Self::new(seed, member, bucket.cloned()))

@@ -38,6 +38,7 @@ impl LocalExecutor {
         let seed = LocalSeed::new(&sc.state_dir, bins)
             .with_tuning(tuning)
             .with_advertise(sc.api_advertise.clone())
+            .with_deprecated_apis(sc.deprecated_apis)
             .with_guard(super::agent_binary()?);
         Ok(LocalExecutor {
             seed: Arc::new(seed),

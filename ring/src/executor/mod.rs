@@ -270,7 +270,7 @@ pub async fn for_config(
 ) -> Result<Arc<dyn Executor>, RingError> {
     match &sc.kubernetes {
         Some(kc) => Ok(Arc::new(
-            KubernetesExecutor::connect(kc, &sc.state_dir, member, bucket).await?,
+            KubernetesExecutor::connect(kc, sc, member, bucket).await?,
         )),
         None => Ok(Arc::new(LocalExecutor::from_config(sc)?)),
     }

@@ -103,6 +103,8 @@ pub struct Renderer<'a> {
     /// instead of a volume claim (both hostPath of type Directory, which ringd
     /// creates: pods of an earlier stay never start on another seed's files).
     pub node_dir: Option<std::path::PathBuf>,
+    /// Whether kube-apiserver serves the deprecated beta API versions.
+    pub apis: crate::DeprecatedApis,
 }
 
 impl Renderer<'_> {
@@ -456,7 +458,7 @@ impl Renderer<'_> {
     fn apiserver(&self, owner: &Owner) -> Value {
         let ns = self.ns();
         let pki = |f: &str| format!("{PKI_MOUNT}/{f}");
-        let args = vec![
+        let mut args = vec![
             "--advertise-address=$(POD_IP)".to_string(),
             "--bind-address=0.0.0.0".into(),
             "--secure-port=6443".into(),
@@ -494,6 +496,7 @@ impl Renderer<'_> {
             "--cert-dir=/var/run/ring".into(),
             "--v=1".into(),
         ];
+        args.extend(self.apis.apiserver_args());
         // every second: the NodePort forwards to the API only once it is Ready,
         // so the probe's period is part of every start's (and failover's) time
         let probe = |path: &str| json!({"httpGet": {"path": path, "port": 6443, "scheme": "HTTPS"}, "periodSeconds": 1});

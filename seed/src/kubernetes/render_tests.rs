@@ -38,6 +38,7 @@ fn render_wired(config: &KubernetesSeedConfig, wiring: &Wiring) -> String {
         node_dir: config
             .lease_from_node
             .then(|| "/ring/members/m3/seed/shoots/alpha/pods".into()),
+        apis: Default::default(),
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -62,6 +63,7 @@ fn owned_objects(wiring: &Wiring) -> Vec<Value> {
         config: &config,
         wiring,
         node_dir: None,
+        apis: Default::default(),
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -76,6 +78,50 @@ fn control_plane_objects_match_golden_file() {
         "control-plane.yaml",
         &render(&KubernetesSeedConfig::new("demo")),
     );
+}
+
+/// kube-apiserver's arguments when rendered with `apis`.
+fn apiserver_args(apis: crate::DeprecatedApis) -> Vec<String> {
+    let (config, wiring) = (KubernetesSeedConfig::new("demo"), Wiring::default());
+    let spec = ControlPlaneSpec::new("alpha");
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config: &config,
+        wiring: &wiring,
+        node_dir: None,
+        apis,
+    };
+    let owner = Owner {
+        name: ANCHOR.into(),
+        uid: "u1".into(),
+    };
+    let objects = r.objects(&owner, &BTreeMap::new());
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "kube-apiserver")
+        .expect("kube-apiserver's Deployment");
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    serde_json::from_value(args.clone()).unwrap()
+}
+
+#[test]
+fn kube_apiserver_serves_deprecated_betas_only_when_asked_to() {
+    let runtime_config = |args: &[String]| {
+        args.iter()
+            .filter(|a| a.starts_with("--runtime-config="))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let off = apiserver_args(crate::DeprecatedApis::Off);
+    assert_eq!(
+        runtime_config(&off),
+        crate::DeprecatedApis::Off.apiserver_args(),
+        "{off:?}"
+    );
+    let served = apiserver_args(crate::DeprecatedApis::Served);
+    assert!(runtime_config(&served).is_empty(), "{served:?}");
+    assert_eq!(served.len() + 1, off.len());
 }
 
 #[test]
@@ -116,6 +162,7 @@ fn guards_of_a_ring_s_own_shoot_read_the_lease_file_on_the_node() {
         config: &config,
         wiring: &wiring,
         node_dir: Some("/ring/members/m3/seed/shoots/alpha/pods".into()),
+        apis: Default::default(),
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -303,6 +350,7 @@ fn pods_of_a_ring_s_own_shoot_are_bound_to_its_node() {
             config,
             wiring: &wiring,
             node_dir: Some("/ring/members/m3/seed/shoots/alpha/pods".into()),
+            apis: Default::default(),
         };
         let owner = Owner {
             name: ANCHOR.into(),

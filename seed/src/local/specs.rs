@@ -165,6 +165,19 @@ impl LocalSeed {
             .unwrap_or(spec.endpoint.address)
     }
 
+    /// The specs, kube-apiserver's with the flags of the API versions it serves.
+    fn served_apis(&self, specs: Vec<ComponentSpec>) -> Vec<ComponentSpec> {
+        specs.into_iter().map(|cs| self.with_apis(cs)).collect()
+    }
+
+    /// `cs`, with the flags of the API versions it serves if it is kube-apiserver.
+    pub(super) fn with_apis(&self, mut cs: ComponentSpec) -> ComponentSpec {
+        if cs.component == Component::KubeApiserver {
+            cs.args.extend(self.apis.apiserver_args());
+        }
+        cs
+    }
+
     /// The command lines of the shoot's components, in start order: the
     /// usual four, or with `warm` a promoted standby's (see [`WarmApi`]).
     /// Under the lease guard, etcd and kube-apiserver run guarded (a warm
@@ -178,13 +191,14 @@ impl LocalSeed {
         let layout = self.layout(&spec.shoot);
         let mut specs = component_specs(&layout, spec, &self.bins, advertise);
         let Some(agent) = &self.guard else {
-            return specs;
+            return self.served_apis(specs);
         };
         if let Some(w) = &warm {
             let relay = warm::relay(agent, &layout, spec, w);
             let api = warm::warm_apiserver(&layout, spec, advertise, &self.bins, w);
             specs = warm::promoted(specs, relay, api, spec, w);
         }
+        let specs = self.served_apis(specs);
         let lease = crate::lease_file::path(&layout);
         let data = layout.etcd_data();
         specs

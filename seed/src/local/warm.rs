@@ -159,7 +159,13 @@ impl LocalSeed {
             warm.api_addr(&spec.endpoint),
         )?;
         let layout = self.layout(shoot);
-        let cs = warm_apiserver(&layout, spec, self.advertise_of(spec), &self.bins, &warm);
+        let cs = self.with_apis(warm_apiserver(
+            &layout,
+            spec,
+            self.advertise_of(spec),
+            &self.bins,
+            &warm,
+        ));
         self.spawn_component(shoot, generation, cs).await?;
         // only a running one shapes the promoted control plane
         if let Some(r) = self.running.lock().await.get_mut(shoot) {
