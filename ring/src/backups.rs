@@ -145,6 +145,17 @@ impl RingBucket {
         Ok(catalog.newest_epoch() + 1)
     }
 
+    /// The newest revision the bucket holds of `shoot` (what a restore of
+    /// the latest reaches), if it holds any.
+    pub async fn latest_revision(&self, shoot: &str) -> Result<Option<i64>, RingError> {
+        let bucket = backup::Bucket::open(&self.config, shoot, false).map_err(backup_err)?;
+        let mut catalog = bucket.catalog().await.map_err(backup_err)?;
+        if self.key.is_some() {
+            catalog.retain_encrypted();
+        }
+        Ok(catalog.latest_revision())
+    }
+
     /// The key objects are sealed with, if any.
     pub fn key(&self) -> Option<&EncryptionKey> {
         self.key.as_ref()

@@ -45,7 +45,8 @@ pub(super) async fn restore(
     let layout = ex.layout(shoot);
     seed::pki::create_private_dir(&layout.dir)?;
     download_identity(bucket, &layout, shoot).await?;
-    let (report, objects, _) = restore_in_pod(ex, shoot, op, None).await?;
+    let id = record::request_id(&record::path(&layout), op);
+    let (report, objects, _) = restore_in_pod(ex, shoot, &id, None).await?;
     record::write(&record::path(&layout), op, &report, Some(&objects))?;
     Ok(report)
 }
@@ -66,7 +67,8 @@ pub(super) async fn restore_handover(
         })
     })?;
     store_final_snapshot(bucket, &layout, (shoot, epoch), &info).await?;
-    let (report, objects, hash) = restore_in_pod(ex, shoot, op, Some(info.revision)).await?;
+    let id = op.to_string();
+    let (report, objects, hash) = restore_in_pod(ex, shoot, &id, Some(info.revision)).await?;
     check_against_source(shoot, &info, &report, &objects, hash)?;
     record::write(&record::path(&layout), op, &report, Some(&objects))?;
     Ok(())
@@ -143,12 +145,13 @@ fn check_against_source(
 }
 
 /// Puts the shoot's PKI (in its local dir) into the seed cluster, asks etcd's
-/// init container to restore (`revision`, or the newest), applies the
-/// control plane and restarts etcd's pod, and waits for the report.
+/// init container to restore (`revision`, or the newest) for request `id`,
+/// applies the control plane and restarts etcd's pod, and waits for the
+/// report.
 async fn restore_in_pod(
     ex: &KubernetesExecutor,
     shoot: &str,
-    op: u64,
+    id: &str,
     revision: Option<i64>,
 ) -> Result<(RestoreReport, Objects, Option<u32>), RingError> {
     let layout = ex.layout(shoot);
@@ -158,8 +161,8 @@ async fn restore_in_pod(
     // replaced; one that start creates now reads the request itself (deleting
     // it too would run two restores into one data dir for a moment)
     let earlier_pod = seed.etcd_pod_exists(shoot).await?;
-    seed.request_restore(shoot, op, revision).await?;
-    if seed.restore_report(shoot, op).await?.is_none() {
+    seed.request_restore(shoot, id, revision).await?;
+    if seed.restore_report(shoot, id).await?.is_none() {
         super::started(seed.start(&seed::ControlPlaneSpec::new(shoot)).await)?;
         if earlier_pod {
             seed.restart_etcd(shoot).await?;
@@ -167,7 +170,7 @@ async fn restore_in_pod(
     }
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Some(r) = seed.restore_report(shoot, op).await? {
+        if let Some(r) = seed.restore_report(shoot, id).await? {
             let unreadable = |e: serde_json::Error| {
                 restore_err(
                     shoot,
@@ -176,9 +179,9 @@ async fn restore_in_pod(
             };
             let report: RestoreReport = serde_json::from_str(&r.report).map_err(unreadable)?;
             let objects: Objects = serde_json::from_str(&r.objects).map_err(unreadable)?;
-            tracing::info!(%shoot, op, revision = report.reached_revision, "restored by etcd's init container");
+            tracing::info!(%shoot, request = id, revision = report.reached_revision, "restored by etcd's init container");
             for c in &report.corrupt {
-                tracing::warn!(%shoot, op, "etcd's init container found {} is corrupt ({}) and restored from an older snapshot", c.object, c.problem);
+                tracing::warn!(%shoot, request = id, "etcd's init container found {} is corrupt ({}) and restored from an older snapshot", c.object, c.problem);
             }
             return Ok((report, objects, r.hash_kv));
         }

@@ -233,6 +233,11 @@ pub trait Mover: Send + Sync {
     fn bucket_report(&self, shoot: &str, op: u64) -> Option<backup::restore::RestoreReport> {
         record::read(&record::path(&self.shoot_layout(shoot)), Some(op)).map(|(report, _)| report)
     }
+    /// Discards failover `op`'s restore (made while the old lease ran out,
+    /// and the bucket moved on since): the next restore step restores again.
+    fn discard_bucket_restore(&self, shoot: &str, op: u64) -> Result<(), RingError> {
+        record::discard(&record::path(&self.shoot_layout(shoot)), op)
+    }
     /// Waits (bounded) for the restored control plane to answer ready.
     async fn wait_ready(&self, shoot: &str, timeout: Duration) -> Result<(), RingError>;
     /// Checks revision and HashKV against the handover; objects per type.
@@ -243,7 +248,7 @@ pub trait Mover: Send + Sync {
     fn finish_move(&self, shoot: &str, _op: u64) {
         let layout = self.shoot_layout(shoot);
         handover::clear(&layout);
-        let _ = std::fs::remove_file(record::path(&layout));
+        record::clear(&record::path(&layout));
     }
 }
 

@@ -49,3 +49,82 @@ pub fn read(path: &Path, op: Option<u64>) -> Option<(RestoreReport, Option<Objec
     };
     Some((report, objects))
 }
+
+/// Where a discarded record is kept (it names its operation, so a restore
+/// of that operation again gets a request of its own: see [`request_id`]).
+fn discarded_path(path: &Path) -> PathBuf {
+    path.with_extension("discarded")
+}
+
+/// Discards operation `op`'s record: its restore is not used (the bucket
+/// moved on after it); the operation restores again.
+pub fn discard(path: &Path, op: u64) -> Result<(), RingError> {
+    if read(path, Some(op)).is_none() {
+        return Ok(());
+    }
+    let aside = discarded_path(path);
+    std::fs::rename(path, &aside).map_err(|source| RingError::Io {
+        what: format!("moving {} to {}", path.display(), aside.display()),
+        source,
+    })
+}
+
+/// The name of operation `op`'s restore request to a seed that keeps
+/// requests and answers (a Kubernetes seed's init container): `op`, or
+/// `op.1` once a restore of `op` was discarded.
+pub fn request_id(path: &Path, op: u64) -> String {
+    match read(&discarded_path(path), Some(op)) {
+        Some(_) => format!("{op}.1"),
+        None => op.to_string(),
+    }
+}
+
+/// Removes the record and any discarded one (the operation finished).
+pub fn clear(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(discarded_path(path));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(revision: i64) -> RestoreReport {
+        let mut r: RestoreReport = serde_json::from_value(serde_json::json!({
+            "dataDir": "/d", "targetRevision": revision, "reachedRevision": revision,
+            "full": "f", "fullRevision": 1, "deltas": 0, "revisionsReplayed": 0,
+            "eventsReplayed": 0, "replaySeconds": 0.0, "expectedKeys": 0, "keys": 0,
+            "hashKv": "", "gaps": [], "verified": true, "totalSeconds": 0.0,
+        }))
+        .unwrap();
+        r.reached_revision = revision;
+        r
+    }
+
+    #[test]
+    fn a_discarded_restore_is_not_read_and_its_operation_asks_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("failover-restored");
+        assert_eq!(request_id(&path, 7), "7");
+        write(&path, 7, &report(40), None).unwrap();
+        assert_eq!(read(&path, Some(7)).unwrap().0.reached_revision, 40);
+        // another operation's discard leaves this one alone
+        discard(&path, 8).unwrap();
+        assert!(read(&path, Some(7)).is_some());
+        assert_eq!(request_id(&path, 7), "7");
+        discard(&path, 7).unwrap();
+        assert!(read(&path, Some(7)).is_none(), "discarded");
+        assert_eq!(request_id(&path, 7), "7.1");
+        assert_eq!(
+            request_id(&path, 9),
+            "9",
+            "only for the discarded operation"
+        );
+        write(&path, 7, &report(52), None).unwrap();
+        assert_eq!(read(&path, Some(7)).unwrap().0.reached_revision, 52);
+        assert_eq!(request_id(&path, 7), "7.1", "still its own request");
+        clear(&path);
+        assert!(read(&path, None).is_none());
+        assert_eq!(request_id(&path, 7), "7");
+    }
+}

@@ -364,7 +364,7 @@ fn operation_duties(
                 verified: facts.verified,
             };
             let action = target_next(&view);
-            // while the old lease runs out, a promoting target only promotes
+            // while the old lease runs out, a target only restores or promotes
             let early = op.step == OperationStep::WaitingForLeaseExpiry;
             if early && !matches!(action, TargetAction::Fetch | TargetAction::Restore) {
                 return;

@@ -217,15 +217,58 @@ pub(super) fn failover_from(
     state
 }
 
+/// `o` with the target's facts of failover 0.
+fn with_target_facts(o: &Observed, fetched: bool, restored: bool) -> Observed {
+    let mut o = o.clone();
+    o.shoots.insert(
+        "b".into(),
+        ShootSeen {
+            operation: Some(OperationSeen {
+                id: 0,
+                facts: OperationFacts::Target {
+                    fetched,
+                    restored,
+                    running: false,
+                },
+                retry_at: None,
+                verified: false,
+            }),
+            ..Default::default()
+        },
+    );
+    o
+}
+
 #[test]
-fn a_failover_target_waits_for_the_old_lease_then_restores_from_the_bucket() {
+fn a_failover_target_restores_while_the_old_lease_runs_out_and_serves_only_after_it() {
     let now = Instant::now();
     let o = observed(now);
     let waiting = failover_state(None);
     assert_eq!(
         duties_b(&waiting, "c", &o, now),
         vec![report("b", "operation in progress at epoch 2")],
-        "nothing starts while the old lease may still run"
+        "nothing before the target's facts are observed"
+    );
+    // while the old lease may still run: the restore from the bucket, and
+    // nothing after it (no lease, no start)
+    let early = duties_b(&waiting, "c", &with_target_facts(&o, false, false), now);
+    assert_eq!(
+        early[0],
+        Duty::Target {
+            op: 0,
+            shoot: "b".into(),
+            epoch: 2,
+            action: TargetAction::Fetch
+        },
+        "{early:?}"
+    );
+    let restored = duties_b(&waiting, "c", &with_target_facts(&o, true, true), now);
+    assert!(
+        !restored.iter().any(|d| matches!(
+            d,
+            Duty::Target { .. } | Duty::BeginRestore { .. } | Duty::RenewLease { .. }
+        )),
+        "restored early, the target waits for the old lease: {restored:?}"
     );
     let pending = failover_state(Some(OperationStep::Pending));
     assert_eq!(

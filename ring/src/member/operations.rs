@@ -143,7 +143,7 @@ pub(crate) async fn run_step(
         match &step {
             Step::Source(a) => source_step(shared, mover, op, *a).await,
             Step::Target(a) => target_step(shared, mover, op, *a, ledger).await,
-            Step::BeginRestore => begin_restore(shared, op).await,
+            Step::BeginRestore => begin_restore(shared, mover, op).await,
         }
     };
     let result = bounded(step.name(), step_deadline(&step), work).await;
@@ -226,8 +226,16 @@ pub(crate) async fn fail(shared: &Shared, op: &Operation, why: &str) -> Result<(
         .await
 }
 
-/// A failover whose old lease ended: this member restores now.
-async fn begin_restore(shared: &Shared, op: &Operation) -> Result<(), RingError> {
+/// A failover whose old lease ended: this member restores now (or goes on
+/// with what it restored while the lease ran out, if that is still current).
+async fn begin_restore(
+    shared: &Shared,
+    mover: &dyn Mover,
+    op: &Operation,
+) -> Result<(), RingError> {
+    if !op.promotes() {
+        keep_early_restore_if_current(shared, mover, op).await?;
+    }
     let from = match op.promotes() {
         true => "its hot standby".to_string(),
         false => shared
@@ -252,6 +260,49 @@ async fn begin_restore(shared: &Shared, op: &Operation) -> Result<(), RingError>
         }
     }
     Ok(())
+}
+
+/// A restore from the bucket made while the old host's lease ran out is
+/// used only if the bucket holds nothing newer now that the lease ended: a
+/// host that was cut off or stalled, not dead, may have backed up more until
+/// its guard fenced it. Otherwise it is discarded and the shoot restored
+/// again (what the ring did before restoring early, at the same cost).
+async fn keep_early_restore_if_current(
+    shared: &Shared,
+    mover: &dyn Mover,
+    op: &Operation,
+) -> Result<(), RingError> {
+    let shoot = op.shoot();
+    let Some(report) = mover.bucket_report(shoot, op.id) else {
+        return Ok(());
+    };
+    let bucket = shared
+        .bucket()
+        .ok_or_else(|| RingError::Unsupported(format!("{} has no backup bucket", shared.name())))?;
+    let latest = bucket.latest_revision(shoot).await?;
+    match early_restore_is_current(report.reached_revision, latest) {
+        true => {
+            tracing::info!(
+                revision = report.reached_revision,
+                "the restore made while the old lease ran out is current"
+            );
+            Ok(())
+        }
+        false => {
+            tracing::info!(
+                revision = report.reached_revision,
+                bucket = ?latest,
+                "the bucket moved on while the old lease ran out: restoring again"
+            );
+            mover.discard_bucket_restore(shoot, op.id)
+        }
+    }
+}
+
+/// Whether a restore that reached `reached` holds everything the bucket
+/// holds now (`latest`).
+fn early_restore_is_current(reached: i64, latest: Option<i64>) -> bool {
+    latest.is_none_or(|l| l <= reached)
 }
 
 /// One step of a migration's source.
@@ -435,6 +486,23 @@ mod tests {
             step_deadline(&Step::Target(TargetAction::Verify)),
             Duration::from_secs(300)
         );
+    }
+
+    #[test]
+    fn an_early_restore_is_used_only_if_the_bucket_has_nothing_newer() {
+        // (reached, the bucket's newest now) → used?
+        for (reached, latest, used) in [
+            (670, Some(670), true),
+            (670, Some(600), true),
+            (670, None, true),
+            (670, Some(671), false),
+        ] {
+            assert_eq!(
+                early_restore_is_current(reached, latest),
+                used,
+                "reached {reached}, bucket {latest:?}"
+            );
+        }
     }
 
     #[test]

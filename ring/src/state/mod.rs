@@ -284,21 +284,24 @@ impl Operation {
     /// What `me` does in this operation now: the member code never re-derives it.
     /// A migration's source acts while it is `Pending` (writers stopped, final
     /// snapshot, handover); the target of a migration acts once it is
-    /// `Restoring`, the target of a failover once the old lease ended
-    /// (`Pending`, then `Restoring`), except that a failover promoting a hot
-    /// standby may promote it while the old lease runs out (stopping the
-    /// standby's etcd takes the old host's quorum: it can acknowledge no
-    /// write any more; nothing starts serving before the lease ended).
-    /// Everyone else, and everyone once the operation finished, has no part
-    /// in it.
+    /// `Restoring`; the target of a failover from the moment it is chosen:
+    /// while the old lease runs out it only restores from the bucket (into
+    /// its own volume, which nothing serves from: etcd and kube-apiserver
+    /// start only under the new epoch's lease) or promotes its hot standby
+    /// (stopping the standby's etcd takes the old host's quorum: it can
+    /// acknowledge no write any more); once the lease ended (`Pending`, then
+    /// `Restoring`) it keeps that restore only if the bucket holds nothing
+    /// newer. Everyone else, and everyone once the operation finished, has
+    /// no part in it.
     pub fn role_of(&self, me: &str) -> Role {
         let acting_target = match self.kind {
             OperationKind::Migration { .. } => self.step == OperationStep::Restoring,
-            OperationKind::Failover { promote, .. } => match self.step {
-                OperationStep::Pending | OperationStep::Restoring => true,
-                OperationStep::WaitingForLeaseExpiry => promote,
-                _ => false,
-            },
+            OperationKind::Failover { .. } => matches!(
+                self.step,
+                OperationStep::WaitingForLeaseExpiry
+                    | OperationStep::Pending
+                    | OperationStep::Restoring
+            ),
         };
         if self.target() == me && acting_target {
             Role::Target

@@ -92,10 +92,17 @@ impl KubernetesSeed {
         Ok(())
     }
 
-    /// Asks etcd's init container to restore from the bucket for operation
-    /// `op`: the newest revision, or exactly `revision` (a migration's final one).
-    pub async fn request_restore(&self, shoot: &str, op: u64, revision: Option<i64>) -> Result<()> {
-        let mut data = BTreeMap::from([("operation", op.to_string())]);
+    /// Asks etcd's init container to restore from the bucket for request
+    /// `id` (an operation's, see ringd's record): the newest revision, or
+    /// exactly `revision` (a migration's final one). A volume restored for
+    /// another id is restored again.
+    pub async fn request_restore(
+        &self,
+        shoot: &str,
+        id: &str,
+        revision: Option<i64>,
+    ) -> Result<()> {
+        let mut data = BTreeMap::from([("operation", id.to_string())]);
         if let Some(r) = revision {
             data.insert("revision", r.to_string());
         }
@@ -134,10 +141,10 @@ impl KubernetesSeed {
         Ok(())
     }
 
-    /// What the init container recorded of operation `op`'s restore, once done.
-    pub async fn restore_report(&self, shoot: &str, op: u64) -> Result<Option<RestoreRecord>> {
+    /// What the init container recorded of request `id`'s restore, once done.
+    pub async fn restore_report(&self, shoot: &str, id: &str) -> Result<Option<RestoreRecord>> {
         let data = self.configmap_data(shoot, agent::RESTORE_CONFIGMAP).await?;
-        if data.get("restored").map(|s| s.trim()) != Some(op.to_string().as_str()) {
+        if data.get("restored").map(|s| s.trim()) != Some(id) {
             return Ok(None);
         }
         let (Some(report), Some(objects)) = (data.get("report"), data.get("objects")) else {
