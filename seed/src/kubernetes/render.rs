@@ -242,8 +242,17 @@ impl Renderer<'_> {
             owner,
             APISERVER,
             APISERVER,
+            // routed as soon as kube-apiserver's pod has an address, not only
+            // once its readiness probe passed and that reached kube-proxy
+            // (1-3 s later, on every failover and move): one replica, so
+            // there is no ready endpoint to prefer, and a kube-apiserver that
+            // does not listen yet refuses the connection as before. Between
+            // listening and ready it serves (its post-start hooks run; for a
+            // fraction of a second, until its informers synced, it may answer
+            // 403 to all but system:masters).
             json!({
                 "type": self.config.service_type.as_str(),
+                "publishNotReadyAddresses": true,
                 "ports": [{"name": "https", "port": port, "targetPort": 6443, "protocol": "TCP"}],
             }),
         )
