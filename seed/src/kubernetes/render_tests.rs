@@ -55,6 +55,11 @@ fn render_wired(config: &KubernetesSeedConfig, wiring: &Wiring) -> String {
 
 /// The objects owned by the anchor (uid `u1`) of shoot alpha in ring demo.
 fn owned_objects(wiring: &Wiring) -> Vec<Value> {
+    owned_objects_serving(wiring, Default::default())
+}
+
+/// [`owned_objects`], kube-apiserver serving the deprecated betas per `apis`.
+fn owned_objects_serving(wiring: &Wiring, apis: crate::DeprecatedApis) -> Vec<Value> {
     let config = KubernetesSeedConfig::new("demo");
     let spec = ControlPlaneSpec::new("alpha");
     let r = Renderer {
@@ -63,7 +68,7 @@ fn owned_objects(wiring: &Wiring) -> Vec<Value> {
         config: &config,
         wiring,
         node_dir: None,
-        apis: Default::default(),
+        apis,
     };
     let owner = Owner {
         name: ANCHOR.into(),
@@ -82,21 +87,7 @@ fn control_plane_objects_match_golden_file() {
 
 /// kube-apiserver's arguments when rendered with `apis`.
 fn apiserver_args(apis: crate::DeprecatedApis) -> Vec<String> {
-    let (config, wiring) = (KubernetesSeedConfig::new("demo"), Wiring::default());
-    let spec = ControlPlaneSpec::new("alpha");
-    let r = Renderer {
-        ring: "demo",
-        spec: &spec,
-        config: &config,
-        wiring: &wiring,
-        node_dir: None,
-        apis,
-    };
-    let owner = Owner {
-        name: ANCHOR.into(),
-        uid: "u1".into(),
-    };
-    let objects = r.objects(&owner, &BTreeMap::new());
+    let objects = owned_objects_serving(&Wiring::default(), apis);
     let deployment = objects
         .iter()
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "kube-apiserver")
