@@ -77,6 +77,11 @@ pub struct RingSpec {
     /// rings of local seeds).
     #[serde(default)]
     pub protection: ringd::config::Protection,
+    /// The ring's timing (failure window, lease, ...) [default: the ring's
+    /// default]; e.g. a longer lease keeps a cut-off host serving, and
+    /// backing up, for longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<ringd::config::Timing>,
 }
 
 /// Where a drill ring's control planes run.

@@ -82,6 +82,10 @@ fn bad_drills_give_errors_naming_the_field() {
                 "unknown variant `nuke`",
             ),
             (GOOD.replace("at: 10s", "at: -3s"), "faults[0]"),
+            (
+                GOOD.replace("memberPrefix: ks}", "memberPrefix: ks, timing: {leaseMs: 600}}"),
+                "ring.timing: config timing.leaseMs",
+            ),
             (GOOD.replace("at: 10s", "at: soon"), "is not a duration"),
             (GOOD.replace("at: 10s", "at: 10"), "has no unit"),
             (GOOD.replace("at: 10s", "at: 10h"), "unknown unit \"h\""),

@@ -39,6 +39,11 @@ impl Drill {
                 format!("members would be named {}1..: {e}", self.ring.member_prefix),
             )
         })?;
+        if let Some(timing) = &self.ring.timing {
+            timing
+                .validate()
+                .map_err(|e| bad("ring.timing", e.to_string()))?;
+        }
         if self.ring.network == NetworkKind::Namespaces && self.ring.bucket == BucketKind::S3 {
             return Err(bad(
                 "ring.bucket",
