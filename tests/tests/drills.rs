@@ -293,6 +293,28 @@ fn verify_partition_drill_fences_a_target_cut_off_mid_restore() {
     );
 }
 
+/// The self-hosted ring with a 12 s lease, each ringd in its own network
+/// namespace: the host of pl2 is cut off and keeps serving and backing up
+/// until its lease ends; the restore its successor made meanwhile is then
+/// behind the bucket, is discarded and made again (the drill expects
+/// ringd's log line), and every write durable when the host stopped serving
+/// survives (the second loss point). Slow (about 4 minutes): `scripts/drills
+/// --all` runs this drill, `cargo test -- --ignored` this test.
+#[test]
+#[ignore = "slow (4 min): scripts/drills --all runs partition-long-lease; run with --ignored"]
+fn partition_long_lease_drill_restores_again_when_the_bucket_moved_on() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill("partition-long-lease", sandbox.path());
+    check_common(&r, &html);
+    let losses = events(&r, "loss");
+    assert_eq!(
+        losses.iter().filter(|e| e["shoot"] == "pl2").count(),
+        2,
+        "at the cut and when the host stopped serving: {losses:?}"
+    );
+}
+
 /// A whole machine of the self-hosted ring dies (ringd, node, every pod);
 /// node km2, whose control plane died with it, keeps running km3's control
 /// plane in pods all along. Slow (about 7 minutes): CI covers the same
