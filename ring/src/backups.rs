@@ -137,23 +137,24 @@ impl RingBucket {
     /// again on this bucket, or restored from it, never writes as a host the
     /// bucket already saw (its backups would be taken for a fenced host's).
     pub async fn first_epoch(&self, shoot: &str) -> Result<u64, RingError> {
-        let bucket = backup::Bucket::open(&self.config, shoot, true).map_err(backup_err)?;
+        Ok(self.catalog(shoot, true).await?.newest_epoch() + 1)
+    }
+
+    /// The catalog of `shoot`'s objects this ring trusts: with a key, only
+    /// the sealed ones. `create`: a missing `file://` folder is made.
+    async fn catalog(&self, shoot: &str, create: bool) -> Result<backup::Catalog, RingError> {
+        let bucket = backup::Bucket::open(&self.config, shoot, create).map_err(backup_err)?;
         let mut catalog = bucket.catalog().await.map_err(backup_err)?;
         if self.key.is_some() {
             catalog.retain_encrypted();
         }
-        Ok(catalog.newest_epoch() + 1)
+        Ok(catalog)
     }
 
     /// The newest revision the bucket holds of `shoot` (what a restore of
     /// the latest reaches), if it holds any.
     pub async fn latest_revision(&self, shoot: &str) -> Result<Option<i64>, RingError> {
-        let bucket = backup::Bucket::open(&self.config, shoot, false).map_err(backup_err)?;
-        let mut catalog = bucket.catalog().await.map_err(backup_err)?;
-        if self.key.is_some() {
-            catalog.retain_encrypted();
-        }
-        Ok(catalog.latest_revision())
+        Ok(self.catalog(shoot, false).await?.latest_revision())
     }
 
     /// The key objects are sealed with, if any.

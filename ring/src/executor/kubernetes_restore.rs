@@ -202,16 +202,7 @@ async fn restore_in_pod(
 mod tests {
     use super::*;
 
-    fn report(reached: i64) -> RestoreReport {
-        serde_json::from_value(serde_json::json!({
-            "dataDir": "/var/lib/etcd/data", "targetRevision": reached,
-            "reachedRevision": reached, "full": "full-1", "fullRevision": reached,
-            "deltas": 0, "revisionsReplayed": 0, "eventsReplayed": 0, "replaySeconds": 0.0,
-            "expectedKeys": 3, "keys": 3, "hashKv": "not recorded", "gaps": [],
-            "verified": true, "totalSeconds": 0.0,
-        }))
-        .unwrap()
-    }
+    use super::record::sample_report as report;
 
     /// A restore onto the pods passes only at the source's final revision,
     /// with its HashKV and the same objects; each difference is named.

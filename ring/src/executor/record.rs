@@ -85,21 +85,23 @@ pub fn clear(path: &Path) {
     let _ = std::fs::remove_file(discarded_path(path));
 }
 
+/// A verified restore report that reached `reached` (for tests).
+#[cfg(test)]
+pub(super) fn sample_report(reached: i64) -> RestoreReport {
+    serde_json::from_value(serde_json::json!({
+        "dataDir": "/var/lib/etcd/data", "targetRevision": reached,
+        "reachedRevision": reached, "full": "full-1", "fullRevision": reached,
+        "deltas": 0, "revisionsReplayed": 0, "eventsReplayed": 0, "replaySeconds": 0.0,
+        "expectedKeys": 3, "keys": 3, "hashKv": "not recorded", "gaps": [],
+        "verified": true, "totalSeconds": 0.0,
+    }))
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::sample_report as report;
     use super::*;
-
-    fn report(revision: i64) -> RestoreReport {
-        let mut r: RestoreReport = serde_json::from_value(serde_json::json!({
-            "dataDir": "/d", "targetRevision": revision, "reachedRevision": revision,
-            "full": "f", "fullRevision": 1, "deltas": 0, "revisionsReplayed": 0,
-            "eventsReplayed": 0, "replaySeconds": 0.0, "expectedKeys": 0, "keys": 0,
-            "hashKv": "", "gaps": [], "verified": true, "totalSeconds": 0.0,
-        }))
-        .unwrap();
-        r.reached_revision = revision;
-        r
-    }
 
     #[test]
     fn a_discarded_restore_is_not_read_and_its_operation_asks_anew() {
