@@ -254,6 +254,16 @@ impl SeedCluster {
             .map_err(|e| setup("its PersistentVolumes")(e.to_string()))
     }
 
+    /// Stops the cluster's kube-controller-manager (its other components and
+    /// node keep running): what a cluster whose controllers are away looks like.
+    pub async fn stop_controller_manager(&self) -> Result<(), ScenarioError> {
+        let only = [seed::Component::KubeControllerManager];
+        self.seed
+            .stop_only(&self.name, &only)
+            .await
+            .map_err(|e| setup("stopping its controller-manager")(e.to_string()))
+    }
+
     /// Stops the node (its pods, shims and cgroups go too), the node network
     /// and the cluster's control plane.
     pub async fn stop(mut self) {

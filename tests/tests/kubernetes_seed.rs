@@ -40,6 +40,12 @@ mod migration;
 
 const READY: Duration = Duration::from_secs(120);
 const GC: Duration = Duration::from_secs(60);
+/// What a planned migration stops first.
+const WRITERS: [seed::Component; 3] = [
+    seed::Component::KubeApiserver,
+    seed::Component::KubeControllerManager,
+    seed::Component::KubeScheduler,
+];
 
 /// A running seed cluster: a local control plane; returns (seed, admin kubeconfig).
 async fn seed_cluster(sandbox: &Sandbox, name: &str) -> (LocalSeed, PathBuf) {
@@ -548,8 +554,8 @@ async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
         .await
         .expect("start");
     let ns = seed.namespace("hosted");
-    // no kube-apiserver pod is Ready yet (it waits for its etcd): the node
-    // port routes only to ready pods, so /readyz is not asked through it
+    // no kube-apiserver container runs yet (its pod was just created):
+    // /readyz is not asked through the node port
     let starting = seed.health("hosted").await.expect("health");
     assert!(
         !starting.ready
@@ -615,6 +621,35 @@ async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
             "configmap",
             "on-pods",
         ],
+    );
+
+    // A planned migration stops the writers first, also when the seed
+    // cluster's own controllers are away (its controller-manager had just
+    // moved): the seed deletes their pods itself instead of waiting out its
+    // stop grace (ten minutes here) for a ReplicaSet controller.
+    cluster
+        .stop_controller_manager()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seed = seed.with_stop_grace(Duration::from_secs(600));
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        seed.stop_components("hosted", &WRITERS),
+    )
+    .await
+    .expect("the writers' pods were left to the seed cluster's controllers, which are away")
+    .expect("stop the writers");
+    let pods = kubectl_json(&kc, &["get", "pods", "-n", &ns]);
+    let names: Vec<&str> = pods["items"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["etcd-0"],
+        "only etcd runs after the writers stopped"
     );
     cluster.stop().await;
 }

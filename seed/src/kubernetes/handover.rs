@@ -5,11 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::Api;
+use serde_json::json;
 
 use super::agent::{HandoverRecord, HANDOVER_CONFIGMAP};
 use super::render::SHOOT_LABEL;
-use super::{component_of, component_selector, KubernetesSeed};
+use super::{component_of, component_selector, render, KubernetesSeed};
 use crate::error::{Result, SeedError};
 use crate::process::Component;
 
@@ -28,15 +32,18 @@ impl KubernetesSeed {
         Ok(running)
     }
 
-    /// Scales `components` to zero, all at once, and waits until their pods
-    /// are gone (stragglers are deleted without grace after the stop grace).
-    /// One wait for all: pods of one component take 5-10 s to go (kubelet
-    /// kills the containers, then reports), so stopping one after another
-    /// tripled a handover's downtime.
+    /// Scales `components` to zero, all at once, deletes their pods and waits
+    /// until they are gone (stragglers are deleted without grace after the
+    /// stop grace). One wait for all: pods of one component take 5-10 s to go
+    /// (kubelet kills the containers, then reports), so stopping one after
+    /// another tripled a handover's downtime.
     pub async fn stop_components(&self, shoot: &str, components: &[Component]) -> Result<()> {
         self.anchor(shoot).await?;
         for c in components {
             self.scale(shoot, *c, 0).await?;
+        }
+        for c in components {
+            self.delete_pods_of(shoot, *c).await?;
         }
         for c in components {
             self.wait_pods_gone(shoot, &component_selector(shoot, c.name()))
@@ -51,6 +58,43 @@ impl KubernetesSeed {
         for c in components {
             self.scale(shoot, *c, 1).await?;
         }
+        Ok(())
+    }
+
+    /// Deletes `component`'s pods, with their grace period, once nothing
+    /// replaces them (a Deployment's ReplicaSets are scaled to zero as well).
+    /// The seed cluster's controllers would delete them too, but one that has
+    /// just started (a controller-manager whose own shoot moved a moment ago)
+    /// takes seconds to: a planned migration's downtime waited for it.
+    async fn delete_pods_of(&self, shoot: &str, component: Component) -> Result<()> {
+        let selector = component_selector(shoot, component.name());
+        let ns = self.namespace(shoot);
+        let list = ListParams::default().labels(&selector);
+        if render::workload(component).0 == "Deployment" {
+            let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &ns);
+            let listed = sets
+                .list(&list)
+                .await
+                .map_err(self.kube_err(shoot, "listing ReplicaSets"))?;
+            let zero = Patch::Merge(json!({"spec": {"replicas": 0}}));
+            for rs in listed
+                .items
+                .iter()
+                .filter_map(|rs| rs.metadata.name.as_deref())
+            {
+                match sets.patch_scale(rs, &PatchParams::default(), &zero).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(r)) if r.code == 404 => {}
+                    Err(e) => return Err(self.kube_err(shoot, "scaling a ReplicaSet to 0")(e)),
+                }
+            }
+        }
+        // each pod's own grace (kube-apiserver's is 1 s, see
+        // `process::API_STOP_GRACE`)
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        pods.delete_collection(&DeleteParams::default(), &list)
+            .await
+            .map_err(self.kube_err(shoot, "deleting pods"))?;
         Ok(())
     }
 

@@ -66,7 +66,8 @@ pub fn seed_role_rules() -> Value {
         {"apiGroups": [""], "resources": ["secrets", "services"], "verbs": apply},
         {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims"], "verbs": ["list", "deletecollection"]},
         {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": apply},
-        {"apiGroups": ["apps"], "resources": ["statefulsets/scale", "deployments/scale"], "verbs": ["patch"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets/scale", "deployments/scale", "replicasets/scale"], "verbs": ["patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": apply},
         // the lease guard and backup agent next to the pods: their account,
         // what it may do (ringd must hold those permissions itself to grant them)

@@ -121,6 +121,11 @@ async fn ringctl_manifests_pass_server_dry_run_and_their_rbac_is_enough_for_the_
     let spec = ControlPlaneSpec::new("m2");
     seed.start(&spec).await.expect("start as ringd");
     seed.start(&spec).await.expect("re-apply as ringd");
+    // a planned migration's first step: the writers' pods deleted by ringd
+    seed.stop_components("m2", &WRITERS)
+        .await
+        .expect("stop the writers as ringd");
+    seed.start(&spec).await.expect("re-apply after the stop");
     assert_eq!(
         seed.inspect("m2").await.expect("inspect as ringd").phase,
         Phase::Starting
