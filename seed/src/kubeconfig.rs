@@ -155,6 +155,21 @@ pub async fn readyz(shoot: &str, path: &Path) -> Result<crate::Health> {
 /// [`readyz`] of the kube-apiserver at `server` (if given) with the
 /// credentials of the kubeconfig at `path`.
 pub async fn readyz_at(shoot: &str, path: &Path, server: Option<&str>) -> Result<crate::Health> {
+    readyz_within(shoot, path, server, READYZ_TIMEOUT).await
+}
+
+/// How long [`readyz`] waits for an answer.
+pub const READYZ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`readyz_at`] that gives up after `timeout`: a kube-apiserver that listens
+/// but does not serve yet (it opens its port seconds before it serves)
+/// leaves the request hanging.
+pub async fn readyz_within(
+    shoot: &str,
+    path: &Path,
+    server: Option<&str>,
+    timeout: std::time::Duration,
+) -> Result<crate::Health> {
     let client = client_at(shoot, path, server).await?;
     let req = http::Request::get("/readyz")
         .body(Vec::new())
@@ -162,8 +177,7 @@ pub async fn readyz_at(shoot: &str, path: &Path, server: Option<&str>) -> Result
             shoot: shoot.to_string(),
             message: e.to_string(),
         })?;
-    let answer =
-        tokio::time::timeout(std::time::Duration::from_secs(5), client.request_text(req)).await;
+    let answer = tokio::time::timeout(timeout, client.request_text(req)).await;
     Ok(match answer {
         Ok(Ok(text)) => crate::Health {
             ready: text.trim() == "ok",
@@ -175,7 +189,7 @@ pub async fn readyz_at(shoot: &str, path: &Path, server: Option<&str>) -> Result
         },
         Err(_) => crate::Health {
             ready: false,
-            detail: "/readyz did not answer within 5s".into(),
+            detail: format!("/readyz did not answer within {:?}", timeout),
         },
     })
 }

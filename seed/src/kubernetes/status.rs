@@ -4,7 +4,9 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
 
 use super::render::{APISERVER, PKI_SECRET, SHOOT_LABEL};
 use super::{component_of, KubernetesSeed};
@@ -12,6 +14,15 @@ use crate::error::{Result, SeedError};
 use crate::pki::{create_private_dir, Pki};
 use crate::process::{Component, ComponentState};
 use crate::{kubeconfig, ComponentStatus, ControlPlaneStatus, Health, Phase};
+
+/// How long /readyz is waited for while no kube-apiserver pod is Ready.
+const UNREADY_READYZ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the kube-apiserver pods of a shoot say (see `api_pods`).
+struct ApiPods {
+    running: bool,
+    ready: bool,
+}
 
 impl KubernetesSeed {
     /// What runs of `shoot`'s control plane and whether its API answers
@@ -109,16 +120,23 @@ impl KubernetesSeed {
                 detail: format!("{replicas}; Secret {PKI_SECRET} is missing, so there is no admin certificate to ask /readyz with"),
             });
         };
-        if ready == 0 && svc.as_ref().is_some_and(|s| lb_addresses(s).is_empty()) {
-            // The Service (node port or cluster address) routes only to
-            // ready pods: asking /readyz through it could only fail (each ask
-            // writes a kubeconfig and may wait 5 s for an answer), and every
-            // move onto this seed waits for this look. A load balancer's
-            // address may lead elsewhere, so it is asked.
+        // The Service (node port or cluster address) routes to the
+        // kube-apiserver pods, ready or not (`publishNotReadyAddresses`).
+        // With none running, asking /readyz through it could only fail (each
+        // ask writes a kubeconfig and may wait 5 s for an answer). One that
+        // runs is asked before its readiness probe passed and the host's
+        // controllers counted it (every move onto this seed waited 1-2 s
+        // longer for that), but briefly: kube-apiserver opens its port
+        // seconds before it serves, and a request meanwhile hangs. A load
+        // balancer's address may lead elsewhere, so it is asked.
+        let internal = svc.as_ref().is_some_and(|s| lb_addresses(s).is_empty());
+        let pods = self.api_pods(shoot).await?;
+        let unready = ready == 0 && internal && !pods.ready;
+        if unready && !pods.running {
             return Ok(Health {
                 ready: false,
                 detail: format!(
-                    "{replicas}; /readyz at {url} not asked: no ready replica to answer"
+                    "{replicas}; /readyz at {url} not asked: no kube-apiserver container runs"
                 ),
             });
         }
@@ -147,7 +165,11 @@ impl KubernetesSeed {
             &pki,
             &pki.leaf(crate::pki::Leaf::Admin),
         )?;
-        let health = kubeconfig::readyz(shoot, &path).await;
+        let timeout = match unready {
+            true => UNREADY_READYZ_TIMEOUT,
+            false => kubeconfig::READYZ_TIMEOUT,
+        };
+        let health = kubeconfig::readyz_within(shoot, &path, None, timeout).await;
         let stable = match &health {
             Ok(h) if h.ready => self.stable_health(shoot, &anchor, &url, &pki).await,
             _ => Ok(None),
@@ -164,6 +186,36 @@ impl KubernetesSeed {
                 detail: format!("{}; {}", health.detail, stable.detail),
             },
             None => health,
+        })
+    }
+
+    /// Whether a kube-apiserver pod's container runs (its lease guard, and
+    /// kube-apiserver under it once the lease is valid) and whether one is
+    /// Ready, as its kubelet reported (before the host's controllers count it).
+    async fn api_pods(&self, shoot: &str) -> Result<ApiPods> {
+        let pods = self
+            .pods(shoot, &super::component_selector(shoot, APISERVER))
+            .await?;
+        let live = || {
+            pods.iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+        };
+        let status = |p: &Pod| p.status.clone().unwrap_or_default();
+        Ok(ApiPods {
+            running: live().any(|p| {
+                status(p)
+                    .container_statuses
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            }),
+            ready: live().any(|p| {
+                status(p)
+                    .conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            }),
         })
     }
 
