@@ -161,26 +161,36 @@ fn set_aside_if_never_committed(data: &std::path::Path) -> Result<(), RingError>
 /// How long one connection attempt to [`Guarded::wait_for`] may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Whether `addr` accepts a TCP connection now.
-async fn answers(addr: &str) -> bool {
-    let connect = tokio::net::TcpStream::connect(addr);
-    matches!(
-        tokio::time::timeout(CONNECT_TIMEOUT, connect).await,
-        Ok(Ok(_))
-    )
+/// Why `addr` does not accept a TCP connection now; `None` when it does.
+async fn unanswered(addr: &str) -> Option<String> {
+    let lookup = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(addr)).await;
+    let first = match lookup {
+        Err(_) => return Some("its name did not resolve in time".into()),
+        Ok(Err(e)) => return Some(format!("its name does not resolve: {e}")),
+        Ok(Ok(mut addresses)) => match addresses.next() {
+            Some(first) => first,
+            None => return Some("its name resolves to no address".into()),
+        },
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(first)).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("{first}: {e}")),
+        Err(_) => Some(format!("{first} did not answer in time")),
+    }
 }
 
 /// Whether the program may start now: what it waits for answers (logged
-/// once per wait).
-async fn dependency_answers(wait_for: Option<&str>, waiting: &mut bool) -> bool {
+/// whenever the reason it does not changes).
+async fn dependency_answers(wait_for: Option<&str>, waiting: &mut Option<String>) -> bool {
     let Some(addr) = wait_for else {
         return true;
     };
-    let up = answers(addr).await;
-    if !up && !*waiting {
-        tracing::info!(%addr, "lease valid, waiting for this address to answer before starting");
+    let why = unanswered(addr).await;
+    if let Some(why) = why.as_ref().filter(|w| waiting.as_ref() != Some(*w)) {
+        tracing::info!(%addr, reason = %why, "lease valid, waiting for this address to answer before starting");
     }
-    *waiting = !up;
+    let up = why.is_none();
+    *waiting = why;
     up
 }
 
@@ -199,7 +209,7 @@ pub async fn run(
     let (mut lease, _stop_reader) = super::follow_lease(source, POLL, &stop);
     let mut child: Option<Child> = None;
     let mut restarts = Restarts::default();
-    let mut waiting = false;
+    let mut waiting = None;
     loop {
         let fence_at = *lease.borrow_and_update();
         let now = now_ms();

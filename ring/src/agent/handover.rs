@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::Cluster;
 use crate::RingError;
 
-/// How often the request is looked at.
-const POLL: Duration = Duration::from_secs(1);
+/// How often the request is looked at: a migration's downtime waits for it
+/// (a GET of one ConfigMap).
+const POLL: Duration = Duration::from_millis(250);
 /// Wait after a failed snapshot before the next try.
 const RETRY: Duration = Duration::from_secs(5);
 
@@ -76,6 +77,32 @@ async fn answer(cluster: &Cluster, config: &::backup::BackupConfig, op: u64) -> 
     wait
 }
 
+/// How long the sidecar waits for etcd to answer before it reports a failure.
+const ETCD_WAIT: Duration = Duration::from_secs(20);
+
+/// Waits (up to [`ETCD_WAIT`]) until etcd answers. A source whose lease ran
+/// out while its writers stopped had etcd fenced: ringd lets it run again for
+/// the final snapshot, and its guard starts it within a second or two. An
+/// error recorded meanwhile cost a round trip through ringd's retry back-off
+/// (2 s each, three seen in one bootstrap).
+async fn etcd_answers(config: &::backup::BackupConfig) -> Result<(), RingError> {
+    let endpoint = config.etcd.endpoints.join(",");
+    let deadline = tokio::time::Instant::now() + ETCD_WAIT;
+    loop {
+        let status = match ::backup::etcd::connect(&config.etcd).await {
+            Ok(mut client) => ::backup::etcd::status(&mut client, &endpoint)
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match status {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// The final snapshot: a full snapshot at etcd's revision, which must not
 /// move while it streams (the writers are stopped), its `HashKV` and objects;
 /// written at the epoch the Lease records (the source's).
@@ -85,6 +112,7 @@ async fn take(
     op: u64,
 ) -> Result<HandoverRecord, RingError> {
     let epoch = cluster.lease_epoch().await?;
+    etcd_answers(config).await?;
     let snap = ::backup::snapshot_once(config, epoch).await?;
     if snap.revision_after != snap.base_revision {
         return Err(RingError::Verification(format!(

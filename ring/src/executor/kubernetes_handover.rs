@@ -20,8 +20,8 @@ use crate::{now_ms, RingError};
 const WAIT: Duration = Duration::from_secs(120);
 /// How long etcd's guard lets etcd run for one attempt at the final snapshot.
 const WINDOW: Duration = Duration::from_secs(150);
-/// How often its answer is looked for.
-const POLL: Duration = Duration::from_secs(1);
+/// How often its answer is looked for (the migration's downtime waits).
+const POLL: Duration = Duration::from_millis(250);
 
 fn handover_err(shoot: &str, message: String) -> RingError {
     RingError::Migrate(migrate::MigrateError::Handover {
