@@ -26,6 +26,24 @@ use crate::netns::{exists, ip};
 /// node reaches them.
 pub const LINK_LOCAL: &str = "169.254.0.0/16";
 
+/// The machine's resolver configuration, which the nodes' processes read.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// The IPv4 name servers of a `resolv.conf` a node cannot reach: all but
+/// loopback addresses (those are the node's own loopback in its namespace,
+/// refused at once).
+pub fn name_servers(resolv_conf: &str) -> Vec<Ipv4Addr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver")).then(|| words.next())?
+        })
+        .filter_map(|a| a.parse::<Ipv4Addr>().ok())
+        .filter(|a| !a.is_loopback())
+        .collect()
+}
+
 /// At most this many nodes on one node network (pod ranges T*16+1 ..= T*16+15).
 pub const MAX_NODES: usize = 15;
 
@@ -165,6 +183,14 @@ impl NodeNetwork {
                 "unreachable",
                 LINK_LOCAL,
             ])?;
+            // the same for the machine's name servers, which no node reaches
+            // (its processes resolve names with the machine's resolv.conf):
+            // kubelet's cloud detection otherwise waits 5 s for
+            // metadata.google.internal before it registers the node
+            for server in name_servers(&std::fs::read_to_string(RESOLV_CONF).unwrap_or_default()) {
+                let server = format!("{server}/32");
+                ip(&["-n", &h.netns, "route", "replace", "unreachable", &server])?;
+            }
             // the root namespace reaches the node's pods through the node
             ip(&[
                 "route",
@@ -294,6 +320,16 @@ pub async fn forward_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_machines_name_servers_except_loopback_and_ipv6() {
+        let conf = "# comment\nsearch example.org\nnameserver 10.255.255.53\nnameserver 127.0.0.53\nnameserver ::1\nnameserver\nnameserver 192.0.2.1 # x\noptions ndots:2\n";
+        assert_eq!(
+            name_servers(conf),
+            [Ipv4Addr::new(10, 255, 255, 53), Ipv4Addr::new(192, 0, 2, 1)]
+        );
+        assert!(name_servers("").is_empty());
+    }
 
     #[test]
     fn addresses_and_ranges_follow_the_tag() {

@@ -151,6 +151,18 @@ pub fn kubelet_config(config: &NodeConfig, layout: &NodeLayout) -> String {
         // changed, the Lease renews apart): a new or restarted node turns
         // Ready about 2 s after its runtime is, not up to 10 s
         "nodeStatusUpdateFrequency": "2s",
+        // a pod's Secrets and ConfigMaps read when its volumes are set up,
+        // not through a watch per object: a pod created with its node set
+        // (a control plane's) reaches the kubelet before the node authorizer
+        // links the two, the watch's list is refused and its volumes waited
+        // 1 s for the cache plus 0.5 s before the next try (~1.7 s of every
+        // move); a refused read is retried after 0.5 s
+        "configMapAndSecretChangeDetectionStrategy": "Get",
+        // its requests to the shoot's API: a node that takes a control
+        // plane's pods at once read their Secrets, posted their statuses and
+        // waited up to a second each behind the default 5/s
+        "kubeAPIQPS": 50,
+        "kubeAPIBurst": 100,
     });
     serde_yaml::to_string(&doc).unwrap_or_default()
 }
@@ -291,6 +303,8 @@ pub(crate) mod tests {
         assert_eq!(k["imageGCHighThresholdPercent"], 100);
         assert_eq!(k["authentication"]["anonymous"]["enabled"], false);
         assert_eq!(k["nodeStatusUpdateFrequency"], "2s");
+        assert_eq!(k["configMapAndSecretChangeDetectionStrategy"], "Get");
+        assert_eq!(k["kubeAPIQPS"], 50);
         let kp: serde_json::Value =
             serde_yaml::from_str(&kube_proxy_config(&c, &c.layout())).unwrap();
         assert_eq!(kp["conntrack"]["maxPerCore"], 0);
