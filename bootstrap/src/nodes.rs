@@ -21,6 +21,28 @@ pub fn node_dir(layout: &RingLayout, node: &str) -> PathBuf {
     layout.dir.join("nodes").join(node)
 }
 
+/// The marker of a node whose shoot lets its kubelet renew its certificate.
+fn renewals_file(layout: &RingLayout, node: &str) -> PathBuf {
+    node_dir(layout, node).join("renewals-allowed")
+}
+
+/// Whether node `node`'s shoot lets its kubelet renew its certificate.
+pub fn renewals_allowed(layout: &RingLayout, node: &str) -> bool {
+    renewals_file(layout, node).exists()
+}
+
+/// Records that node `node`'s shoot lets its kubelet renew its certificate.
+pub fn record_renewals_allowed(layout: &RingLayout, node: &str) -> Result<(), BootstrapError> {
+    let file = renewals_file(layout, node);
+    seed::pki::write_private(&file, b"").map_err(ringd::RingError::from)?;
+    Ok(())
+}
+
+/// Where shoot `shoot`'s CA is on member `host`, the seed that hosts it.
+pub fn shoot_pki_dir(layout: &RingLayout, shoot: &str, host: &str) -> PathBuf {
+    layout.seed_dir(host).join("shoots").join(shoot).join("pki")
+}
+
 fn config_file(layout: &RingLayout, member: &str) -> PathBuf {
     node_dir(layout, member).join("node.yaml")
 }
@@ -171,15 +193,21 @@ pub fn images_built() -> bool {
     let Ok(built) = seed::images::list(&seed::images::default_dir()) else {
         return false;
     };
+    let dir = seed::images::default_dir();
     seed::images::ALL
         .iter()
         .all(|i| built.iter().any(|b| b.reference == i.full()))
+        && seed::images::preload::dir(&dir, &built).is_some_and(|d| d.is_dir())
 }
 
-/// Builds the images into the image cache (`ringd`'s image from `ringd`).
+/// Builds the images into the image cache (`ringd`'s image from `ringd`) and
+/// the containerd root preloaded with them.
 pub fn build_images(ringd: &Path) -> Result<(), BootstrapError> {
     let inputs = seed::images::ImageInputs::standard(None, ringd.to_path_buf());
-    seed::images::build_all(&seed::images::default_dir(), &inputs)?;
+    let dir = seed::images::default_dir();
+    seed::images::build_all(&dir, &inputs)?;
+    // the nodes' containerd roots start from it (see `preload`)
+    seed::images::preload::build_standard(&dir)?;
     Ok(())
 }
 
@@ -213,11 +241,7 @@ pub fn configure(
     })?;
     let shoot = shoot_of(config, node)
         .ok_or_else(|| BootstrapError::Unsupported(format!("node {node} belongs to no shoot")))?;
-    let shoot_pki = layout
-        .seed_dir(host)
-        .join("shoots")
-        .join(&shoot)
-        .join("pki");
+    let shoot_pki = shoot_pki_dir(layout, &shoot, host);
     let read = |f: &str| {
         let p = shoot_pki.join(f);
         std::fs::read_to_string(&p)

@@ -68,13 +68,22 @@ pub async fn run(cmd: ImagesCommand, format: Format) -> anyhow::Result<()> {
             let inputs = ImageInputs::standard(args.bin_dir.as_deref(), ringd);
             let dir = args.dir.dir();
             let started = std::time::Instant::now();
-            let built = tokio::task::spawn_blocking(move || images::build_all(&dir, &inputs))
-                .await
-                .context("the image build stopped")??;
+            let (built, preload) = tokio::task::spawn_blocking(move || {
+                let built = images::build_all(&dir, &inputs)?;
+                // a node's first start links it instead of importing
+                let preload = images::preload::build_standard(&dir)?;
+                Ok::<_, seed::SeedError>((built, preload))
+            })
+            .await
+            .context("the image build stopped")??;
             crate::commands::print(&built, format, || {
                 let written = built.iter().filter(|b| b.rebuilt).count();
+                let preload = preload.as_ref().map_or_else(
+                    || "no containerd preload (not every control-plane image is built)".into(),
+                    |p| format!("nodes start from the containerd root {}", p.display()),
+                );
                 format!(
-                    "{}\n{written} written, {} up to date, in {:.1}s\n",
+                    "{}\n{written} written, {} up to date, in {:.1}s; {preload}\n",
                     render(&built),
                     built.len() - written,
                     started.elapsed().as_secs_f64()

@@ -21,6 +21,7 @@ mod archive;
 mod catalog;
 mod ctr;
 mod host;
+pub mod preload;
 mod spec;
 
 use std::path::{Path, PathBuf};

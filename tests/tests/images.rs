@@ -28,10 +28,22 @@ struct Containerd {
 
 impl Containerd {
     fn start() -> Self {
+        Self::start_preloaded(None)
+    }
+
+    /// A containerd whose root starts as the preload of the images built in
+    /// `images` (as a node's first start does), if given.
+    fn start_preloaded(images: Option<&Path>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("ring-images-")
             .tempdir()
             .expect("temp dir");
+        if let Some(images) = images {
+            let root = dir.path().join("root");
+            let seeded =
+                images::preload::seed_root(images, &root).unwrap_or_else(|e| panic!("{e}"));
+            assert!(seeded, "no preload of the images in {}", images.display());
+        }
         let d = dir.path().display().to_string();
         let cri = r#"plugins."io.containerd.grpc.v1.cri""#;
         let config = format!(
@@ -297,6 +309,29 @@ fn images_build_deterministically_import_and_run() {
     assert!(out.contains("Kubernetes v1.20.2"), "{out}");
     let out = containerd.run(&full("pause"), "pause", &["pause", "-v"]);
     assert!(out.contains("pause (ring) 3.2"), "{out}");
+
+    // the preload: a containerd root with the control plane's images, imported
+    // once; a containerd started on a linked copy has them at their digests,
+    // unpacked (they run), without importing anything
+    let dir = work.path().join("images");
+    let preload = images::preload::build(&dir, &binary("containerd"), &containerd.ctr)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("every control-plane image is built");
+    let again = images::preload::build(&dir, &binary("containerd"), &containerd.ctr).unwrap();
+    assert_eq!(
+        again.as_ref(),
+        Some(&preload),
+        "a second build makes no other preload"
+    );
+    let seeded = Containerd::start_preloaded(Some(&dir));
+    let listed = images::listed(&seeded.ctr, &seeded.socket()).unwrap();
+    for image in images::CONTROL_PLANE {
+        let b = built.iter().find(|b| b.name == image.name).expect("built");
+        assert_eq!(listed.get(&b.reference), Some(&b.digest), "{}", b.reference);
+    }
+    assert!(!listed.contains_key(&full("ringd")), "{listed:?}");
+    let out = seeded.run(&full("etcd"), "preloaded", &["etcd", "--version"]);
+    assert!(out.contains("etcd Version: 3.4.23"), "{out}");
     eprintln!(
         "built 7 images in {:.1}s; whole test {:.1}s",
         build_time.as_secs_f64(),

@@ -259,6 +259,7 @@ fn prepare(config: &NodeConfig) -> Result<NodeBinaries> {
         ));
     }
     write_configs(config, &bins)?;
+    preload_images(config);
     teardown::create_cgroups(&config.cgroup_root).map_err(|e| {
         node_err(
             config,
@@ -266,6 +267,26 @@ fn prepare(config: &NodeConfig) -> Result<NodeBinaries> {
         )
     })?;
     Ok(bins)
+}
+
+/// A first start's containerd root gets the preloaded control-plane images
+/// (see `images::preload`); without a preload, or when linking it fails, the
+/// images are imported as before.
+fn preload_images(config: &NodeConfig) {
+    let images = config
+        .images_dir
+        .clone()
+        .unwrap_or_else(crate::images::default_dir);
+    let root = config.layout().containerd_root();
+    match crate::images::preload::seed_root(&images, &root) {
+        Ok(true) => {
+            tracing::info!(root = %root.display(), "containerd's root starts with the preloaded images")
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot preload containerd's root; importing the images instead")
+        }
+    }
 }
 
 /// The shoot's API inside the node's namespace: at its own address (kubelet,
