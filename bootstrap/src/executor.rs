@@ -118,15 +118,18 @@ pub(crate) async fn execute(
                 .ok_or_else(|| {
                     BootstrapError::Unsupported(format!("shoot {shoot} has no placement yet"))
                 })?;
-            // first: a rerun skips a configured node, and without the
-            // binding its kubelet's renewals would wait unapproved for ever
-            let kubeconfig = layout.kubeconfig(&shoot);
-            seed::node::renewal::allow(&shoot, &kubeconfig)
-                .await
-                .map_err(RingError::from)?;
             nodes::configure(layout, config, node, &host)?;
         }
         Step::StartNode(member) => nodes::start(layout, &ring_node_binary(ringd), member)?,
+        Step::AllowRenewals(node) => {
+            // a step of its own, recorded per node: without the binding the
+            // kubelet's renewals would wait unapproved for ever
+            let shoot = nodes::shoot_of(config, node).unwrap_or_default();
+            seed::node::renewal::allow(&shoot, &layout.kubeconfig(&shoot))
+                .await
+                .map_err(RingError::from)?;
+            nodes::record_renewals_allowed(layout, node)?;
+        }
         Step::AwaitNodes(_) | Step::AwaitMoves(_) => {
             tokio::time::sleep(Duration::from_millis(250)).await
         }

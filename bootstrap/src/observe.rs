@@ -130,9 +130,20 @@ fn observe_nodes(layout: &RingLayout, config: &RingConfig, o: &mut Observed) {
     }
     o.images_built = nodes::images_built();
     o.node_network = nodes::network_up(layout, config);
+    for (shoot, host) in &o.placements {
+        if nodes::shoot_pki_dir(layout, shoot, host)
+            .join("ca.crt")
+            .exists()
+        {
+            o.cas.insert(shoot.clone());
+        }
+    }
     for m in &nodes::node_names(config) {
         if nodes::configured(layout, m) {
             o.nodes_configured.insert(m.clone());
+        }
+        if nodes::renewals_allowed(layout, m) {
+            o.renewals.insert(m.clone());
         }
         if let Some(pid) = nodes::running_pid(layout, m) {
             o.nodes_running.insert(m.clone());

@@ -30,6 +30,9 @@ pub enum Step {
     ConfigureNode(String),
     /// Start this member's node supervisor (in the background).
     StartNode(String),
+    /// Let this node's kubelet renew its client certificate in its shoot
+    /// (needs the shoot's API).
+    AllowRenewals(String),
     /// Wait until these nodes are registered and Ready in their shoots.
     AwaitNodes(Vec<String>),
     /// Wait until the moves of these shoots' control planes end.
@@ -74,6 +77,7 @@ impl Step {
             Step::CreateNodeNetwork => "create the node network".into(),
             Step::ConfigureNode(m) => format!("configure node {m}"),
             Step::StartNode(m) => format!("start node {m}"),
+            Step::AllowRenewals(m) => format!("let node {m} renew its certificate"),
             Step::AwaitNodes(_) => "nodes ready".into(),
             Step::AwaitMoves(s) => format!("wait for the moves of {}", s.join(", ")),
             Step::Evacuate { shoot, from, to } => format!("move {shoot} off {from} to {to}"),
@@ -108,8 +112,13 @@ pub struct Observed {
     pub images_built: bool,
     /// The node network and every node's namespace exist.
     pub node_network: bool,
+    /// Shoots whose CA is on the member that hosts them (written as their
+    /// control plane is created): their nodes can be configured.
+    pub cas: BTreeSet<String>,
     /// Members whose node has its config and certificates.
     pub nodes_configured: BTreeSet<String>,
+    /// Nodes whose shoot lets their kubelet renew its client certificate.
+    pub renewals: BTreeSet<String>,
     /// Members whose node supervisor runs.
     pub nodes_running: BTreeSet<String>,
     /// Members whose node is registered and Ready in its shoot.
@@ -153,6 +162,12 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
     // lease was renewed and every control plane fenced itself
     if !o.quorum || !o.lagging.is_empty() {
         return Step::AwaitQuorum;
+    }
+    // a node needs its shoot's CA, not its API: the nodes start while the
+    // control planes come up (a kubelet takes about 9 s before it registers,
+    // 5 of them cAdvisor looking for a Docker daemon)
+    if let Some(step) = node_setup_step(config, o) {
+        return step;
     }
     // control planes in pods need their host's node: awaited after the nodes
     if let Some(step) = await_and_publish(config, o, |s| !o.pod_hosted(s)) {
@@ -409,24 +424,55 @@ fn nearest_after(
         .map(|n| n.to_string())
 }
 
-/// The steps that give every shoot its node (none when `nodes.perMember` is 0).
+/// What sets the nodes up without any shoot's API: images, the node network,
+/// the config of each node whose shoot's CA exists, and starting configured
+/// nodes; `None` when none of that is left now.
+fn node_setup_step(config: &RingConfig, o: &Observed) -> Option<Step> {
+    if config.nodes.per_member == 0 {
+        return None;
+    }
+    if !o.images_built {
+        return Some(Step::BuildImages);
+    }
+    if !o.node_network {
+        return Some(Step::CreateNodeNetwork);
+    }
+    let all = crate::nodes::node_names(config);
+    let has_ca = |n: &String| crate::nodes::shoot_of(config, n).is_some_and(|s| o.cas.contains(&s));
+    if let Some(m) = all
+        .iter()
+        .find(|m| !o.nodes_configured.contains(*m) && has_ca(m))
+    {
+        return Some(Step::ConfigureNode(m.clone()));
+    }
+    all.iter()
+        .find(|m| o.nodes_configured.contains(*m) && !o.nodes_running.contains(*m))
+        .map(|m| Step::StartNode(m.clone()))
+}
+
+/// The steps that give every shoot its node (none when `nodes.perMember` is 0):
+/// [`node_setup_step`], a node whose CA never showed up (configuring it names
+/// what is missing), renewals once each shoot's API answers, then every node
+/// Ready.
 fn next_node_step(config: &RingConfig, o: &Observed) -> Step {
     if config.nodes.per_member == 0 {
         return Step::Done;
     }
-    if !o.images_built {
-        return Step::BuildImages;
-    }
-    if !o.node_network {
-        return Step::CreateNodeNetwork;
+    if let Some(step) = node_setup_step(config, o) {
+        return step;
     }
     let all = crate::nodes::node_names(config);
     let names = || all.iter();
     if let Some(m) = names().find(|m| !o.nodes_configured.contains(*m)) {
         return Step::ConfigureNode(m.clone());
     }
-    if let Some(m) = names().find(|m| !o.nodes_running.contains(*m)) {
-        return Step::StartNode(m.clone());
+    // a shoot whose API is away (a stopped closed ring) gets it later
+    let api_up = |n: &String| {
+        crate::nodes::shoot_of(config, n)
+            .is_some_and(|s| o.ready.contains(&s) && o.kubeconfigs.contains(&s))
+    };
+    if let Some(m) = names().find(|m| !o.renewals.contains(*m) && api_up(m)) {
+        return Step::AllowRenewals(m.clone());
     }
     let not_ready: Vec<String> = names()
         .filter(|m| !o.nodes_ready.contains(*m))
@@ -453,7 +499,11 @@ impl Observed {
                 self.quorum = true;
                 self.lagging.clear();
             }
-            Step::AwaitControlPlanes(s) => self.ready.extend(s),
+            Step::AwaitControlPlanes(s) => {
+                // their CAs were written as they were created
+                self.cas.extend(s.iter().cloned());
+                self.ready.extend(s)
+            }
             Step::PublishKubeconfigs(s) => self.kubeconfigs.extend(s),
             Step::BuildImages => self.images_built = true,
             Step::CreateNodeNetwork => self.node_network = true,
@@ -462,6 +512,9 @@ impl Observed {
             }
             Step::StartNode(m) => {
                 self.nodes_running.insert(m);
+            }
+            Step::AllowRenewals(m) => {
+                self.renewals.insert(m);
             }
             Step::AwaitNodes(s) => self.nodes_ready.extend(s),
             Step::AwaitMoves(s) => s.iter().for_each(|s| {

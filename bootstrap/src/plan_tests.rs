@@ -22,20 +22,33 @@ fn fresh_dir_walks_every_step_in_order() {
     let c = RingConfig::default();
     let mut o = Observed::default();
     let seen = walk(&c, &mut o);
-    // config, pki, member configs, 3 ringd, quorum, control planes,
-    // kubeconfigs, images, node network, 3 node configs, 3 nodes, nodes ready, done
-    assert_eq!(seen.len(), 3 + 3 + 3 + 2 + 3 + 3 + 2);
+    // config, pki, member configs, 3 ringd, quorum, images, node network,
+    // control planes (their CAs), 3 node configs, 3 nodes, kubeconfigs,
+    // 3 renewals, nodes ready, done: the nodes start while the control
+    // planes come up, renewals need their APIs
+    assert_eq!(seen.len(), 3 + 3 + 1 + 2 + 1 + 3 + 3 + 1 + 3 + 2);
     assert_eq!(seen[3], Step::StartMember("m1".into()));
     assert_eq!(seen[6], Step::AwaitQuorum);
-    assert_eq!(seen[9], Step::BuildImages);
-    assert_eq!(seen[10], Step::CreateNodeNetwork);
-    assert_eq!(seen[11], Step::ConfigureNode("m1".into()));
-    assert_eq!(seen[14], Step::StartNode("m1".into()));
+    assert_eq!(seen[7], Step::BuildImages);
+    assert_eq!(seen[8], Step::CreateNodeNetwork);
+    assert!(
+        matches!(seen[9], Step::AwaitControlPlanes(_)),
+        "{:?}",
+        seen[9]
+    );
+    assert_eq!(seen[10], Step::ConfigureNode("m1".into()));
+    assert_eq!(seen[13], Step::StartNode("m1".into()));
+    assert!(
+        matches!(seen[16], Step::PublishKubeconfigs(_)),
+        "{:?}",
+        seen[16]
+    );
+    assert_eq!(seen[17], Step::AllowRenewals("m1".into()));
     assert_eq!(
-        seen[17],
+        seen[20],
         Step::AwaitNodes(vec!["m1".into(), "m2".into(), "m3".into()])
     );
-    assert_eq!(seen[18], Step::Done);
+    assert_eq!(seen[21], Step::Done);
     let mut without = c.clone();
     without.nodes.per_member = 0;
     let mut o = Observed::default();
@@ -64,6 +77,7 @@ fn rerun_on_a_complete_ring_is_done_and_a_stopped_member_is_restarted() {
         images_built: true,
         node_network: true,
         nodes_configured: all(&c),
+        renewals: all(&c),
         nodes_running: all(&c),
         nodes_ready: all(&c),
         ..Default::default()
@@ -91,12 +105,20 @@ fn waits_for_the_control_planes_that_are_not_ready() {
         running: all(&c),
         quorum: true,
         ready: ["m1".to_string()].into(),
+        images_built: true,
+        node_network: true,
         ..Default::default()
     };
     assert_eq!(
         next_step(&c, &o),
         Step::AwaitControlPlanes(vec!["m2".into(), "m3".into()])
     );
+    // a node whose shoot's CA is there is configured meanwhile
+    let with_ca = Observed {
+        cas: ["m2".to_string()].into(),
+        ..o.clone()
+    };
+    assert_eq!(next_step(&c, &with_ca), Step::ConfigureNode("m2".into()));
 }
 
 fn self_hosting(members: &[&str]) -> RingConfig {
@@ -118,6 +140,7 @@ fn up_as_processes(c: &RingConfig) -> Observed {
         images_built: true,
         node_network: true,
         nodes_configured: all(c),
+        renewals: all(c),
         nodes_running: all(c),
         nodes_ready: all(c),
         placements: [("m1", "m3"), ("m2", "m1"), ("m3", "m2")]
@@ -201,9 +224,12 @@ fn after_down_pods_wait_for_their_node_while_processes_are_awaited_first() {
         next_step(&c, &o),
         Step::AwaitControlPlanes(vec!["m1".into()])
     );
-    // a control plane in processes is still awaited before the nodes
+    // the nodes are set up while a control plane in processes comes up,
+    // which is awaited before anything else
     o.ready.remove("m2");
     o.node_network = false;
+    assert_eq!(next_step(&c, &o), Step::CreateNodeNetwork);
+    o.node_network = true;
     assert_eq!(
         next_step(&c, &o),
         Step::AwaitControlPlanes(vec!["m2".into()])

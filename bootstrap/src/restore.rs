@@ -104,20 +104,30 @@ pub fn next_step(config: &RingConfig, o: &Observed, done: &Marks) -> RestoreStep
             host: host_of(config, &m.name).unwrap_or_default(),
         };
     }
-    let node_step = matches!(
-        step,
-        Step::BuildImages | Step::CreateNodeNetwork | Step::ConfigureNode(_) | Step::StartNode(_)
-    );
-    if let Some(m) = config
+    // images, the node network and node configs start nothing; a node's start
+    // waits until every shoot's API is clear of the lost ring's pods (the
+    // plan starts nodes while the control planes come up: here they wait)
+    let starts_a_node = matches!(step, Step::StartNode(_));
+    let Some(m) = config
         .members
         .iter()
-        .find(|m| node_step && !done.cleared.contains(&m.name))
-    {
-        return RestoreStep::ClearStaleWorkloads {
-            shoot: m.name.clone(),
-        };
+        .map(|m| m.name.clone())
+        .find(|m| starts_a_node && !done.cleared.contains(m))
+    else {
+        return RestoreStep::Bootstrap(step);
+    };
+    let names = || config.members.iter().map(|m| m.name.clone());
+    if !o.ready.contains(&m) {
+        let waiting = names().filter(|s| !o.ready.contains(s)).collect();
+        return RestoreStep::Bootstrap(Step::AwaitControlPlanes(waiting));
     }
-    RestoreStep::Bootstrap(step)
+    if !o.kubeconfigs.contains(&m) {
+        let serving = names()
+            .filter(|s| o.ready.contains(s) && !o.kubeconfigs.contains(s))
+            .collect();
+        return RestoreStep::Bootstrap(Step::PublishKubeconfigs(serving));
+    }
+    RestoreStep::ClearStaleWorkloads { shoot: m }
 }
 
 /// Options of [`restore`].
@@ -438,7 +448,7 @@ mod tests {
                 }
                 RestoreStep::ClearStaleWorkloads { shoot } => {
                     assert!(o.kubeconfigs.contains(&shoot), "its API serves");
-                    assert!(!o.images_built, "before any node step");
+                    assert!(o.nodes_running.is_empty(), "before any node starts");
                     done.cleared.insert(shoot);
                 }
                 RestoreStep::Bootstrap(s) => {
@@ -459,14 +469,28 @@ mod tests {
             seen[6],
             RestoreStep::Bootstrap(Step::StartMember("m1".into()))
         );
-        // the lost ring's pods cleared from every shoot, then the bootstrap's
-        // node steps: images, network, 3 configs, 3 starts, ready
+        // images, network and node configs while the control planes come
+        // up; the lost ring's pods cleared from every shoot before the first
+        // node starts; then 3 starts, 3 renewals, ready
+        assert_eq!(seen[10], RestoreStep::Bootstrap(Step::BuildImages));
         assert_eq!(
-            seen[12],
+            seen[13],
+            RestoreStep::Bootstrap(Step::ConfigureNode("m1".into()))
+        );
+        assert!(
+            matches!(&seen[16], RestoreStep::Bootstrap(Step::PublishKubeconfigs(s)) if s.len() == 3),
+            "{:?}",
+            seen[16]
+        );
+        assert_eq!(
+            seen[17],
             RestoreStep::ClearStaleWorkloads { shoot: "m1".into() }
         );
-        assert_eq!(seen[15], RestoreStep::Bootstrap(Step::BuildImages));
-        assert_eq!(seen.len(), 3 + 3 + 3 + 4 + 3 + 9);
+        assert_eq!(
+            seen[20],
+            RestoreStep::Bootstrap(Step::StartNode("m1".into()))
+        );
+        assert_eq!(seen.len(), 3 + 3 + 3 + 1 + 2 + 1 + 3 + 1 + 3 + 3 + 3 + 2);
     }
 
     #[test]
