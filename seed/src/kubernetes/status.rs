@@ -3,7 +3,6 @@
 //! where this ringd can reach it.
 
 use std::net::IpAddr;
-
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -130,8 +129,15 @@ impl KubernetesSeed {
         // seconds before it serves, and a request meanwhile hangs. A load
         // balancer's address may lead elsewhere, so it is asked.
         let internal = svc.as_ref().is_some_and(|s| lb_addresses(s).is_empty());
-        let pods = self.api_pods(shoot).await?;
-        let unready = ready == 0 && internal && !pods.ready;
+        // looked at only while the Deployment counts no ready replica
+        let pods = match ready == 0 && internal {
+            true => self.api_pods(shoot).await?,
+            false => ApiPods {
+                running: true,
+                ready: true,
+            },
+        };
+        let unready = !pods.ready;
         if unready && !pods.running {
             return Ok(Health {
                 ready: false,
@@ -165,9 +171,10 @@ impl KubernetesSeed {
             &pki,
             &pki.leaf(crate::pki::Leaf::Admin),
         )?;
-        let timeout = match unready {
-            true => UNREADY_READYZ_TIMEOUT,
-            false => kubeconfig::READYZ_TIMEOUT,
+        let timeout = if unready {
+            UNREADY_READYZ_TIMEOUT
+        } else {
+            kubeconfig::READYZ_TIMEOUT
         };
         let health = kubeconfig::readyz_within(shoot, &path, None, timeout).await;
         let stable = match &health {
