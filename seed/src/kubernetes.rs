@@ -363,6 +363,9 @@ impl KubernetesSeed {
     /// shoot's data on this seed. The namespace stays (it may carry ringd's RBAC).
     pub async fn delete(&self, shoot: &str) -> Result<()> {
         self.stop_relay(shoot).await;
+        if let Some(f) = &self.forwarders {
+            f.forget(shoot);
+        }
         let ns = self.namespace(shoot);
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
         match cms.delete(ANCHOR, &DeleteParams::background()).await {

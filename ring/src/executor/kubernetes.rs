@@ -244,6 +244,8 @@ impl Executor for KubernetesExecutor {
         };
         if let Err(e) = self.relay_until(shoot, fence_at_ms) {
             tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease file of the stable endpoint's relay; it stops at the last fence time");
+        } else if let Err(e) = self.seed.resume_relay(shoot).await {
+            tracing::warn!(%shoot, epoch, error = %e, "cannot resume the stable endpoint's relay");
         }
         // bounded: a seed cluster's API that hangs must not hold up the next
         // renewal (nor the lease file written above)

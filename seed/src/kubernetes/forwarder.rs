@@ -31,6 +31,9 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 pub(super) struct Forwarders {
     agent: PathBuf,
     running: Mutex<BTreeMap<String, Relay>>,
+    /// What each shoot's relay last ran with, kept when a fence stops it: a
+    /// renewed lease resumes it without the seed cluster's API.
+    last: Mutex<BTreeMap<String, (ShootLayout, ControlPlaneSpec, String)>>,
 }
 
 struct Relay {
@@ -49,6 +52,7 @@ impl Forwarders {
         Forwarders {
             agent,
             running: Mutex::new(BTreeMap::new()),
+            last: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -61,6 +65,8 @@ impl Forwarders {
         target: &str,
     ) -> Result<()> {
         let shoot = &spec.shoot;
+        let last = (layout.clone(), spec.clone(), target.to_string());
+        lock(&self.last).insert(shoot.clone(), last);
         if lock(&self.running)
             .get(shoot)
             .is_some_and(|r| r.target == target && !r.task.is_finished())
@@ -95,6 +101,30 @@ impl Forwarders {
             },
         );
         Ok(())
+    }
+
+    /// Runs `shoot`'s relay again as it last ran, unless it runs or never
+    /// ran here; whether it started it. A fence stops the relay, and only a
+    /// health check, which reads the shoot's objects in the seed cluster,
+    /// started it again: with that cluster's API away (its own control plane
+    /// lost with another member) the shoot's pods served again under a
+    /// renewed lease while its endpoint stayed closed.
+    pub(super) async fn resume(&self, shoot: &str) -> Result<bool> {
+        let Some((layout, spec, target)) = lock(&self.last).get(shoot).cloned() else {
+            return Ok(false);
+        };
+        if lock(&self.running)
+            .get(shoot)
+            .is_some_and(|r| !r.task.is_finished())
+        {
+            return Ok(false);
+        }
+        self.ensure(&layout, &spec, &target).await.map(|()| true)
+    }
+
+    /// Forgets `shoot`'s relay (its control plane left this seed).
+    pub(super) fn forget(&self, shoot: &str) {
+        lock(&self.last).remove(shoot);
     }
 
     /// Stops `shoot`'s relay and waits until its processes are gone.
@@ -174,12 +204,49 @@ impl KubernetesSeed {
             f.stop(shoot).await;
         }
     }
+
+    /// Runs `shoot`'s relay again as it last ran if a fence stopped it: for a
+    /// lease that ringd renewed again (the relay runs under its lease guard).
+    pub async fn resume_relay(&self, shoot: &str) -> Result<()> {
+        if let Some(f) = &self.forwarders {
+            if f.resume(shoot).await? {
+                tracing::info!(%shoot, "the stable endpoint's relay resumed under the renewed lease");
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::Path;
+
+    /// A fence stops the relay; a renewed lease resumes it as it last ran,
+    /// without anything read from the seed cluster; a relay that runs, or
+    /// whose control plane left, is not started.
+    #[tokio::test]
+    async fn a_relay_stopped_by_a_fence_resumes_as_it_last_ran() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Forwarders::new(PathBuf::from("/bin/true"));
+        let layout = ShootLayout {
+            dir: dir.path().join("alpha"),
+        };
+        let spec = ControlPlaneSpec::new("alpha");
+        assert!(!f.resume("alpha").await.unwrap(), "never ran here");
+        f.ensure(&layout, &spec, "10.0.0.7:31443").await.unwrap();
+        assert!(!f.resume("alpha").await.unwrap(), "it runs");
+        f.stop("alpha").await;
+        assert!(lock(&f.running).get("alpha").is_none());
+        assert!(f.resume("alpha").await.unwrap());
+        assert_eq!(
+            lock(&f.running).get("alpha").map(|r| r.target.clone()),
+            Some("10.0.0.7:31443".to_string())
+        );
+        f.stop("alpha").await;
+        f.forget("alpha");
+        assert!(!f.resume("alpha").await.unwrap(), "its control plane left");
+    }
 
     #[test]
     fn the_relay_runs_under_the_guard_from_the_stable_address_to_the_service() {
