@@ -392,23 +392,15 @@ impl KubernetesSeed {
     async fn scale(&self, shoot: &str, component: Component, replicas: i32) -> Result<()> {
         let ns = self.namespace(shoot);
         let (kind, name) = render::workload(component);
-        let patch = Patch::Merge(json!({"spec": {"replicas": replicas}}));
-        let pp = PatchParams::default();
         let what = format!("scaling {kind} {name} to {replicas}");
         let res = if kind == "StatefulSet" {
-            Api::<StatefulSet>::namespaced(self.client.clone(), &ns)
-                .patch_scale(name, &pp, &patch)
-                .await
+            let api = Api::<StatefulSet>::namespaced(self.client.clone(), &ns);
+            set_replicas(&api, name, replicas).await
         } else {
-            Api::<Deployment>::namespaced(self.client.clone(), &ns)
-                .patch_scale(name, &pp, &patch)
-                .await
+            let api = Api::<Deployment>::namespaced(self.client.clone(), &ns);
+            set_replicas(&api, name, replicas).await
         };
-        match res {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(r)) if r.code == 404 => Ok(()),
-            Err(e) => Err(self.kube_err(shoot, &what)(e)),
-        }
+        res.map_err(self.kube_err(shoot, &what))
     }
 
     async fn pods(&self, shoot: &str, selector: &str) -> Result<Vec<Pod>> {
@@ -465,6 +457,20 @@ impl KubernetesSeed {
 }
 
 /// The label selector of `shoot`'s pods of one component (`etcd`, `kube-apiserver`).
+/// Sets workload `name`'s replicas through its scale subresource; one that
+/// does not exist is left alone.
+async fn set_replicas<K>(api: &Api<K>, name: &str, replicas: i32) -> kube::Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = Patch::Merge(json!({"spec": {"replicas": replicas}}));
+    match api.patch_scale(name, &PatchParams::default(), &patch).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(r)) if r.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn component_selector(shoot: &str, component: &str) -> String {
     format!(
         "{SHOOT_LABEL}={shoot},{}={component}",

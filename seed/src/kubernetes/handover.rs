@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::Api;
-use serde_json::json;
 
 use super::agent::{HandoverRecord, HANDOVER_CONFIGMAP};
 use super::render::SHOOT_LABEL;
-use super::{component_of, component_selector, render, KubernetesSeed};
+use super::{component_of, component_selector, render, set_replicas, KubernetesSeed};
 use crate::error::{Result, SeedError};
 use crate::process::Component;
 
@@ -76,17 +75,14 @@ impl KubernetesSeed {
                 .list(&list)
                 .await
                 .map_err(self.kube_err(shoot, "listing ReplicaSets"))?;
-            let zero = Patch::Merge(json!({"spec": {"replicas": 0}}));
             for rs in listed
                 .items
                 .iter()
                 .filter_map(|rs| rs.metadata.name.as_deref())
             {
-                match sets.patch_scale(rs, &PatchParams::default(), &zero).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(r)) if r.code == 404 => {}
-                    Err(e) => return Err(self.kube_err(shoot, "scaling a ReplicaSet to 0")(e)),
-                }
+                set_replicas(&sets, rs, 0)
+                    .await
+                    .map_err(self.kube_err(shoot, "scaling a ReplicaSet to 0"))?;
             }
         }
         // each pod's own grace (kube-apiserver's is 1 s, see
