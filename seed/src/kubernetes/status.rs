@@ -130,12 +130,13 @@ impl KubernetesSeed {
         // balancer's address may lead elsewhere, so it is asked.
         let internal = svc.as_ref().is_some_and(|s| lb_addresses(s).is_empty());
         // looked at only while the Deployment counts no ready replica
-        let pods = match ready == 0 && internal {
-            true => self.api_pods(shoot).await?,
-            false => ApiPods {
+        let pods = if ready == 0 && internal {
+            self.api_pods(shoot).await?
+        } else {
+            ApiPods {
                 running: true,
                 ready: true,
-            },
+            }
         };
         let unready = !pods.ready;
         if unready && !pods.running {
