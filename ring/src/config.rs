@@ -109,6 +109,18 @@ impl Timing {
         if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 3 * t.tick_ms {
             return Err(bad("timing.leaseMs", "must be at least three heartbeats"));
         }
+        // A holder renews every third of its lease and fences a sixth early:
+        // after losing the leader it has half a lease to see a new one elected
+        // (an election takes up to twice electionTimeoutMs) and to renew.
+        if t.lease_ms / 2 < 2 * t.election_timeout_ms + LEASE_RENEWAL_SLACK_MS {
+            return Err(bad(
+                "timing.leaseMs",
+                format!(
+                    "must be at least 4 x electionTimeoutMs + {} ms: a holder must outlive an election after its leader dies (lower electionTimeoutMs or raise leaseMs)",
+                    2 * LEASE_RENEWAL_SLACK_MS
+                ),
+            ));
+        }
         if t.lease_margin_ms >= t.lease_ms / 3 {
             return Err(bad(
                 "timing.leaseMarginMs",
@@ -232,6 +244,10 @@ pub struct BackupSection {
 /// Serving stops this fraction of a lease before it ends (ringd's duties and
 /// the lease guard next to a Kubernetes seed's pods alike).
 pub const FENCE_EARLY_DIVISOR: u32 = 6;
+
+/// What a holder needs, past an election, to get its renewal committed by the
+/// new leader (retries every 200 ms, a proposal round trip).
+const LEASE_RENEWAL_SLACK_MS: u64 = 500;
 
 fn bad(field: &str, reason: impl Into<String>) -> RingError {
     RingError::Config {
@@ -466,6 +482,11 @@ members:
             (
                 format!("{GOOD}timing: {{ leaseMs: 100 }}\n"),
                 "timing.leaseMs",
+            ),
+            (
+                // half a lease (2 s) is less than two election timeouts + slack
+                format!("{GOOD}timing: {{ leaseMs: 4000 }}\n"),
+                "timing.leaseMs: must be at least 4 x electionTimeoutMs",
             ),
             (
                 format!("{GOOD}timing: {{ operationDeadlineMs: 20000 }}\n"),

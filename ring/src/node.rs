@@ -27,6 +27,24 @@ pub enum ApplyResult {
     Rejected { index: u64, reason: String },
 }
 
+/// A member's election priority: its Raft id (ids are distinct and never reused).
+fn election_priority(id: u64) -> i64 {
+    i64::try_from(id).unwrap_or(i64::MAX)
+}
+
+/// Distinct priorities end split votes: of two members with equal logs, the
+/// lower one's (pre-)vote is refused by the higher, so two survivors timing
+/// out in one tick elect the higher instead of splitting round after round
+/// while their leases run out. Set from the first term on: raft-rs 0.7 sends
+/// a vote rejection with the voter's term and panics when that is 0, which a
+/// priority would make possible in a fresh ring's first election.
+fn settle_priority(raw: &mut RawNode<DiskStorage>) {
+    if raw.raft.priority == 0 && raw.raft.term > 0 {
+        let id = raw.raft.id;
+        raw.raft.set_priority(election_priority(id));
+    }
+}
+
 /// Tuning of a Raft node.
 #[derive(Debug, Clone, Copy)]
 pub struct RaftTuning {
@@ -145,7 +163,8 @@ impl RaftCore {
             ..Default::default()
         };
         config.validate().map_err(raft_err)?;
-        let raw = RawNode::new(&config, store.clone(), logger).map_err(raft_err)?;
+        let mut raw = RawNode::new(&config, store.clone(), logger).map_err(raft_err)?;
+        settle_priority(&mut raw);
         let lease_seen = all_seen_now(&state);
         Ok(RaftCore {
             raw,
@@ -181,6 +200,7 @@ impl RaftCore {
 
     /// Advances the logical clock by one tick.
     pub fn tick(&mut self) {
+        settle_priority(&mut self.raw);
         self.raw.tick();
         if self.is_leader() {
             self.last_leader_contact = Some(Instant::now());
@@ -204,7 +224,9 @@ impl RaftCore {
             .prs()
             .iter()
             .filter(|(id, _)| **id != me && voters.contains(id))
-            .max_by_key(|(id, p)| (p.matched, std::cmp::Reverse(**id)))
+            // of the caught-up, the highest priority: a voter with equal log
+            // and a higher priority would refuse the others its vote
+            .max_by_key(|(id, p)| (p.matched, election_priority(**id)))
             .map(|(id, _)| *id)?;
         self.raw.transfer_leader(to);
         Some(to)
@@ -230,6 +252,7 @@ impl RaftCore {
             self.last_leader_contact = Some(Instant::now());
             self.followed = Some((msg.from, Instant::now()));
         }
+        settle_priority(&mut self.raw);
         self.raw.step(msg).map_err(raft_err)
     }
 

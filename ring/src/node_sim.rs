@@ -26,10 +26,12 @@ struct Sim {
     compact_every: u64,
     /// term -> leaders seen in that term
     leaders: BTreeMap<u64, BTreeSet<u64>>,
+    /// Election timeouts (ticks) pinned by a test instead of `10 + 3 * id`.
+    timeouts: BTreeMap<u64, usize>,
 }
 
-fn tuning(id: u64, compact_every: u64) -> RaftTuning {
-    let min = 10 + 3 * id as usize;
+fn tuning(id: u64, compact_every: u64, timeout: Option<usize>) -> RaftTuning {
+    let min = timeout.unwrap_or(10 + 3 * id as usize);
     RaftTuning {
         compact_every,
         election_range: Some((min, min + 1)),
@@ -39,6 +41,11 @@ fn tuning(id: u64, compact_every: u64) -> RaftTuning {
 
 impl Sim {
     fn new(n: u64, seed: u64) -> Sim {
+        Sim::with_timeouts(n, seed, &[])
+    }
+
+    /// A ring whose listed nodes time out after the given ticks.
+    fn with_timeouts(n: u64, seed: u64, timeouts: &[(u64, usize)]) -> Sim {
         let ids: Vec<u64> = (1..=n).collect();
         let mut sim = Sim {
             nodes: BTreeMap::new(),
@@ -52,6 +59,7 @@ impl Sim {
             partition: None,
             compact_every: 1000,
             leaders: BTreeMap::new(),
+            timeouts: timeouts.iter().copied().collect(),
         };
         for id in ids {
             sim.dirs.insert(id, tempfile::tempdir().unwrap());
@@ -66,7 +74,7 @@ impl Sim {
         let core = RaftCore::new(
             id,
             store,
-            &tuning(id, self.compact_every),
+            &tuning(id, self.compact_every, self.timeouts.get(&id).copied()),
             &slog::Logger::root(slog::Discard, slog::o!()),
         )
         .unwrap();
@@ -320,7 +328,7 @@ fn membership_change_adds_a_voter() {
     let core = RaftCore::new(
         4,
         store,
-        &tuning(4, 1000),
+        &tuning(4, 1000, None),
         &slog::Logger::root(slog::Discard, slog::o!()),
     )
     .unwrap();
@@ -468,6 +476,9 @@ fn a_stopping_leader_hands_its_leadership_to_a_caught_up_voter() {
         .hand_over()
         .expect("a leader with voters hands over");
     assert_ne!(to, old);
+    // both are caught up: the higher priority, whom the other would not refuse
+    let highest = *sim.ids.iter().filter(|i| **i != old).max().unwrap();
+    assert_eq!(to, highest);
     assert!(
         sim.run_until(5, |s| s.nodes[&to].is_leader()),
         "{to} did not take the leadership over within 5 ticks"
@@ -479,5 +490,31 @@ fn a_stopping_leader_hands_its_leadership_to_a_caught_up_voter() {
         applied(&mut rx),
         "the new leader commits with the third voter"
     );
+    sim.assert_one_leader_per_term();
+}
+
+/// The leader dies and both survivors time out in the same tick (on a busy
+/// host two randomized timeouts often land in one 100 ms tick): each would
+/// vote for itself and the election would split, round after round, while
+/// the survivors' leases run out. Election priorities break the tie in the
+/// first round: the higher-priority survivor wins its pre-vote and the
+/// other's vote; the lower one's pre-vote is refused.
+#[test]
+fn survivors_timing_out_together_elect_a_leader_in_one_round() {
+    let mut sim = Sim::with_timeouts(3, 21, &[(1, 10), (2, 20), (3, 20)]);
+    assert!(sim.run_until(100, |s| s.leader() == Some(1)));
+    let mut rx = sim.propose(1, backup(1));
+    sim.run(5);
+    assert!(applied(&mut rx));
+    sim.crash(1);
+    assert!(
+        sim.run_until(2 * 21 + 5, |s| s.leader().is_some()),
+        "no leader {} ticks after the leader died (split votes)",
+        2 * 21 + 5
+    );
+    assert_eq!(sim.leader(), Some(3), "the higher-priority survivor leads");
+    let mut rx = sim.propose(3, backup(2));
+    sim.run(5);
+    assert!(applied(&mut rx));
     sim.assert_one_leader_per_term();
 }
