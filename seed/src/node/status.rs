@@ -181,10 +181,33 @@ pub fn ready_since(conditions: &[NodeCondition], since: i64) -> bool {
     })
 }
 
+/// How long one question about the node may take. The shoot's endpoint can
+/// accept a connection and not answer (a relay whose control plane is moving):
+/// kube's client would wait 30 s for the TLS handshake, and the node's status,
+/// which bootstrap waits on, stayed "not Ready" that long after the API was back.
+const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// What the shoot says about this node, asked with the node's own credentials
-/// (Ready only as posted since `since`, see [`ready_since`]). Errors name the
-/// cause: endpoint unreachable, certificate refused.
+/// (Ready only as posted since `since`, see [`ready_since`]), within
+/// [`REGISTRATION_TIMEOUT`]. Errors name the cause: endpoint unreachable or
+/// silent, certificate refused.
 async fn registration(
+    config: &NodeConfig,
+    kubeconfig: &std::path::Path,
+    since: i64,
+) -> Result<Registration, String> {
+    tokio::time::timeout(REGISTRATION_TIMEOUT, ask_registration(config, kubeconfig, since))
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "endpoint: the shoot's kube-apiserver at {} did not answer within {} s; is its control plane moving (`ringctl status`)?",
+                config.api_server,
+                REGISTRATION_TIMEOUT.as_secs()
+            ))
+        })
+}
+
+async fn ask_registration(
     config: &NodeConfig,
     kubeconfig: &std::path::Path,
     since: i64,
@@ -260,5 +283,49 @@ mod tests {
         ] {
             assert_eq!(ready_since(&conditions, since), ready, "{conditions:?}");
         }
+    }
+
+    /// An endpoint that accepts and never answers (a relay whose control
+    /// plane is moving) gets an answer within the bound, naming the cause;
+    /// before, kube's 30 s connect timeout held the node's status that long.
+    #[tokio::test]
+    async fn a_silent_endpoint_is_reported_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let mut config = crate::node::render::tests::config();
+        config.state_dir = dir.path().into();
+        config.api_server = addr;
+        let (ca_cert, ca_key) = crate::pki::new_ca("shoot m1").unwrap();
+        config.issue_credentials(&ca_cert, &ca_key).unwrap();
+        let layout = config.layout();
+        let kubeconfig = dir.path().join("kubelet.kubeconfig");
+        crate::kubeconfig::write(
+            &kubeconfig,
+            "m1",
+            "system:node:m1",
+            &format!("https://{addr}"),
+            &layout.pki(),
+            &layout.node_cert(),
+        )
+        .unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            registration(&config, &kubeconfig, 0),
+        )
+        .await
+        .expect("the question about the node hung past 20 s");
+        let err = answer.unwrap_err();
+        assert!(
+            err.contains("did not answer within 3 s") && err.contains(&addr.to_string()),
+            "{err}"
+        );
+        held.abort();
     }
 }
