@@ -227,13 +227,16 @@ impl MemberLoop {
             shoot = %op.shoot(),
             epoch = op.epoch(),
         );
+        let wake = self.waker();
         self.spawn_once(
             operation_key(id),
             async move {
                 let Ok(mover) = executor.mover() else {
                     return;
                 };
-                operations::run_step(&shared, mover, &op, step, &ledger).await;
+                if operations::run_step(&shared, mover, &op, step, &ledger).await {
+                    wake.notify_one();
+                }
             }
             .instrument(span),
         );

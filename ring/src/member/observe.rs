@@ -125,6 +125,7 @@ impl MemberLoop {
             self.shared.name().to_string(),
         );
         let op = op.clone();
+        let wake = self.waker();
         self.spawn_once(observe_key(op.id), async move {
             let began = Instant::now();
             let Ok(mover) = executor.mover() else {
@@ -151,7 +152,9 @@ impl MemberLoop {
             };
             match facts {
                 Ok(facts) => {
-                    lock(&ledger).entry(op.id).or_default().facts = Some((began, facts));
+                    if lock(&ledger).entry(op.id).or_default().observed(began, facts) {
+                        wake.notify_one();
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(op = op.id, %shoot, error = %e, "cannot observe the operation's state on this seed");

@@ -68,9 +68,23 @@ pub(crate) struct Progress {
     pub facts: Option<(Instant, OperationFacts)>,
     /// When the last step ended: facts observed before are stale.
     pub step_ended: Option<Instant>,
+    /// The last step taken (a step taken again is waiting for something).
+    pub last_step: Option<&'static str>,
+    /// The last step moved the operation on: the first facts observed after
+    /// it wake the member (once), so the next step need not wait a round.
+    pub wake_on_facts: bool,
 }
 
 impl Progress {
+    /// Keeps facts whose observation began at `began`; true when they are
+    /// the first since a step that moved the operation on (the member should
+    /// decide from them at once).
+    pub fn observed(&mut self, began: Instant, facts: OperationFacts) -> bool {
+        self.facts = Some((began, facts));
+        let fresh = self.step_ended.is_none_or(|ended| began >= ended);
+        fresh && std::mem::take(&mut self.wake_on_facts)
+    }
+
     /// The facts to decide the next step from, used once: none before a
     /// fresh observation, and none whose observation began before the last
     /// step ended (it may predate what that step changed).
@@ -127,16 +141,24 @@ pub(crate) fn kind_of(op: &Operation) -> &'static str {
     }
 }
 
+/// Whether a step moved its operation on: it succeeded and is not the one
+/// taken last (a start taken again while kube-apiserver comes up waits; its
+/// retries keep the round's pace instead of hurrying the seed's API).
+pub(crate) fn moved_on(last: Option<&str>, this: &str, ok: bool) -> bool {
+    ok && last != Some(this)
+}
+
 /// Runs one step of `op`; on error records when to retry, and ends the
 /// operation with the reason when the error is permanent or the step failed
-/// [`MAX_ATTEMPTS`] times.
+/// [`MAX_ATTEMPTS`] times. True when the step moved the operation on
+/// ([`moved_on`]): the member then looks at the operation again at once.
 pub(crate) async fn run_step(
     shared: &Arc<Shared>,
     mover: &dyn Mover,
     op: &Operation,
     step: Step,
     ledger: &Ledger,
-) {
+) -> bool {
     let began = Instant::now();
     tracing::info!(step = step.name(), "operation step");
     let work = async {
@@ -148,7 +170,14 @@ pub(crate) async fn run_step(
     };
     let result = bounded(step.name(), step_deadline(&step), work).await;
     let took = began.elapsed();
-    lock(ledger).entry(op.id).or_default().step_ended = Some(Instant::now());
+    let moved = {
+        let mut all = lock(ledger);
+        let p = all.entry(op.id).or_default();
+        p.step_ended = Some(Instant::now());
+        let last = p.last_step.replace(step.name());
+        p.wake_on_facts = moved_on(last, step.name(), result.is_ok());
+        p.wake_on_facts
+    };
     if let Step::Target(a) = &step {
         if *a != TargetAction::Complete {
             let mut all = lock(ledger);
@@ -177,6 +206,7 @@ pub(crate) async fn run_step(
         }
         Err(e) => step_failed(shared, op, &step, e, ledger).await,
     }
+    moved
 }
 
 /// Records a failed step; ends the operation when the error is permanent or
@@ -534,6 +564,53 @@ mod tests {
             };
             assert_eq!(p.take_fresh_facts().is_some(), used, "{name}");
             assert_eq!(p.take_fresh_facts(), None, "{name}: used at most once");
+        }
+    }
+
+    /// A step that succeeded and is not the last one again moves its
+    /// operation on; a repeated one (a start while kube-apiserver comes up)
+    /// or a failed one does not.
+    #[test]
+    fn only_a_new_successful_step_moves_an_operation_on() {
+        for (last, this, ok, moved) in [
+            (None, "fetch", true, true),
+            (Some("fetch"), "restore", true, true),
+            (Some("start"), "start", true, false),
+            (Some("restore"), "acquire_lease", false, false),
+            (None, "fetch", false, false),
+        ] {
+            assert_eq!(
+                moved_on(last, this, ok),
+                moved,
+                "{last:?} -> {this} ok={ok}"
+            );
+        }
+    }
+
+    /// The first facts observed after a step that moved the operation on
+    /// wake the member, once; facts whose observation began while the step
+    /// ran, and facts while nothing moves (waiting for the other side), do not.
+    #[test]
+    fn facts_wake_the_member_once_after_a_step_that_moved_on() {
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        let mut p = Progress {
+            step_ended: Some(later(10)),
+            wake_on_facts: true,
+            ..Default::default()
+        };
+        assert!(
+            !p.observed(later(5), running(false)),
+            "began before the step ended"
+        );
+        assert!(p.observed(later(20), running(false)), "first fresh facts");
+        assert!(!p.observed(later(30), running(false)), "once only");
+        let mut waiting = Progress::default();
+        for ms in [10, 20, 30] {
+            assert!(
+                !waiting.observed(later(ms), running(false)),
+                "no step moved: {ms}"
+            );
         }
     }
 }
