@@ -116,9 +116,9 @@ impl MemberLoop {
     }
 }
 
-/// Waits until the next round is due: `round` after the last one, or `gap`
-/// after it once `wake` is notified (also by a task that ended during the
-/// round). False when `stop` is cancelled.
+/// Waits until the next round is due: `round` after the last one, or as soon
+/// as `wake` is notified (also by a task that ended during the round) but not
+/// sooner than `gap` after the last one. False when `stop` is cancelled.
 async fn pace(stop: &CancellationToken, wake: &Notify, round: Duration, gap: Duration) -> bool {
     let began = tokio::time::Instant::now();
     tokio::select! {
