@@ -456,7 +456,6 @@ impl KubernetesSeed {
     }
 }
 
-/// The label selector of `shoot`'s pods of one component (`etcd`, `kube-apiserver`).
 /// Sets workload `name`'s replicas through its scale subresource; one that
 /// does not exist is left alone.
 async fn set_replicas<K>(api: &Api<K>, name: &str, replicas: i32) -> kube::Result<()>
@@ -471,6 +470,7 @@ where
     }
 }
 
+/// The label selector of `shoot`'s pods of one component (`etcd`, `kube-apiserver`).
 fn component_selector(shoot: &str, component: &str) -> String {
     format!(
         "{SHOOT_LABEL}={shoot},{}={component}",

@@ -81,8 +81,13 @@ impl Progress {
     /// decide from them at once).
     pub fn observed(&mut self, began: Instant, facts: OperationFacts) -> bool {
         self.facts = Some((began, facts));
-        let fresh = self.step_ended.is_none_or(|ended| began >= ended);
-        fresh && std::mem::take(&mut self.wake_on_facts)
+        self.observed_after_last_step(began) && std::mem::take(&mut self.wake_on_facts)
+    }
+
+    /// Whether an observation that began at `began` saw what the last step
+    /// changed (it began after that step ended, or no step ran yet).
+    fn observed_after_last_step(&self, began: Instant) -> bool {
+        self.step_ended.is_none_or(|ended| began >= ended)
     }
 
     /// The facts to decide the next step from, used once: none before a
@@ -90,10 +95,7 @@ impl Progress {
     /// step ended (it may predate what that step changed).
     pub fn take_fresh_facts(&mut self) -> Option<OperationFacts> {
         let (began, facts) = self.facts.take()?;
-        match self.step_ended {
-            Some(ended) if began < ended => None,
-            _ => Some(facts),
-        }
+        self.observed_after_last_step(began).then_some(facts)
     }
 }
 
