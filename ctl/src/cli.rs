@@ -69,6 +69,10 @@ pub(crate) enum Command {
 pub(crate) enum DrillCommand {
     /// Run drills; each run prints a summary and writes a JSON result and an HTML report.
     Run(DrillRunArgs),
+    /// Figures over the JSON results of many runs (report folders, searched
+    /// recursively): per drill and build, runs passed, the outages' ranges,
+    /// writes lost, double serving; exits non-zero when a run failed.
+    Summary(DrillSummaryArgs),
     /// A member machine of a local ring dies as a whole, by hand: kill -9 of its
     /// ringd, every control-plane process it runs and its shoot's nodes
     /// (ring-node, containerd, kubelet, kube-proxy, every shim and pod).
@@ -82,6 +86,13 @@ pub(crate) struct KillMachineArgs {
     pub(crate) member: String,
     #[command(flatten)]
     pub(crate) dir: RingDirArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct DrillSummaryArgs {
+    /// Report folders (or result files) of `ringctl drill run`.
+    #[arg(required = true)]
+    pub(crate) paths: Vec<PathBuf>,
 }
 
 #[derive(Args)]

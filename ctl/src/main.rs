@@ -27,6 +27,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(cmd) => commands::bench::run(cmd, format).await,
         Command::Backup(cmd) => commands::backup(cmd, format).await,
         Command::Drill(DrillCommand::Run(args)) => commands::drill_run(args, format).await,
+        Command::Drill(DrillCommand::Summary(args)) => commands::drill_summary(args, format),
         Command::Drill(DrillCommand::KillMachine(args)) => commands::kill_machine(args).await,
         Command::Images(cmd) => commands::images(cmd, format).await,
         Command::Manifests(args) => commands::manifests(args).await,

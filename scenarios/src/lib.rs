@@ -24,6 +24,7 @@ pub mod rng;
 pub mod runner;
 pub mod s3;
 pub mod seed_cluster;
+pub mod summary;
 pub mod workload;
 
 pub use drill::Drill;
@@ -109,6 +110,12 @@ pub async fn run_files(
         what: format!("creating {}", opts.report_dir.display()),
         source,
     })?;
+    let runner = &opts.runner;
+    let build = summary::build_digest(&[
+        runner.ringctl.clone(),
+        runner.ringd.clone(),
+        runner.ringd.with_file_name("ring-node"),
+    ])?;
     let mut out = DrillRuns {
         runs: Vec::new(),
         reports: Vec::new(),
@@ -117,7 +124,8 @@ pub async fn run_files(
     for drill in &drills {
         for i in 1..=opts.repeat {
             let seed = opts.seed.unwrap_or(drill.seed).wrapping_add(i as u64 - 1);
-            let result = runner::run(drill, i, seed, &opts.runner, say).await?;
+            let mut result = runner::run(drill, i, seed, runner, say).await?;
+            result.build = Some(build.clone());
             let base = opts.report_dir.join(format!("{}-{i}", drill.name));
             let (json, html) = (base.with_extension("json"), base.with_extension("html"));
             let write = |path: &std::path::Path, text: &[u8]| {

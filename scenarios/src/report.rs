@@ -63,8 +63,12 @@ fn event_line(kind: &EventKind) -> Option<String> {
 
 /// The terminal summary of one run.
 pub fn summary(r: &RunResult) -> String {
+    let build = r
+        .build
+        .as_deref()
+        .map_or(String::new(), |b| format!(", build {b}"));
     let mut out = format!(
-        "drill {} run {} (seed {}): {} in {:.1}s (ring bootstrap {:.1}s)\n",
+        "drill {} run {} (seed {}{build}): {} in {:.1}s (ring bootstrap {:.1}s)\n",
         r.drill,
         r.run,
         r.seed,
@@ -445,6 +449,7 @@ mod tests {
                 members: vec!["ks1".into(), "ks3".into()],
             }],
             converged_secs: Some(20.0),
+            build: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct RunResult {
     pub double_serving: Vec<DoubleServing>,
     /// Seconds until the ring converged after the last fault (every member hosting its successor).
     pub converged_secs: Option<f64>,
+    /// The build that ran the drill ([`crate::summary::build_digest`] of ringctl,
+    /// ringd and ring-node); `None` in results written before runs recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
 }
 
 /// Something that happened, `t` seconds after the workload started.
@@ -444,6 +448,7 @@ mod tests {
             }],
             double_serving: vec![],
             converged_secs: Some(3.0),
+            build: None,
         }
     }
 

@@ -365,6 +365,7 @@ pub async fn run(
         shoots: figures,
         double_serving: observed.double,
         converged_secs,
+        build: None,
     };
     let more = verdict(&drill.expect, &result);
     result.failures.extend(more);

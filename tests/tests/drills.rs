@@ -53,7 +53,40 @@ fn run_drill(name: &str, reports: &Path) -> (serde_json::Value, String) {
     );
     assert!(stderr.contains(&format!("drill {name} run 1")), "{stderr}");
     let html = std::fs::read_to_string(reports.join(format!("{name}-1.html"))).unwrap();
+    check_summary(name, &result, reports);
     (result, html)
+}
+
+/// `ringctl drill summary` over the report folder counts the run under the
+/// build that ran it.
+fn check_summary(name: &str, result: &serde_json::Value, reports: &Path) {
+    let build = result["build"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the result names no build: {result}"));
+    let out = run_bounded(
+        Command::new(ringctl())
+            .args(["-o", "json", "drill", "summary"])
+            .arg(reports),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let summaries: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mine: Vec<_> = summaries
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["drill"] == name)
+        .collect();
+    assert_eq!(mine.len(), 1, "{summaries}");
+    assert_eq!(mine[0]["build"], build, "{summaries}");
+    assert_eq!(
+        (&mine[0]["runs"], &mine[0]["passed"]),
+        (&1.into(), &1.into())
+    );
+    assert!(
+        mine[0]["failover"]["max"].as_f64().unwrap() > 0.0,
+        "{summaries}"
+    );
 }
 
 /// The checks every drill result must pass.

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{DrillRunArgs, KillMachineArgs};
-use crate::output::{encode, Format};
+use crate::cli::{DrillRunArgs, DrillSummaryArgs, KillMachineArgs};
+use crate::output::{encode, table, Format};
 
 pub fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -172,4 +172,74 @@ pub async fn drill_run(args: DrillRunArgs, format: Format) -> anyhow::Result<()>
         anyhow::bail!("drills failed: {:?} (passed, runs)", runs.tally);
     }
     Ok(())
+}
+
+/// `ringctl drill summary`: fails when a run failed or no result was found.
+pub fn drill_summary(args: DrillSummaryArgs, format: Format) -> anyhow::Result<()> {
+    let scenarios::summary::Loaded { results, skipped } =
+        scenarios::summary::load_results(&args.paths)?;
+    for (path, why) in &skipped {
+        eprintln!("skipped {}: {why}", path.display());
+    }
+    if results.is_empty() {
+        anyhow::bail!(
+            "no drill results under {}: give the --report-dir of `ringctl drill run`",
+            args.paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let summaries = scenarios::summary::summarize(&results);
+    print(&summaries, format, || summary_table(&summaries))?;
+    let failed: usize = summaries.iter().map(|s| s.runs - s.passed).sum();
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} runs failed", results.len());
+    }
+    Ok(())
+}
+
+fn summary_table(summaries: &[scenarios::summary::DrillSummary]) -> String {
+    let span = |s: Option<scenarios::summary::Span>| {
+        s.map_or("-".into(), |s| format!("{:.1}-{:.1}s", s.min, s.max))
+    };
+    let mut t = table(&[
+        "DRILL",
+        "BUILD",
+        "PASSED",
+        "FAILOVER",
+        "MOVE BACK",
+        "OTHERS",
+        "ACKED",
+        "LOST",
+        "LOST>DURABLE",
+        "DOUBLE",
+    ]);
+    for s in summaries {
+        t.add_row(vec![
+            s.drill.clone(),
+            s.build.clone().unwrap_or_else(|| "-".into()),
+            format!("{}/{}", s.passed, s.runs),
+            span(s.failover),
+            span(s.move_back),
+            format!("{:.1}s", s.bystanders_max),
+            s.acked_writes.to_string(),
+            s.lost_writes.to_string(),
+            s.lost_beyond_durable.to_string(),
+            s.double_serving_runs.to_string(),
+        ]);
+    }
+    let mut out = format!("{t}\n");
+    for s in summaries {
+        for f in &s.failures {
+            out.push_str(&format!("{} failed, {f}\n", s.drill));
+        }
+    }
+    out.push_str(
+        "FAILOVER: per run the longest first outage of a shoot whose control plane was lost; \
+         MOVE BACK: its longest later one; OTHERS: the longest outage of any other shoot; \
+         LOST: acknowledged writes that had to survive; DOUBLE: runs with two control planes of one shoot\n",
+    );
+    out
 }
