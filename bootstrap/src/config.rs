@@ -347,6 +347,7 @@ impl RingConfig {
         }
         self.validate_nodes()?;
         self.validate_self_hosting()?;
+        self.validate_protection()?;
         self.timing
             .validate()
             .map_err(|e| bad("timing", e.to_string()))?;
@@ -441,6 +442,38 @@ impl RingConfig {
             ));
         }
         Ok(())
+    }
+
+    /// A hot standby runs etcd next to ringd, on a local seed: a member that
+    /// hosts in pods (`selfHosting`) or on a Kubernetes seed cannot run one
+    /// yet. Refused here, before anything starts, rather than by the first
+    /// ringd whose seed turned Kubernetes midway through the bootstrap.
+    fn validate_protection(&self) -> Result<(), BootstrapError> {
+        if self.protection != ringd::config::Protection::Standby {
+            return Ok(());
+        }
+        let why = if !self.self_hosting.members.is_empty() {
+            format!(
+                "selfHosting members {:?} host in pods on their own shoot's node",
+                self.self_hosting.members
+            )
+        } else if let Some((i, m)) = self
+            .members
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.seed != SeedSpec::Local)
+        {
+            format!("members[{i}] ({}) has a Kubernetes seed", m.name)
+        } else {
+            return Ok(());
+        };
+        Err(bad(
+            "protection",
+            format!(
+                "standby runs only on local seeds for now, and {why}; use protection: backup, \
+                 or a ring of local seeds without selfHosting"
+            ),
+        ))
     }
 
     /// The member after `member` in ring order (whose control plane it hosts).

@@ -305,3 +305,36 @@ fn self_hosting_names_local_members_with_nodes() {
     let err = RingConfig::parse(&k8s, "r").unwrap_err().to_string();
     assert!(err.contains("must be a member on a local seed"), "{err}");
 }
+
+/// A hot standby runs only on local seeds: a ring that hosts in pods (or has a
+/// Kubernetes member) and asks for one is refused before anything starts, not
+/// by the first ringd whose seed became Kubernetes midway through bootstrap.
+#[test]
+fn standby_is_refused_where_a_member_hosts_on_kubernetes() {
+    let three = "members: [{name: a}, {name: b}, {name: c}]\nprotection: standby\n";
+    RingConfig::parse(&yaml(three), "r").unwrap();
+    for (body, want) in [
+        (
+            format!("{three}selfHosting: {{members: [a, b, c]}}\n"),
+            "config protection: standby runs only on local seeds for now, and selfHosting \
+             members [\"a\", \"b\", \"c\"] host in pods",
+        ),
+        (
+            format!("{three}selfHosting: {{members: [c]}}\n"),
+            "selfHosting members [\"c\"] host in pods",
+        ),
+        (
+            "members: [{name: a, seed: {kind: kubernetes, kubeconfig: /k}}, {name: b}, {name: c}]\n\
+             protection: standby\n"
+                .to_string(),
+            "config protection: standby runs only on local seeds for now, and members[0] (a) has a Kubernetes seed",
+        ),
+    ] {
+        let got = RingConfig::parse(&yaml(&body), "r").unwrap_err().to_string();
+        assert!(got.contains(want), "want {want:?} in {got:?}");
+        assert!(got.contains("protection: backup"), "names the way out: {got}");
+    }
+    let mut closed = RingConfig::self_hosted_default();
+    closed.protection = ringd::config::Protection::Standby;
+    assert!(closed.validate().is_err(), "the default ring with standby");
+}
