@@ -2,6 +2,8 @@
 //! own cluster (rendering: `seed::kubernetes::manifests`).
 
 use std::net::SocketAddr;
+#[cfg(test)]
+use std::path::Path;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -9,7 +11,9 @@ use bootstrap::config::SeedSpec;
 use bootstrap::RingConfig;
 use clap::Args;
 use ringd::config::{MemberConfig, RingdConfig, SeedConfig, TlsFiles, API_VERSION};
-use seed::kubernetes::manifests::{Manifests, Member, DATA_DIR, TLS_DIR};
+use seed::kubernetes::manifests::{
+    Manifests, Member, BUCKET_KEY_FILE, BUCKET_KEY_SECRET, DATA_DIR, TLS_DIR,
+};
 use seed::kubernetes::render::to_yaml;
 use seed::KubernetesSeedConfig;
 
@@ -84,6 +88,13 @@ pub fn render(args: &ManifestsArgs) -> anyhow::Result<String> {
             target = apply_hint(&m.seed),
             ns = args.namespace
         ));
+        if member.bucket_key {
+            out.push_str(&format!(
+                "# needs Secret {ns}/{BUCKET_KEY_SECRET} with key, the ring's bucket key \
+                 (kubectl create secret generic {BUCKET_KEY_SECRET} --namespace {ns} --from-file=key=YOUR-KEY-FILE)\n",
+                ns = args.namespace
+            ));
+        }
         out.push_str(&to_yaml(&objects));
     }
     Ok(out)
@@ -154,6 +165,7 @@ fn member(
             .filter(|o| &o.name != name)
             .map(|o| o.name.clone())
             .collect(),
+        bucket_key: ring.bucket.is_some() && ring.bucket_encryption.is_some(),
     })
 }
 
@@ -196,8 +208,15 @@ fn ringd_config(
             .as_ref()
             .map(|url| ringd::config::BackupSection {
                 bucket: backup::BucketConfig::url(url.clone()),
-                // a Kubernetes seed backs up nothing yet (see the README)
-                encryption: None,
+                // the key itself stays out of the manifests: ringd reads it
+                // from the Secret they mount
+                encryption: ring.bucket_encryption.as_ref().map(|e| {
+                    backup::config::EncryptionConfig {
+                        key_file: Some(BUCKET_KEY_FILE.into()),
+                        key_env: None,
+                        key_id: e.key_id.clone(),
+                    }
+                }),
             }),
         // a hot standby runs on local seeds only
         protection: Default::default(),
@@ -220,5 +239,51 @@ fn apply_hint(seed: &SeedSpec) -> String {
                 .unwrap_or_default()
         ),
         SeedSpec::Local => "kubectl apply -f - (the member's own cluster)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(extra: &str) -> RingConfig {
+        let text = format!(
+            "apiVersion: ring.gardener.cloud/v1alpha1\nkind: Ring\nname: demo\n\
+             members: [{{name: a}}, {{name: b}}, {{name: c}}]\nbucket: s3://ring/demo\n{extra}"
+        );
+        RingConfig::parse(&text, "ring.yaml").unwrap()
+    }
+
+    fn members(ring: &RingConfig) -> Vec<MemberConfig> {
+        (0..ring.members.len())
+            .map(|i| MemberConfig {
+                name: ring.members[i].name.clone(),
+                id: i as u64 + 1,
+                address: format!("10.0.0.{}:7001", i + 1),
+            })
+            .collect()
+    }
+
+    /// A ring whose bucket is sealed with a key must not get members that
+    /// upload in plaintext: ringd in the pod reads the key from the Secret the
+    /// manifests mount (they never contain the key itself).
+    #[test]
+    fn a_keyed_bucket_reaches_ringd_in_the_pod_by_a_mounted_secret() {
+        let keyed = ring("bucketEncryption: {keyEnv: RING_BUCKET_KEY, keyId: k1}\n");
+        let m = member(&keyed, &members(&keyed), 0, 7001).unwrap();
+        let enc = m
+            .config
+            .backup
+            .as_ref()
+            .and_then(|b| b.encryption.clone())
+            .expect("the bucket's key reaches ringd");
+        assert_eq!(enc.key_file.as_deref(), Some(Path::new(BUCKET_KEY_FILE)));
+        assert_eq!((enc.key_env, enc.key_id.as_deref()), (None, Some("k1")));
+        assert!(m.bucket_key);
+
+        let plain = ring("");
+        let m = member(&plain, &members(&plain), 0, 7001).unwrap();
+        assert!(m.config.backup.as_ref().unwrap().encryption.is_none());
+        assert!(!m.bucket_key);
     }
 }

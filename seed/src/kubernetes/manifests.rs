@@ -11,7 +11,9 @@
 //!   namespaces, so they are created here.
 //!
 //! The member's certificate is expected in the Secret `ringd-<member>-tls`
-//! (keys `ca.crt`, `tls.crt`, `tls.key`); the manifests never contain keys.
+//! (keys `ca.crt`, `tls.crt`, `tls.key`), and for a ring whose bucket is sealed
+//! with a key, that key in the Secret [`BUCKET_KEY_SECRET`] (key `key`); the
+//! manifests never contain keys.
 
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -24,6 +26,10 @@ pub const CONFIG_PATH: &str = "/etc/ring/ringd.yaml";
 pub const TLS_DIR: &str = "/etc/ring/tls";
 /// ringd's data volume in the pod.
 pub const DATA_DIR: &str = "/var/lib/ring";
+/// The Secret (in ringd's namespace) holding the ring's bucket key as `key`.
+pub const BUCKET_KEY_SECRET: &str = "ringd-bucket-key";
+/// Where ringd reads the bucket key in the pod.
+pub const BUCKET_KEY_FILE: &str = "/etc/ring/bucket-key/key";
 
 /// Settings shared by every member's manifests.
 #[derive(Debug, Clone)]
@@ -50,6 +56,9 @@ pub struct Member<C> {
     pub metrics_port: Option<u16>,
     /// Shoots whose control planes this member may host (gets a namespace and RBAC for each).
     pub hosts: Vec<String>,
+    /// Whether ringd reads the bucket key from [`BUCKET_KEY_SECRET`] (mounted at
+    /// [`BUCKET_KEY_FILE`]).
+    pub bucket_key: bool,
 }
 
 /// The name of a member's objects.
@@ -144,6 +153,20 @@ impl Manifests {
         }
         let selector =
             json!({"app.kubernetes.io/name": "ringd", "ring.gardener.cloud/member": m.name});
+        let mut mounts = vec![
+            json!({"name": "config", "mountPath": CONFIG_PATH, "subPath": "ringd.yaml", "readOnly": true}),
+            json!({"name": "tls", "mountPath": TLS_DIR, "readOnly": true}),
+            json!({"name": "data", "mountPath": DATA_DIR}),
+        ];
+        let mut volumes = vec![
+            json!({"name": "config", "configMap": {"name": name}}),
+            json!({"name": "tls", "secret": {"secretName": format!("{name}-tls"), "defaultMode": 0o400}}),
+        ];
+        if m.bucket_key {
+            let dir = BUCKET_KEY_FILE.rsplit_once('/').map_or("/", |(d, _)| d);
+            mounts.push(json!({"name": "bucket-key", "mountPath": dir, "readOnly": true}));
+            volumes.push(json!({"name": "bucket-key", "secret": {"secretName": BUCKET_KEY_SECRET, "defaultMode": 0o400}}));
+        }
         objects.push(json!({
             "apiVersion": "v1",
             "kind": "Service",
@@ -171,16 +194,9 @@ impl Manifests {
                             "command": ["ringd", "--config", CONFIG_PATH],
                             "ports": container_ports,
                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-                            "volumeMounts": [
-                                {"name": "config", "mountPath": CONFIG_PATH, "subPath": "ringd.yaml", "readOnly": true},
-                                {"name": "tls", "mountPath": TLS_DIR, "readOnly": true},
-                                {"name": "data", "mountPath": DATA_DIR},
-                            ],
+                            "volumeMounts": mounts,
                         }],
-                        "volumes": [
-                            {"name": "config", "configMap": {"name": name}},
-                            {"name": "tls", "secret": {"secretName": format!("{name}-tls"), "defaultMode": 0o400}},
-                        ],
+                        "volumes": volumes,
                     },
                 },
                 "volumeClaimTemplates": [{
@@ -222,6 +238,7 @@ mod tests {
             port: 7001,
             metrics_port: Some(9001),
             hosts: vec!["m2".into(), "m3".into()],
+            bucket_key: false,
         };
         let objects = manifests().member(&m).unwrap();
         super::super::render::tests::golden(
@@ -238,6 +255,7 @@ mod tests {
             port: 7001,
             metrics_port: None,
             hosts: vec!["m2".into()],
+            bucket_key: false,
         };
         let objects = manifests().member(&m).unwrap();
         for o in &objects {
@@ -252,5 +270,36 @@ mod tests {
         }
         let rules = seed_role_rules().to_string();
         assert!(!rules.contains('*'), "{rules}");
+    }
+
+    #[test]
+    fn a_bucket_key_is_mounted_from_its_secret_read_only() {
+        let m = Member {
+            name: "m1".into(),
+            config: FakeConfig { name: "m1" },
+            port: 7001,
+            metrics_port: None,
+            hosts: vec![],
+            bucket_key: true,
+        };
+        let objects = manifests().member(&m).unwrap();
+        let sts = objects.iter().find(|o| o["kind"] == "StatefulSet").unwrap();
+        let pod = &sts["spec"]["template"]["spec"];
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "bucket-key")
+            .expect("a bucket-key volume");
+        assert_eq!(volume["secret"]["secretName"], BUCKET_KEY_SECRET);
+        let mount = pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "bucket-key")
+            .expect("a bucket-key mount");
+        assert_eq!(mount["mountPath"], "/etc/ring/bucket-key");
+        assert_eq!(mount["readOnly"], true);
+        assert!(!super::super::render::to_yaml(&objects).contains("key:"));
     }
 }
