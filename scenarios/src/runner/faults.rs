@@ -153,9 +153,11 @@ impl Run<'_> {
     /// Freezes the target's ringd (SIGSTOP) for `for`, then lets it go on
     /// (SIGCONT). What it hosts may acknowledge writes until its guards fence
     /// it at the lease deadline, after the first loss point: a second one is
-    /// taken when ringd resumes (the stall outlasts the lease, so the fenced
-    /// control plane acknowledged nothing after the bucket's durable revision
-    /// then; writes of a restored one are excused too, a leniency, not a miss).
+    /// taken once it stopped serving, as after a partition. (Taken at the
+    /// resume instead, the bucket then held the restored control plane's
+    /// revisions, numbered past the stalled one's: a write the stalled
+    /// control plane acknowledged 3 s into the stall and never backed up
+    /// counted as one that had to survive.)
     async fn stall_ringd(
         &mut self,
         target: &Target,
@@ -168,17 +170,19 @@ impl Run<'_> {
         if pids.is_empty() {
             return Err(ScenarioError::Setup(format!("{m} runs no ringd to stop")));
         }
+        let resume_at = Instant::now() + r#for.min(self.remaining());
         self.last_kill_ms = now_ms();
         procs::signal_all(&pids, nix::sys::signal::Signal::SIGSTOP);
         self.last_killed = Some(m.clone());
         self.record_losses(&hosted, obs).await;
-        tokio::time::sleep(r#for.min(self.remaining())).await;
+        let fenced = self.wait_until_not_serving(&m, &hosted, obs).await;
+        self.record_losses(&hosted, obs).await;
+        tokio::time::sleep_until(resume_at.into()).await;
         // the pids again: a process that exited meanwhile is not signalled
         let now = procs::ringd_pids(&self.layout.dir, &m);
         procs::signal_all(&now, nix::sys::signal::Signal::SIGCONT);
-        self.record_losses(&hosted, obs).await;
         Ok(format!(
-            "SIGSTOP ringd {m} (hosting {}; pids {pids:?}) for {}, then SIGCONT",
+            "SIGSTOP ringd {m} (hosting {}; pids {pids:?}) for {}, then SIGCONT; {fenced}",
             hosted.join(", "),
             crate::drill::fmt_dur(r#for)
         ))
