@@ -175,8 +175,16 @@ impl Run<'_> {
         procs::signal_all(&pids, nix::sys::signal::Signal::SIGSTOP);
         self.last_killed = Some(m.clone());
         self.record_losses(&hosted, obs).await;
-        let fenced = self.wait_until_not_serving(&m, &hosted, obs).await;
-        self.record_losses(&hosted, obs).await;
+        // a stall shorter than the lease ends before anything fenced: the
+        // same control plane goes on, and its writes must all survive
+        let left = resume_at.saturating_duration_since(Instant::now());
+        let fenced = match self.wait_until_not_serving(&m, &hosted, left, obs).await {
+            Some(took) => {
+                self.record_losses(&hosted, obs).await;
+                format!("it stopped serving {:.1}s later", took.as_secs_f64())
+            }
+            None => "it served throughout".to_string(),
+        };
         tokio::time::sleep_until(resume_at.into()).await;
         // the pids again: a process that exited meanwhile is not signalled
         let now = procs::ringd_pids(&self.layout.dir, &m);
@@ -258,7 +266,13 @@ impl Run<'_> {
         // lease's end: a second loss point once it stopped serving, as after
         // a stall (it failed a drill: a write acknowledged 3 s after the cut
         // by the cut member, never backed up, counted as one that had to survive)
-        let fenced = self.wait_until_not_serving(&m, &hosted, obs).await;
+        let fenced = match self
+            .wait_until_not_serving(&m, &hosted, FENCE_BOUND, obs)
+            .await
+        {
+            Some(took) => format!("it stopped serving {:.1}s later", took.as_secs_f64()),
+            None => format!("it still served after {FENCE_BOUND:?}"),
+        };
         self.record_losses(&hosted, obs).await;
         Ok(format!(
             "cut {m} (hosting {}) off from the other members; {fenced}",
@@ -266,26 +280,24 @@ impl Run<'_> {
         ))
     }
 
-    /// Waits (at most [`FENCE_BOUND`]) until `member` serves none of
-    /// `shoots`; says how long that took, or that it did not happen.
+    /// Waits (at most `bound`) until `member` serves none of `shoots`: how
+    /// long that took, or `None` if it still served at the bound.
     async fn wait_until_not_serving(
         &self,
         member: &str,
         shoots: &[String],
+        bound: Duration,
         obs: &Observer,
-    ) -> String {
+    ) -> Option<Duration> {
         let began = Instant::now();
-        let bound = FENCE_BOUND.min(self.remaining());
+        let bound = bound.min(self.remaining());
         while shoots.iter().any(|s| obs.serves(s, member)) {
             if began.elapsed() >= bound {
-                return format!("it still served after {bound:?}");
+                return None;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        format!(
-            "it stopped serving {:.1}s later",
-            began.elapsed().as_secs_f64()
-        )
+        Some(began.elapsed())
     }
 
     /// A full snapshot of a shoot now, next to the continuous backup.
