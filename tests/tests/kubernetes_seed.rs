@@ -421,7 +421,7 @@ async fn readyz_is_asked_through_the_api_service_address() {
 async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_move() {
     let _slot = ring_slot();
     let mut ring = ring_tests::ring::RingFixture::new(3, &[]);
-    let (_cluster, kc) = seed_cluster(&ring.sandbox, "k8s-ringd-seed").await;
+    let (cluster, kc) = seed_cluster(&ring.sandbox, "k8s-ringd-seed").await;
     let client = kube_client(&kc).await;
     // m1 hosts control planes in the seed cluster (ring "kr"), data released 1 s after a move
     let m1 = ring.members[0].config.clone();
@@ -528,6 +528,9 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
     .await;
     // and the member's local state for m2 is gone too
     assert!(!ring.sandbox.path().join("m1-k8s-state/shoots/m2").exists());
+    // stopped before the sandbox goes: its supervisor still wrote the status
+    // file while the sandbox was removed, and left the sandbox behind
+    cluster.stop("k8s-ringd-seed").await.unwrap();
 }
 
 /// A seed cluster with a real node: a shoot's control plane applied by the
