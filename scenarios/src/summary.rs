@@ -36,7 +36,7 @@ impl Span {
 }
 
 /// What the runs of one drill with one build measured.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DrillSummary {
     pub drill: String,
@@ -72,17 +72,7 @@ pub fn summarize(results: &[RunResult]) -> Vec<DrillSummary> {
         let s = groups.entry(key).or_insert_with(|| DrillSummary {
             drill: r.drill.clone(),
             build: r.build.clone(),
-            runs: 0,
-            passed: 0,
-            seeds: Vec::new(),
-            failover: None,
-            move_back: None,
-            bystanders_max: 0.0,
-            acked_writes: 0,
-            lost_writes: 0,
-            lost_beyond_durable: 0,
-            double_serving_runs: 0,
-            failures: Vec::new(),
+            ..Default::default()
         });
         add_run(s, r);
     }
@@ -230,18 +220,18 @@ pub fn build_digest(files: &[PathBuf]) -> Result<String, ScenarioError> {
     let mut h = Sha256::new();
     for f in files {
         h.update(f.file_name().map_or(b"" as &[u8], |n| n.as_encoded_bytes()));
-        match std::fs::read(f) {
-            Ok(bytes) => {
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(&bytes);
+        let io = |source| ScenarioError::Io {
+            what: format!("reading {} for the build digest", f.display()),
+            source,
+        };
+        // streamed: the debug binaries are tens of MiB each
+        match std::fs::File::open(f) {
+            Ok(mut file) => {
+                h.update(file.metadata().map_err(io)?.len().to_le_bytes());
+                std::io::copy(&mut file, &mut h).map_err(io)?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => h.update(b"missing"),
-            Err(source) => {
-                return Err(ScenarioError::Io {
-                    what: format!("reading {} for the build digest", f.display()),
-                    source,
-                })
-            }
+            Err(source) => return Err(io(source)),
         }
     }
     let digest = h.finalize();

@@ -181,7 +181,7 @@ impl Run<'_> {
         let fenced = match self.wait_until_not_serving(&m, &hosted, left, obs).await {
             Some(took) => {
                 self.record_losses(&hosted, obs).await;
-                format!("it stopped serving {:.1}s later", took.as_secs_f64())
+                stopped_serving(took)
             }
             None => "it served throughout".to_string(),
         };
@@ -270,7 +270,7 @@ impl Run<'_> {
             .wait_until_not_serving(&m, &hosted, FENCE_BOUND, obs)
             .await
         {
-            Some(took) => format!("it stopped serving {:.1}s later", took.as_secs_f64()),
+            Some(took) => stopped_serving(took),
             None => format!("it still served after {FENCE_BOUND:?}"),
         };
         self.record_losses(&hosted, obs).await;
@@ -664,4 +664,9 @@ pub fn target_serves(s: &ringd::status::RingStatus, since_ms: u64) -> bool {
                 .iter()
                 .any(|p| p.shoot == o.shoot() && p.host == o.target() && p.ready.is_some())
     })
+}
+
+/// The fault's words for a member that stopped serving `took` after it.
+fn stopped_serving(took: Duration) -> String {
+    format!("it stopped serving {:.1}s later", took.as_secs_f64())
 }
