@@ -151,6 +151,11 @@ fn member(
         .and_then(|p| p.parse().ok())
         .context("metrics port")?;
     let config = ringd_config(ring, members, i, port, metrics_port);
+    // the Secret is mounted exactly when ringd's config reads the key from it
+    let bucket_key = config
+        .backup
+        .as_ref()
+        .is_some_and(|b| b.encryption.is_some());
     config
         .validate()
         .with_context(|| format!("ringd config of member {name}"))?;
@@ -165,7 +170,7 @@ fn member(
             .filter(|o| &o.name != name)
             .map(|o| o.name.clone())
             .collect(),
-        bucket_key: ring.bucket.is_some() && ring.bucket_encryption.is_some(),
+        bucket_key,
     })
 }
 
