@@ -61,7 +61,7 @@ impl AdminService {
 fn propose_status(e: ProposeError) -> Status {
     match e {
         ProposeError::Rejected(r) => Status::failed_precondition(r),
-        ProposeError::Timeout(_) | ProposeError::LeaderChanged => {
+        ProposeError::Timeout(_) | ProposeError::LeaderChanged | ProposeError::Dropped => {
             Status::unavailable(format!("{e}"))
         }
         ProposeError::Stopped => Status::unavailable("ringd is shutting down"),

@@ -42,6 +42,8 @@ pub enum ProposeError {
     Timeout(Duration),
     #[error("the leader changed before it was applied (raft may have dropped it); retry")]
     LeaderChanged,
+    #[error("dropped by raft at once: no leader is known (an election is under way); retry")]
+    Dropped,
     #[error("rejected by the ring state: {0}")]
     Rejected(String),
     #[error("{0}")]
@@ -51,7 +53,10 @@ pub enum ProposeError {
 impl ProposeError {
     /// Whether trying again later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ProposeError::Timeout(_) | ProposeError::LeaderChanged)
+        matches!(
+            self,
+            ProposeError::Timeout(_) | ProposeError::LeaderChanged | ProposeError::Dropped
+        )
     }
 }
 
@@ -139,7 +144,11 @@ impl NodeHandle {
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(ApplyResult::Applied { index })) => Ok(index),
             Ok(Ok(ApplyResult::Rejected { reason, .. })) => Err(ProposeError::Rejected(reason)),
-            Ok(Err(_)) => Err(ProposeError::Timeout(timeout)),
+            // the node let go of the answer: raft refused the proposal
+            // (no leader to forward it to), which it says at once; reported
+            // as a timeout, a retry 200 ms into an election read "not
+            // committed within 2s"
+            Ok(Err(_)) => Err(ProposeError::Dropped),
             Err(_) => Err(ProposeError::Timeout(timeout)),
         }
     }
@@ -374,6 +383,36 @@ mod tests {
             .unwrap();
         assert_eq!(answer, Err(ProposeError::LeaderChanged));
         assert!(answer.unwrap_err().is_retryable());
+    }
+
+    /// Raft refuses a proposal at once while no leader is known (a follower
+    /// has nobody to forward it to): the proposer hears so at once, as a
+    /// retryable error that says why, not as "not committed within" a
+    /// timeout that has not passed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_proposal_without_a_leader_is_dropped_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStorage::open(&dir.path().join("raft.redb"), &[1, 2, 3]).unwrap();
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let core = RaftCore::new(1, store, &RaftTuning::default(), &logger).unwrap();
+        let (outbox, _sent) = mpsc::channel(16);
+        // ticks a second apart: no election starts while the test runs
+        let (task, handle) = NodeTask::new(core, Duration::from_secs(1), outbox);
+        let stop = CancellationToken::new();
+        let node = tokio::spawn(task.run(stop.clone()));
+        assert_eq!(handle.view().leader_id, 0, "a leader out of nowhere");
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            handle.propose(report(1), Duration::from_secs(60)),
+        )
+        .await
+        .expect("a dropped proposal waited for its timeout");
+        stop.cancel();
+        node.await.unwrap().unwrap();
+        let e = answer.unwrap_err();
+        assert_eq!(e, ProposeError::Dropped);
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("no leader"), "{e}");
     }
 
     /// A proposer that is answered finds what it proposed applied in the
