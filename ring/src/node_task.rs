@@ -86,16 +86,23 @@ impl NodeHandle {
         let _ = self.tx.try_send(NodeRequest::SnapshotSent { to, ok });
     }
 
-    /// Commits `command` through the quorum and waits until it is applied
-    /// here, for at most `timeout`, and gives up as soon as the leader this
-    /// node knew when proposing is lost or replaced
-    /// ([`ProposeError::LeaderChanged`], retryable). Raft drops a proposal
-    /// forwarded to a leader that died without a word: waiting out
-    /// `timeout` let the guards of healthy control planes reach their fence
-    /// time while the ring elected a new leader (`kill-machine` drill: two
-    /// bystander shoots out for 7 s), and held a move's step reports and the
-    /// new leader's first decisions for 3 s each.
+    /// Commits `command` through the quorum and waits until it is applied here.
     pub async fn propose(
+        &self,
+        command: RingCommand,
+        timeout: Duration,
+    ) -> Result<u64, ProposeError> {
+        self.request(timeout, |tx| NodeRequest::Propose(command, tx))
+            .await
+    }
+
+    /// Like [`NodeHandle::propose`], but gives up as soon as the leader this
+    /// node knew when proposing is lost or replaced. Raft drops a proposal
+    /// forwarded to a leader that died without a word: waiting out `timeout`
+    /// (a lease renewal's is a third of the lease) let the guards of healthy
+    /// control planes reach their fence time while the ring elected a new
+    /// leader (`kill-machine` drill: two bystander shoots out for 7 s).
+    pub async fn propose_until_leader_changes(
         &self,
         command: RingCommand,
         timeout: Duration,
@@ -114,7 +121,7 @@ impl NodeHandle {
         };
         tokio::select! {
             biased;
-            answer = self.request(timeout, |tx| NodeRequest::Propose(command, tx)) => answer,
+            answer = self.propose(command, timeout) => answer,
             () = changed => Err(ProposeError::LeaderChanged),
         }
     }
@@ -349,18 +356,19 @@ mod tests {
         }
     }
 
-    /// A proposal forwarded to a leader that then died (a renewal, a move's
-    /// step report, a leader's decision: they all go through `propose`) is
-    /// dropped by raft without an answer: the proposer gives up as soon as
-    /// that leader is lost, not after its whole timeout, but not at every
-    /// other change of the view (commits, applied entries).
+    /// A renewal forwarded to a leader that then died is dropped by raft
+    /// without an answer: the proposer gives up as soon as that leader is
+    /// lost, not after its whole timeout, but not at every other change of
+    /// the view (commits, applied entries).
     #[tokio::test]
     async fn a_proposal_lost_with_its_leader_ends_when_the_leader_changes() {
         let (tx, mut requests) = mpsc::channel(4);
         let (views, view_rx) = watch::channel(view(2, 5));
         let node = NodeHandle { tx, view: view_rx };
-        let mut asked =
-            tokio::spawn(async move { node.propose(report(1), Duration::from_secs(3600)).await });
+        let mut asked = tokio::spawn(async move {
+            node.propose_until_leader_changes(report(1), Duration::from_secs(3600))
+                .await
+        });
         // held, never answered: what a dead leader does with it
         let _dropped = requests
             .recv()

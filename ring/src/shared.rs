@@ -168,7 +168,7 @@ impl Shared {
             epoch,
             expires_at_ms,
         };
-        if let Err(e) = self.node.propose(cmd, lease / 3).await {
+        if let Err(e) = self.node.propose_until_leader_changes(cmd, lease / 3).await {
             let retry = Instant::now() + Duration::from_millis(200);
             if let Some(l) = lock(&self.leases).get_mut(shoot) {
                 l.renew_at = retry;
