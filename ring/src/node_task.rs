@@ -42,7 +42,7 @@ pub enum ProposeError {
     Timeout(Duration),
     #[error("the leader changed before it was applied (raft may have dropped it); retry")]
     LeaderChanged,
-    #[error("dropped by raft at once: no leader is known (an election is under way); retry")]
+    #[error("refused at once (no leader known mid-election, a leadership transfer under way, or the node stopping); retry")]
     Dropped,
     #[error("rejected by the ring state: {0}")]
     Rejected(String),
@@ -97,7 +97,10 @@ impl NodeHandle {
     }
 
     /// Like [`NodeHandle::propose`], but gives up as soon as the leader this
-    /// node knew when proposing is lost or replaced. Raft drops a proposal
+    /// node knew when proposing is lost or replaced. Only for commands whose
+    /// second commit changes nothing (a lease renewal): the first may still
+    /// commit under the next leader, and a step report (`HandoverReady`,
+    /// `Done`) retried after it is rejected as out of order. Raft drops a proposal
     /// forwarded to a leader that died without a word: waiting out `timeout`
     /// (a lease renewal's is a third of the lease) let the guards of healthy
     /// control planes reach their fence time while the ring elected a new
@@ -420,7 +423,7 @@ mod tests {
         let e = answer.unwrap_err();
         assert_eq!(e, ProposeError::Dropped);
         assert!(e.is_retryable());
-        assert!(e.to_string().contains("no leader"), "{e}");
+        assert!(e.to_string().contains("no leader known"), "{e}");
     }
 
     /// A proposer that is answered finds what it proposed applied in the
