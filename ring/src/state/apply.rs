@@ -305,6 +305,12 @@ impl RingState {
             .find(|o| o.id == id)
             .ok_or_else(|| format!("no operation {id}"))?;
         if op.step != OperationStep::Pending {
+            // the same report committed twice (its proposer timed out
+            // while the first copy was on its way): taken once
+            let same = matches!(op.kind, OperationKind::Migration { revision: Some(r), .. } if r == revision);
+            if same && !op.step.is_finished() {
+                return Ok(());
+            }
             return Err(format!("operation {id} is {:?}, not Pending", op.step));
         }
         let OperationKind::Migration {
@@ -415,6 +421,11 @@ impl RingState {
             .iter_mut()
             .find(|o| o.id == id)
             .ok_or_else(|| format!("no operation {id}"))?;
+        if op.step == OperationStep::Done && step == OperationStep::Done {
+            // the same report committed twice: taken once (its proposer
+            // goes on with what follows it)
+            return Ok(());
+        }
         if op.step.is_finished() {
             return Err(format!("operation {id} is already {:?}", op.step));
         }

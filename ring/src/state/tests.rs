@@ -548,3 +548,50 @@ fn the_newest_revision_heard_counts_failed_failover_targets() {
     let stale = heard(&[("c", 9_500, 90), ("a", 7_000, 130)]);
     assert_eq!(s.newest_heard("b", stale), seen(90, 9_500), "c hosts b now");
 }
+
+/// A step report that commits twice (its proposer timed out while the
+/// first copy was still on its way through an election, and sent it again)
+/// is taken once: the second copy of a handover at the same revision, or of
+/// `Done`, changes nothing and is not refused, so the proposer does not end
+/// a move that went through as failed, and goes on with what follows
+/// (serving, metrics). A different handover, or another step after `Done`,
+/// is still refused.
+#[test]
+fn a_step_report_committed_twice_is_taken_once() {
+    let mut s = ring3();
+    s.apply(&RingCommand::StartMigration {
+        shoot: "b".into(),
+        to: "c".into(),
+        at_ms: 1,
+    })
+    .unwrap();
+    let ready = |revision| RingCommand::HandoverReady {
+        id: 0,
+        revision,
+        at_ms: 2,
+    };
+    s.apply(&ready(42)).unwrap();
+    let after_first = s.clone();
+    s.apply(&ready(42)).unwrap();
+    assert_eq!(s, after_first, "the second copy changed the state");
+    assert!(s.apply(&ready(43)).unwrap_err().contains("not Pending"));
+    let done = |detail: &str, at_ms| RingCommand::AdvanceOperation {
+        id: 0,
+        step: OperationStep::Done,
+        detail: detail.into(),
+        at_ms,
+        outcome: None,
+    };
+    s.apply(&done("serving on c", 5)).unwrap();
+    let after_done = s.clone();
+    s.apply(&done("serving on c, again", 6)).unwrap();
+    assert_eq!(s, after_done, "the second Done changed the state");
+    let failed = RingCommand::AdvanceOperation {
+        id: 0,
+        step: OperationStep::Failed,
+        detail: "late".into(),
+        at_ms: 7,
+        outcome: None,
+    };
+    assert!(s.apply(&failed).unwrap_err().contains("already Done"));
+}
