@@ -130,7 +130,14 @@ pub fn warnings(certs: &[CertificateStatus], now_unix: i64) -> Vec<String> {
 }
 
 fn renew_hint(c: &CertificateStatus) -> &'static str {
-    if c.owner.starts_with("shoot ") && c.name != "ca" {
+    let node = c.name.starts_with("node ");
+    if node && c.name.ends_with(" kubelet") {
+        "the kubelet renews it itself once 70-90 % of its life has passed; one this close to its end was not renewed: see the node's kubelet log"
+    } else if node {
+        "Ring does not renew kube-proxy's certificate yet (issued by `ringctl bootstrap`, valid 730 days)"
+    } else if c.owner.starts_with("shoot ") && c.name == "kubeconfig" {
+        "Ring does not renew a published kubeconfig yet (issued by `ringctl bootstrap`, valid 730 days)"
+    } else if c.owner.starts_with("shoot ") && c.name != "ca" {
         "it is reissued when its control plane next starts (a planned `ringctl migrate` restarts it)"
     } else {
         "`ringctl pki renew` issues new member certificates (`ringctl pki rotate-ca` a new ring CA); every ringd takes them without a restart"
@@ -281,6 +288,42 @@ mod tests {
             soonest(&certs).map(|c| c.name.as_str()),
             Some("kube-apiserver")
         );
+    }
+
+    /// Each hint names what renews the certificate, and says so where
+    /// nothing does: a published kubeconfig or kube-proxy's certificate is
+    /// not reissued at the control plane's start (the hint said it was).
+    #[test]
+    fn the_renewal_hint_names_what_renews_each_certificate() {
+        let soon = Ok(NOW + 3 * DAY);
+        for (owner, name, hint) in [
+            (
+                "shoot s2",
+                "kube-apiserver",
+                "reissued when its control plane next starts",
+            ),
+            (
+                "shoot s2",
+                "kubeconfig",
+                "does not renew a published kubeconfig",
+            ),
+            (
+                "shoot s2",
+                "node s2 kubelet",
+                "the kubelet renews it itself",
+            ),
+            (
+                "shoot s2",
+                "node s2-2 kube-proxy",
+                "does not renew kube-proxy's",
+            ),
+            ("member m1", "member", "`ringctl pki renew`"),
+            ("ring", "ca", "`ringctl pki rotate-ca`"),
+        ] {
+            let w = warnings(&[cert(owner, name, soon.clone())], NOW);
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert!(w[0].contains(hint), "{owner} {name}: {}", w[0]);
+        }
     }
 
     #[test]
