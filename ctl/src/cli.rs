@@ -280,7 +280,10 @@ pub(crate) enum PkiCommand {
     Check(RingArgs),
     /// Issue new member certificates (and ringctl's) from the ring CA for a
     /// local ring; each running ringd serves and calls with its new one
-    /// within seconds, without a restart or a lost quorum.
+    /// within seconds, without a restart or a lost quorum. Each shoot's
+    /// published kubeconfig gets a new client certificate from its shoot's
+    /// CA, replacing the old one once the shoot's API accepted it, and each
+    /// node a new kube-proxy certificate, which it takes without a restart.
     Renew(PkiRenewArgs),
     /// Replace the ring CA online (local ring): trust a new CA next to the old
     /// one, issue every member's and ringctl's certificate from it, then retire
@@ -305,7 +308,9 @@ pub(crate) struct PkiRenewArgs {
     /// Renew the certificates that expire within this many days.
     #[arg(long, default_value_t = 30)]
     pub(crate) within_days: i64,
-    /// Renew every member certificate and ringctl's, whatever their expiry.
+    /// Renew every member certificate, ringctl's, every published
+    /// kubeconfig and every node's kube-proxy certificate, whatever their
+    /// expiry.
     #[arg(long)]
     pub(crate) all: bool,
 }

@@ -134,9 +134,9 @@ fn renew_hint(c: &CertificateStatus) -> &'static str {
     if node && c.name.ends_with(" kubelet") {
         "the kubelet renews it itself once 70-90 % of its life has passed; one this close to its end was not renewed: see the node's kubelet log"
     } else if node {
-        "Ring does not renew kube-proxy's certificate yet (issued by `ringctl bootstrap`, valid 730 days)"
+        "`ringctl pki renew` issues a new one from the shoot's CA; the node takes it without a restart"
     } else if c.owner.starts_with("shoot ") && c.name == "kubeconfig" {
-        "Ring does not renew a published kubeconfig yet (issued by `ringctl bootstrap`, valid 730 days)"
+        "`ringctl pki renew` issues a new one from the shoot's CA (the file is replaced once the shoot's API accepted it)"
     } else if c.owner.starts_with("shoot ") && c.name != "ca" {
         "it is reissued when its control plane next starts (a planned `ringctl migrate` restarts it)"
     } else {
@@ -290,9 +290,9 @@ mod tests {
         );
     }
 
-    /// Each hint names what renews the certificate, and says so where
-    /// nothing does: a published kubeconfig or kube-proxy's certificate is
-    /// not reissued at the control plane's start (the hint said it was).
+    /// Each hint names what renews the certificate: a published kubeconfig
+    /// or kube-proxy's certificate is not reissued at the control plane's
+    /// start (the hint said it was), `ringctl pki renew` renews them.
     #[test]
     fn the_renewal_hint_names_what_renews_each_certificate() {
         let soon = Ok(NOW + 3 * DAY);
@@ -305,7 +305,7 @@ mod tests {
             (
                 "shoot s2",
                 "kubeconfig",
-                "does not renew a published kubeconfig",
+                "`ringctl pki renew` issues a new one from the shoot's CA",
             ),
             (
                 "shoot s2",
@@ -315,7 +315,7 @@ mod tests {
             (
                 "shoot s2",
                 "node s2-2 kube-proxy",
-                "does not renew kube-proxy's",
+                "the node takes it without a restart",
             ),
             ("member m1", "member", "`ringctl pki renew`"),
             ("ring", "ca", "`ringctl pki rotate-ca`"),

@@ -456,6 +456,15 @@ fn read_cert_der(path: &Path) -> std::result::Result<Vec<u8>, String> {
     Ok(pem.contents)
 }
 
+/// Whether the key file of `pair` belongs to its certificate file (both
+/// readable): a pair being replaced file by file is not, for a moment.
+pub fn pair_matches(pair: &CertPair) -> bool {
+    let (Ok(der), Ok(key)) = (read_cert_der(&pair.cert), read_key(&pair.key)) else {
+        return false;
+    };
+    cert_facts(&der).is_ok_and(|(spki, _)| spki == key.subject_public_key_info())
+}
+
 fn read_key(path: &Path) -> std::result::Result<KeyPair, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
     KeyPair::from_pem(&text).map_err(|e| format!("is not a PEM private key ({e})"))

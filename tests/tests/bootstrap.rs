@@ -111,19 +111,51 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
 
     // renewing: nothing is due, so nothing changes; with --all every member
     // and ringctl get new certificates, and each running ringd serves and calls
-    // with its new one (the command waits until each reports it in use)
+    // with its new one (the command waits until each reports it in use); each
+    // shoot's published kubeconfig gets a new client certificate from the
+    // shoot's CA, which its API accepted before it replaced the old one
     let none = ringctl_ok(&["pki", "renew"], &dir);
     assert!(none.contains("nothing renewed"), "{none}");
+    let kubeconfig = |m: &str| dir.join("kubeconfigs").join(format!("{m}.kubeconfig"));
+    let before: Vec<Vec<u8>> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|m| std::fs::read(kubeconfig(m)).unwrap())
+        .collect();
     let out = ringctl_ok(&["pki", "renew", "--all", "-o", "json"], &dir);
     let renewed: serde_json::Value = serde_json::from_str(&out).expect("json renewal");
     let renewed = renewed.as_array().unwrap();
-    assert_eq!(renewed.len(), 4, "{out}");
+    let names: Vec<&str> = renewed
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ringctl",
+            "m1",
+            "m2",
+            "m3",
+            "kubeconfig m1",
+            "kubeconfig m2",
+            "kubeconfig m3"
+        ],
+        "{out}"
+    );
     for r in renewed {
         assert_eq!(r["inUse"], true, "{out}");
         assert!(
             r["newNotAfterUnix"].as_i64() > r["oldNotAfterUnix"].as_i64(),
             "{out}"
         );
+    }
+    for (m, before) in ["m1", "m2", "m3"].iter().zip(before) {
+        assert_ne!(
+            std::fs::read(kubeconfig(m)).unwrap(),
+            before,
+            "{m}: unchanged"
+        );
+        let spaces = kubectl(&kubeconfig(m), &["get", "namespaces", "-o", "name"]);
+        assert!(spaces.contains("namespace/kube-system"), "{m}: {spaces}");
     }
 
     // the ring CA changes online: every member ends up trusting only the new

@@ -238,6 +238,32 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
 
     client_certificate_renewed(&layout, &kc("m1"), "m1").await;
 
+    // `ringctl pki renew --all` also renews every node's kube-proxy
+    // certificate from its shoot's CA; each node takes its new one without a
+    // restart (ring-node restarts kube-proxy with it and reports it in use),
+    // and the Service and cluster DNS checks below run on it
+    let out = ringctl_in(&dir, &["pki", "renew", "--all", "-o", "json"]);
+    let renewed: serde_json::Value = serde_json::from_str(&out).expect("json renewal");
+    let proxies: Vec<&serde_json::Value> = renewed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with(" kube-proxy"))
+        })
+        .collect();
+    assert_eq!(proxies.len(), 6, "{out}");
+    for r in proxies {
+        assert_eq!(r["inUse"], true, "{out}");
+    }
+    let log = std::fs::read_to_string(bootstrap::nodes::log_file(&layout, "m1-2")).unwrap();
+    assert!(
+        log.contains("use kube-proxy's renewed certificate"),
+        "node m1-2 did not restart kube-proxy: {log}"
+    );
+
     // pods from every image, once kube-controller-manager made the namespace's
     // default service account (admission refuses a pod without it)
     let m1 = kc("m1");

@@ -13,6 +13,8 @@ use crate::output::Format;
 
 use super::{init_tracing, print};
 
+mod shoot_certs;
+
 /// How long one member may take to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -156,10 +158,22 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
             renewed.push(r);
         }
     }
+    let members = renewed.len();
+    let shoot_due = |left: Option<i64>| {
+        args.all || left.is_none_or(|t| t - now_unix() < args.within_days * 86_400)
+    };
+    let mut refused = Vec::new();
+    for (r, why_not) in shoot_certs::renew(&layout, &config, shoot_due).await? {
+        refused.extend(why_not);
+        renewed.push(r);
+    }
     print(&renewed, format, || {
         render_renewed(&renewed, args.within_days)
     })?;
-    let waiting: Vec<&str> = renewed
+    if !refused.is_empty() {
+        anyhow::bail!("{}", refused.join("; "));
+    }
+    let waiting: Vec<&str> = renewed[..members]
         .iter()
         .filter(|r| !r.in_use)
         .map(|r| r.name.as_str())

@@ -166,13 +166,40 @@ pub async fn serve_udp(
     }))
 }
 
+/// What the DNS asks the shoot with, read again when `renewed` changes.
+pub struct Credentials {
+    /// The node (for error messages).
+    pub node: String,
+    /// kube-proxy's kubeconfig.
+    pub kubeconfig: std::path::PathBuf,
+    /// Changes when kube-proxy's certificate was renewed.
+    pub renewed: tokio::sync::watch::Receiver<()>,
+}
+
 /// Keeps `records` current from the shoot's Services and Endpoints (every 2 s,
 /// keeping the last good ones while the API does not answer) until `stop`.
-pub async fn refresh(client: kube::Client, records: Arc<RwLock<Records>>, stop: CancellationToken) {
-    let services: kube::Api<Service> = kube::Api::all(client.clone());
-    let endpoints: kube::Api<Endpoints> = kube::Api::all(client);
+pub async fn refresh(
+    client: kube::Client,
+    mut credentials: Credentials,
+    records: Arc<RwLock<Records>>,
+    stop: CancellationToken,
+) {
+    let mut services: kube::Api<Service> = kube::Api::all(client.clone());
+    let mut endpoints: kube::Api<Endpoints> = kube::Api::all(client);
     let mut failing = false;
     loop {
+        if credentials.renewed.has_changed().unwrap_or(false) {
+            credentials.renewed.mark_unchanged();
+            match crate::kubeconfig::client(&credentials.node, &credentials.kubeconfig).await {
+                Ok(client) => {
+                    services = kube::Api::all(client.clone());
+                    endpoints = kube::Api::all(client);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster DNS: cannot read the renewed credentials; asking with the old ones")
+                }
+            }
+        }
         let lp = kube::api::ListParams::default();
         match tokio::try_join!(services.list(&lp), endpoints.list(&lp)) {
             Ok((s, e)) => {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod dns;
 mod images;
 pub mod net;
+mod proxy_cert;
 pub mod render;
 pub mod renewal;
 mod status;
@@ -178,14 +179,7 @@ fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
         &pki,
         &layout.node_cert(),
     )?;
-    crate::kubeconfig::write(
-        &layout.config_file("kube-proxy.kubeconfig"),
-        &config.name,
-        "system:kube-proxy",
-        &server,
-        &pki,
-        &layout.proxy_cert(),
-    )?;
+    write_proxy_kubeconfig(config)?;
     let files = [
         (
             "containerd.toml",
@@ -203,6 +197,20 @@ fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
     }
     let cni = layout.cni_conf().join("10-ring.conflist");
     std::fs::write(&cni, render::cni_conflist(config, &layout)).map_err(SeedError::io(&cni))
+}
+
+/// kube-proxy's kubeconfig (also the node DNS's), from its certificate
+/// files as they are now.
+fn write_proxy_kubeconfig(config: &NodeConfig) -> Result<()> {
+    let layout = config.layout();
+    crate::kubeconfig::write(
+        &layout.config_file("kube-proxy.kubeconfig"),
+        &config.name,
+        "system:kube-proxy",
+        &format!("https://{}", config.api_server),
+        &layout.pki(),
+        &layout.proxy_cert(),
+    )
 }
 
 /// The node's supervised processes.
@@ -301,8 +309,13 @@ async fn start_forwarders(config: &NodeConfig, stop: &CancellationToken) -> Resu
 }
 
 /// The cluster DNS for the node's pods: UDP port 53 on the node's address,
-/// records from the shoot's Services and Endpoints (kube-proxy's credentials).
-async fn start_dns(config: &NodeConfig, stop: &CancellationToken) -> Result<()> {
+/// records from the shoot's Services and Endpoints (kube-proxy's credentials,
+/// read again whenever `renewed` says they changed).
+async fn start_dns(
+    config: &NodeConfig,
+    renewed: watch::Receiver<()>,
+    stop: &CancellationToken,
+) -> Result<()> {
     let listen = std::net::SocketAddr::new(config.address.into(), 53);
     let socket = crate::netns::udp_in(&config.netns, listen).map_err(|e| {
         node_err(
@@ -317,7 +330,12 @@ async fn start_dns(config: &NodeConfig, stop: &CancellationToken) -> Result<()> 
         .map_err(|e| node_err(config, format!("cluster DNS: {e}")))?;
     let kubeconfig = config.layout().config_file("kube-proxy.kubeconfig");
     let client = crate::kubeconfig::client(&config.name, &kubeconfig).await?;
-    tokio::spawn(dns::refresh(client, records, stop.clone()));
+    let credentials = dns::Credentials {
+        node: config.name.clone(),
+        kubeconfig,
+        renewed,
+    };
+    tokio::spawn(dns::refresh(client, credentials, records, stop.clone()));
     Ok(())
 }
 
@@ -328,7 +346,8 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
     let bins = prepare(&config)?;
     let stop_all = CancellationToken::new();
     start_forwarders(&config, &stop_all).await?;
-    start_dns(&config, &stop_all).await?;
+    let (renewed, renewed_rx) = watch::channel(());
+    start_dns(&config, renewed_rx, &stop_all).await?;
     let (states_tx, states_rx) = watch::channel(States::new());
     let report = status::Reporter::new(config.clone(), states_rx);
     let mut procs = Processes::new(states_tx);
@@ -340,7 +359,8 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
         _ = shutdown.cancelled() => {}
         _ = bring_up(&config, &report, &mut procs, &specs[1..]) => {}
     }
-    shutdown.cancelled().await;
+    let proxy = specs.iter().find(|s| s.component == Component::KubeProxy);
+    follow_proxy_certificate(&config, &report, &mut procs, proxy, &renewed, &shutdown).await;
     tracing::info!("stopping the node and its pods");
     report.phase("Stopping");
     let left = stop_node(&config, &mut procs).await;
@@ -348,6 +368,47 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
     let _ = watcher.await;
     report.phase("Stopped");
     left
+}
+
+/// Until `shutdown`: takes a renewed kube-proxy certificate (see
+/// [`proxy_cert`]): its kubeconfig rewritten, kube-proxy restarted, the DNS
+/// told, the serial reported.
+async fn follow_proxy_certificate(
+    config: &NodeConfig,
+    report: &status::Reporter,
+    procs: &mut Processes,
+    proxy: Option<&crate::process::ComponentSpec>,
+    renewed: &watch::Sender<()>,
+    shutdown: &CancellationToken,
+) {
+    let pair = config.layout().proxy_cert();
+    report.proxy_serial(
+        std::fs::read(&pair.cert)
+            .ok()
+            .and_then(|p| proxy_cert::serial(&p)),
+    );
+    let mut watch = proxy_cert::Watch::new(pair);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(proxy_cert::POLL) => {}
+        }
+        let Some(serial) = watch.renewed() else {
+            continue;
+        };
+        if let Err(e) = write_proxy_kubeconfig(config) {
+            tracing::warn!(error = %e, "cannot write kube-proxy's kubeconfig with its renewed certificate");
+            continue;
+        }
+        if let Some(spec) = proxy {
+            procs.stop(Component::KubeProxy).await;
+            procs.start(spec);
+        }
+        renewed.send_replace(());
+        tracing::info!(%serial, "kube-proxy and the cluster DNS use kube-proxy's renewed certificate");
+        report.proxy_serial(Some(serial));
+    }
 }
 
 /// Once containerd answers and has the pause image, starts kubelet and

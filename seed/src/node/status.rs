@@ -37,6 +37,10 @@ pub struct NodeStatus {
     /// Why the node is not Ready, when it is not (certificate, endpoint, runtime).
     pub problem: Option<String>,
     pub components: States,
+    /// The serial of the kube-proxy certificate kube-proxy and the cluster
+    /// DNS use (see `ringctl pki renew`).
+    #[serde(default)]
+    pub proxy_certificate_serial: Option<String>,
     /// Unix seconds of the last update.
     pub updated: u64,
 }
@@ -101,6 +105,11 @@ impl Reporter {
     /// Sets the phase.
     pub fn phase(&self, phase: &str) {
         self.update(|s| s.phase = phase.into());
+    }
+
+    /// Records the serial of the kube-proxy certificate in use.
+    pub fn proxy_serial(&self, serial: Option<String>) {
+        self.update(|s| s.proxy_certificate_serial = serial);
     }
 
     /// Records why the node cannot work at all (shown until the node stops).
