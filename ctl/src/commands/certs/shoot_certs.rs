@@ -67,7 +67,8 @@ pub(super) async fn renew(
         out.push(renew_one(&shoot, &path, &ca_dir(&shoot)?).await?);
     }
     for (node, shoot, pair) in nodes {
-        out.push(renew_proxy(layout, &node, &pair, &ca_dir(&shoot)?).await?);
+        let ca = shoot_ca(&shoot, &ca_dir(&shoot)?)?;
+        out.push(renew_proxy(layout, &node, &pair, &ca).await?);
     }
     Ok(out)
 }
@@ -93,19 +94,31 @@ async fn renew_proxy(
     layout: &bootstrap::RingLayout,
     node: &str,
     pair: &seed::pki::CertPair,
-    ca_dir: &Path,
+    (ca_cert, ca_key): &(String, String),
 ) -> anyhow::Result<(Renewed, Option<String>)> {
     let old = seed::expiry::not_after_file(&pair.cert).ok();
-    let (ca_cert, ca_key) = shoot_ca(node, ca_dir)?;
-    let (cert, key) = seed::pki::issue(&ca_cert, &ca_key, &proxy())?;
+    let (cert, key) = seed::pki::issue(ca_cert, ca_key, &proxy())?;
     seed::pki::write_private(&pair.key, key.as_bytes())?;
     seed::pki::write_private(&pair.cert, cert.as_bytes())?;
+    let name = format!("node {node} kube-proxy");
+    let serial = report(&name, old, &cert, None)?.0.serial;
+    let why_not = node_took(layout, node, &serial).await.err();
+    report(&name, old, &cert, why_not)
+}
+
+/// What a renewal of `name` reports: the new certificate `cert` (PEM), taken
+/// unless `why_not`.
+fn report(
+    name: &str,
+    old: Option<i64>,
+    cert: &str,
+    why_not: Option<String>,
+) -> anyhow::Result<(Renewed, Option<String>)> {
     let info = seed::expiry::infos_pem(cert.as_bytes())
-        .map_err(|e| anyhow::anyhow!("the new certificate of node {node} {e}"))?
+        .map_err(|e| anyhow::anyhow!("the new certificate of {name} {e}"))?
         .remove(0); // infos_pem returns at least one
-    let why_not = node_took(layout, node, &info.serial).await.err();
     let r = Renewed {
-        name: format!("node {node} kube-proxy"),
+        name: name.to_string(),
         old_not_after_unix: old,
         new_not_after_unix: info.not_after,
         serial: info.serial,
@@ -165,17 +178,7 @@ async fn renew_one(
             let _ = std::fs::remove_file(&candidate);
         }
     }
-    let info = seed::expiry::infos_pem(cert.as_bytes())
-        .map_err(|e| anyhow::anyhow!("the new certificate of shoot {shoot} {e}"))?
-        .remove(0); // infos_pem returns at least one
-    let r = Renewed {
-        name: format!("kubeconfig {shoot}"),
-        old_not_after_unix: old,
-        new_not_after_unix: info.not_after,
-        serial: info.serial,
-        in_use: why_not.is_none(),
-    };
-    Ok((r, why_not))
+    report(&format!("kubeconfig {shoot}"), old, &cert, why_not)
 }
 
 /// The identity of the admin kubeconfig `ringctl bootstrap` publishes.
