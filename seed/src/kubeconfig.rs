@@ -71,9 +71,25 @@ pub fn write(
     pki: &Pki,
     client: &CertPair,
 ) -> Result<()> {
-    let b64 = |p: &Path| -> Result<String> {
-        Ok(base64::engine::general_purpose::STANDARD.encode(pki.read_pem(p)?))
-    };
+    let ca = pki.read_pem(&pki.ca().cert)?;
+    let pair = (pki.read_pem(&client.cert)?, pki.read_pem(&client.key)?);
+    write_pem(
+        path,
+        (shoot, user, server),
+        ca.as_bytes(),
+        (pair.0.as_bytes(), pair.1.as_bytes()),
+    )
+}
+
+/// Like [`write`], from the CA certificate and the client pair as PEM bytes
+/// (`who`: shoot, user, server).
+pub fn write_pem(
+    path: &Path,
+    (shoot, user, server): (&str, &str, &str),
+    ca: &[u8],
+    (cert, key): (&[u8], &[u8]),
+) -> Result<()> {
+    let b64 = |pem: &[u8]| base64::engine::general_purpose::STANDARD.encode(pem);
     let user_name = format!("{shoot}-{user}");
     let doc = Kubeconfig {
         api_version: "v1",
@@ -83,7 +99,7 @@ pub fn write(
             value: ClusterEntry {
                 cluster: Cluster {
                     server: server.to_string(),
-                    certificate_authority_data: b64(&pki.ca().cert)?,
+                    certificate_authority_data: b64(ca),
                 },
             },
         }],
@@ -91,8 +107,8 @@ pub fn write(
             name: user_name.clone(),
             value: UserEntry {
                 user: User {
-                    client_certificate_data: b64(&client.cert)?,
-                    client_key_data: b64(&client.key)?,
+                    client_certificate_data: b64(cert),
+                    client_key_data: b64(key),
                 },
             },
         }],

@@ -456,13 +456,20 @@ fn read_cert_der(path: &Path) -> std::result::Result<Vec<u8>, String> {
     Ok(pem.contents)
 }
 
-/// Whether the key file of `pair` belongs to its certificate file (both
-/// readable): a pair being replaced file by file is not, for a moment.
-pub fn pair_matches(pair: &CertPair) -> bool {
-    let (Ok(der), Ok(key)) = (read_cert_der(&pair.cert), read_key(&pair.key)) else {
+/// Whether the private key `key_pem` belongs to the certificate `cert_pem`
+/// (both PEM): a pair being replaced file by file does not, for a moment.
+pub fn pem_pair_matches(cert_pem: &[u8], key_pem: &[u8]) -> bool {
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(cert_pem) else {
         return false;
     };
-    cert_facts(&der).is_ok_and(|(spki, _)| spki == key.subject_public_key_info())
+    let key = std::str::from_utf8(key_pem)
+        .ok()
+        .and_then(|k| KeyPair::from_pem(k).ok());
+    let Some(key) = key else {
+        return false;
+    };
+    pem.label == "CERTIFICATE"
+        && cert_facts(&pem.contents).is_ok_and(|(spki, _)| spki == key.subject_public_key_info())
 }
 
 fn read_key(path: &Path) -> std::result::Result<KeyPair, String> {

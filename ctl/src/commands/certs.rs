@@ -162,27 +162,27 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
     let shoot_due = |left: Option<i64>| {
         args.all || left.is_none_or(|t| t - now_unix() < args.within_days * 86_400)
     };
-    let mut refused = Vec::new();
-    for (r, why_not) in shoot_certs::renew(&layout, &config, shoot_due).await? {
-        refused.extend(why_not);
+    let mut problems = Vec::new();
+    for (r, why_not) in shoot_certs::renew(&layout, &config, shoot_due, &mut problems).await? {
+        problems.extend(why_not);
         renewed.push(r);
     }
     print(&renewed, format, || {
         render_renewed(&renewed, args.within_days)
     })?;
-    if !refused.is_empty() {
-        anyhow::bail!("{}", refused.join("; "));
-    }
     let waiting: Vec<&str> = renewed[..members]
         .iter()
         .filter(|r| !r.in_use)
         .map(|r| r.name.as_str())
         .collect();
     if !waiting.is_empty() {
-        anyhow::bail!(
+        problems.insert(0, format!(
             "{} did not report the new certificate within {TAKE_TIMEOUT:?}; a ringd that is down takes it when it starts (see `ringctl pki check`)",
             waiting.join(", ")
-        );
+        ));
+    }
+    if !problems.is_empty() {
+        anyhow::bail!("{}", problems.join("; "));
     }
     Ok(())
 }

@@ -189,9 +189,10 @@ pub async fn refresh(
     let mut failing = false;
     loop {
         if credentials.renewed.has_changed().unwrap_or(false) {
-            credentials.renewed.mark_unchanged();
             match crate::kubeconfig::client(&credentials.node, &credentials.kubeconfig).await {
                 Ok(client) => {
+                    // only once taken: a failed read is tried again next round
+                    credentials.renewed.mark_unchanged();
                     services = kube::Api::all(client.clone());
                     endpoints = kube::Api::all(client);
                 }

@@ -139,8 +139,9 @@ fn pods_mount_ns(config: &NodeConfig) -> Option<std::fs::File> {
         .and_then(|pid| std::fs::File::open(ns_file(&pid)).ok())
 }
 
-/// Writes every config file the node's processes read.
-fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
+/// Writes every config file the node's processes read; returns the
+/// kube-proxy pair its kubeconfig was written with.
+fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<proxy_cert::Pair> {
     let layout = config.layout();
     for dir in [
         layout.config_file(""),
@@ -179,7 +180,19 @@ fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
         &pki,
         &layout.node_cert(),
     )?;
-    write_proxy_kubeconfig(config)?;
+    let pair = proxy_cert::Pair::read(&layout.proxy_cert())
+        .filter(proxy_cert::Pair::matches)
+        .ok_or_else(|| {
+            node_err(
+                config,
+                format!(
+                    "kube-proxy's key {} does not belong to its certificate {} (a `ringctl pki renew` stopped between the two files?); run `ringctl pki renew --all` again",
+                    layout.proxy_cert().key.display(),
+                    layout.proxy_cert().cert.display()
+                ),
+            )
+        })?;
+    write_proxy_kubeconfig(config, &pair)?;
     let files = [
         (
             "containerd.toml",
@@ -196,20 +209,20 @@ fn write_configs(config: &NodeConfig, bins: &NodeBinaries) -> Result<()> {
         std::fs::write(&path, text).map_err(SeedError::io(&path))?;
     }
     let cni = layout.cni_conf().join("10-ring.conflist");
-    std::fs::write(&cni, render::cni_conflist(config, &layout)).map_err(SeedError::io(&cni))
+    std::fs::write(&cni, render::cni_conflist(config, &layout)).map_err(SeedError::io(&cni))?;
+    Ok(pair)
 }
 
-/// kube-proxy's kubeconfig (also the node DNS's), from its certificate
-/// files as they are now.
-fn write_proxy_kubeconfig(config: &NodeConfig) -> Result<()> {
+/// kube-proxy's kubeconfig (also the node DNS's), from exactly `pair`.
+fn write_proxy_kubeconfig(config: &NodeConfig, pair: &proxy_cert::Pair) -> Result<()> {
     let layout = config.layout();
-    crate::kubeconfig::write(
+    let pki = layout.pki();
+    let server = format!("https://{}", config.api_server);
+    crate::kubeconfig::write_pem(
         &layout.config_file("kube-proxy.kubeconfig"),
-        &config.name,
-        "system:kube-proxy",
-        &format!("https://{}", config.api_server),
-        &layout.pki(),
-        &layout.proxy_cert(),
+        (&config.name, "system:kube-proxy", &server),
+        pki.read_pem(&pki.ca().cert)?.as_bytes(),
+        (&pair.cert, &pair.key),
     )
 }
 
@@ -245,6 +258,11 @@ impl Processes {
             .insert(spec.component, (token, tokio::spawn(task)));
     }
 
+    /// Whether `c` was started (and not stopped) here.
+    fn runs(&self, c: Component) -> bool {
+        self.tasks.contains_key(&c)
+    }
+
     /// Stops `c` (SIGTERM, SIGKILL after the grace) and waits for it.
     async fn stop(&mut self, c: Component) {
         if let Some((token, handle)) = self.tasks.remove(&c) {
@@ -255,7 +273,7 @@ impl Processes {
 }
 
 /// Checks what the node needs and writes its configs; returns its programs.
-fn prepare(config: &NodeConfig) -> Result<NodeBinaries> {
+fn prepare(config: &NodeConfig) -> Result<(NodeBinaries, proxy_cert::Pair)> {
     let bins = find_binaries(config)?;
     if !crate::netns::exists(&config.netns) {
         return Err(node_err(
@@ -266,7 +284,7 @@ fn prepare(config: &NodeConfig) -> Result<NodeBinaries> {
             ),
         ));
     }
-    write_configs(config, &bins)?;
+    let proxy_pair = write_configs(config, &bins)?;
     preload_images(config);
     teardown::create_cgroups(&config.cgroup_root).map_err(|e| {
         node_err(
@@ -274,7 +292,7 @@ fn prepare(config: &NodeConfig) -> Result<NodeBinaries> {
             format!("creating cgroup {}: {e}", config.cgroup_root),
         )
     })?;
-    Ok(bins)
+    Ok((bins, proxy_pair))
 }
 
 /// A first start's containerd root gets the preloaded control-plane images
@@ -343,13 +361,14 @@ async fn start_dns(
 pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> {
     let span = tracing::info_span!("node", node = %config.name);
     let _guard = span.enter();
-    let bins = prepare(&config)?;
+    let (bins, proxy_pair) = prepare(&config)?;
     let stop_all = CancellationToken::new();
     start_forwarders(&config, &stop_all).await?;
     let (renewed, renewed_rx) = watch::channel(());
     start_dns(&config, renewed_rx, &stop_all).await?;
     let (states_tx, states_rx) = watch::channel(States::new());
     let report = status::Reporter::new(config.clone(), states_rx);
+    report.proxy_serial(proxy_pair.serial());
     let mut procs = Processes::new(states_tx);
     let specs = render::component_specs(&config, &config.layout(), &bins);
     procs.start(&specs[0]);
@@ -360,7 +379,14 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
         _ = bring_up(&config, &report, &mut procs, &specs[1..]) => {}
     }
     let proxy = specs.iter().find(|s| s.component == Component::KubeProxy);
-    follow_proxy_certificate(&config, &report, &mut procs, proxy, &renewed, &shutdown).await;
+    let pairs = proxy_cert::Watch::new(config.layout().proxy_cert(), Some(proxy_pair));
+    let mut follow = Follow {
+        config: &config,
+        report: &report,
+        proxy,
+        renewed: &renewed,
+    };
+    follow.run(&mut procs, pairs, &shutdown).await;
     tracing::info!("stopping the node and its pods");
     report.phase("Stopping");
     let left = stop_node(&config, &mut procs).await;
@@ -370,44 +396,50 @@ pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<()> 
     left
 }
 
-/// Until `shutdown`: takes a renewed kube-proxy certificate (see
-/// [`proxy_cert`]): its kubeconfig rewritten, kube-proxy restarted, the DNS
-/// told, the serial reported.
-async fn follow_proxy_certificate(
-    config: &NodeConfig,
-    report: &status::Reporter,
-    procs: &mut Processes,
-    proxy: Option<&crate::process::ComponentSpec>,
-    renewed: &watch::Sender<()>,
-    shutdown: &CancellationToken,
-) {
-    let pair = config.layout().proxy_cert();
-    report.proxy_serial(
-        std::fs::read(&pair.cert)
-            .ok()
-            .and_then(|p| proxy_cert::serial(&p)),
-    );
-    let mut watch = proxy_cert::Watch::new(pair);
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(proxy_cert::POLL) => {}
+/// What takes a renewed kube-proxy certificate (see [`proxy_cert`]).
+struct Follow<'a> {
+    config: &'a NodeConfig,
+    report: &'a status::Reporter,
+    proxy: Option<&'a crate::process::ComponentSpec>,
+    renewed: &'a watch::Sender<()>,
+}
+
+impl Follow<'_> {
+    /// Until `shutdown`: each complete new pair goes into kube-proxy's
+    /// kubeconfig, kube-proxy restarts with it (if it runs: a node whose
+    /// bring-up failed is left as it is), the DNS is told, the serial
+    /// reported. A renewal during the bring-up is taken right after it.
+    async fn run(
+        &mut self,
+        procs: &mut Processes,
+        mut pairs: proxy_cert::Watch,
+        shutdown: &CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(proxy_cert::POLL) => {}
+            }
+            let Some(pair) = pairs.renewed() else {
+                continue;
+            };
+            if let Err(e) = write_proxy_kubeconfig(self.config, &pair) {
+                tracing::warn!(error = %e, "cannot write kube-proxy's kubeconfig with its renewed certificate");
+                continue;
+            }
+            if let Some(spec) = self.proxy.filter(|_| procs.runs(Component::KubeProxy)) {
+                procs.stop(Component::KubeProxy).await;
+                procs.start(spec);
+            }
+            self.renewed.send_replace(());
+            let serial = pair.serial();
+            tracing::info!(
+                serial = serial.as_deref().unwrap_or("?"),
+                "kube-proxy and the cluster DNS use kube-proxy's renewed certificate"
+            );
+            self.report.proxy_serial(serial);
         }
-        let Some(serial) = watch.renewed() else {
-            continue;
-        };
-        if let Err(e) = write_proxy_kubeconfig(config) {
-            tracing::warn!(error = %e, "cannot write kube-proxy's kubeconfig with its renewed certificate");
-            continue;
-        }
-        if let Some(spec) = proxy {
-            procs.stop(Component::KubeProxy).await;
-            procs.start(spec);
-        }
-        renewed.send_replace(());
-        tracing::info!(%serial, "kube-proxy and the cluster DNS use kube-proxy's renewed certificate");
-        report.proxy_serial(Some(serial));
     }
 }
 

@@ -18,17 +18,21 @@ use super::Renewed;
 const CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How long a node may take to report its new kube-proxy certificate in use
-/// (it looks every 5 s, then restarts kube-proxy).
-const NODE_TIMEOUT: Duration = Duration::from_secs(30);
+/// (it looks every 5 s once it is up, then restarts kube-proxy).
+const NODE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Renews every shoot's published kubeconfig and every node's kube-proxy
-/// certificate that `due` says (given its `notAfter`, if readable). What
-/// was not taken (a kubeconfig the shoot's API refused is kept; a node
-/// that did not report its new certificate) comes with the reason.
+/// certificate that `due` says (given its `notAfter`, if readable). Each
+/// renewal comes with why it was not taken, if it was not (a kubeconfig the
+/// shoot's API refused is kept; a node that did not report its new
+/// certificate); `problems` names what could not be renewed at all (the
+/// ring not answering where a shoot is hosted, an unreadable CA), and the
+/// others go on.
 pub(super) async fn renew(
     layout: &bootstrap::RingLayout,
     config: &bootstrap::config::RingConfig,
     due: impl Fn(Option<i64>) -> bool,
+    problems: &mut Vec<String>,
 ) -> anyhow::Result<Vec<(Renewed, Option<String>)>> {
     let shoots: Vec<(String, PathBuf)> = config
         .members
@@ -52,23 +56,41 @@ pub(super) async fn renew(
     if shoots.is_empty() && nodes.is_empty() {
         return Ok(Vec::new());
     }
-    let status = bootstrap::ring_status(layout, config).await?;
-    let ca_dir = |shoot: &str| -> anyhow::Result<PathBuf> {
+    let status = match bootstrap::ring_status(layout, config).await {
+        Ok(status) => status,
+        Err(e) => {
+            problems.push(format!(
+                "no kubeconfig or kube-proxy certificate renewed: the ring did not say where each shoot is hosted (its CA is kept there): {e}"
+            ));
+            return Ok(Vec::new());
+        }
+    };
+    let ca = |shoot: &str| -> anyhow::Result<(String, String)> {
         let host = status
             .placements
             .iter()
             .find(|p| p.shoot == shoot)
             .map(|p| p.host.clone())
             .ok_or_else(|| anyhow::anyhow!("the ring places no control plane of shoot {shoot}"))?;
-        Ok(bootstrap::nodes::shoot_pki_dir(layout, shoot, &host))
+        shoot_ca(
+            shoot,
+            &bootstrap::nodes::shoot_pki_dir(layout, shoot, &host),
+        )
     };
     let mut out = Vec::new();
     for (shoot, path) in shoots {
-        out.push(renew_one(&shoot, &path, &ca_dir(&shoot)?).await?);
+        match ca(&shoot) {
+            Ok(ca) => out.push(renew_one(&shoot, &path, &ca).await?),
+            Err(e) => problems.push(format!("kubeconfig {shoot} not renewed: {e}")),
+        }
     }
     for (node, shoot, pair) in nodes {
-        let ca = shoot_ca(&shoot, &ca_dir(&shoot)?)?;
-        out.push(renew_proxy(layout, &node, &pair, &ca).await?);
+        match ca(&shoot) {
+            Ok(ca) => out.push(renew_proxy(layout, &node, &pair, &ca).await?),
+            Err(e) => problems.push(format!(
+                "node {node}'s kube-proxy certificate not renewed: {e}"
+            )),
+        }
     }
     Ok(out)
 }
@@ -98,12 +120,32 @@ async fn renew_proxy(
 ) -> anyhow::Result<(Renewed, Option<String>)> {
     let old = seed::expiry::not_after_file(&pair.cert).ok();
     let (cert, key) = seed::pki::issue(ca_cert, ca_key, &proxy())?;
-    seed::pki::write_private(&pair.key, key.as_bytes())?;
-    seed::pki::write_private(&pair.cert, cert.as_bytes())?;
+    replace_pair(pair, &cert, &key)?;
     let name = format!("node {node} kube-proxy");
     let serial = report(&name, old, &cert, None)?.0.serial;
     let why_not = node_took(layout, node, &serial).await.err();
     report(&name, old, &cert, why_not)
+}
+
+/// Writes both new files next to the old ones, then renames the key and
+/// right after it the certificate over them: a node never reads a pair
+/// whose key is new and whose certificate is old for longer than between
+/// two renames (and takes none that does not belong together).
+fn replace_pair(pair: &seed::pki::CertPair, cert: &str, key: &str) -> anyhow::Result<()> {
+    let next = |p: &Path| {
+        let name = p
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        p.with_file_name(format!(".{name}.renewed"))
+    };
+    let (next_cert, next_key) = (next(&pair.cert), next(&pair.key));
+    seed::pki::write_private(&next_key, key.as_bytes())?;
+    seed::pki::write_private(&next_cert, cert.as_bytes())?;
+    let rename = |from: &Path, to: &Path| {
+        std::fs::rename(from, to).map_err(|e| anyhow::anyhow!("replacing {}: {e}", to.display()))
+    };
+    rename(&next_key, &pair.key)?;
+    rename(&next_cert, &pair.cert)
 }
 
 /// What a renewal of `name` reports: the new certificate `cert` (PEM), taken
@@ -155,11 +197,10 @@ async fn node_took(layout: &bootstrap::RingLayout, node: &str, serial: &str) -> 
 async fn renew_one(
     shoot: &str,
     path: &Path,
-    ca_dir: &Path,
+    (ca_cert, ca_key): &(String, String),
 ) -> anyhow::Result<(Renewed, Option<String>)> {
     let old = seed::expiry::kubeconfig_client_not_after(path).ok();
-    let (ca_cert, ca_key) = shoot_ca(shoot, ca_dir)?;
-    let (cert, key) = seed::pki::issue(&ca_cert, &ca_key, &admin())?;
+    let (cert, key) = seed::pki::issue(ca_cert, ca_key, &admin())?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let renewed =
@@ -171,12 +212,14 @@ async fn renew_one(
     let candidate = path.with_file_name(format!(".{name}.renewed"));
     seed::pki::write_private(&candidate, renewed.as_bytes())?;
     let why_not = accepted(shoot, &candidate).await.err();
-    match &why_not {
+    let why_not = match why_not {
         None => std::fs::rename(&candidate, path)
-            .map_err(|e| anyhow::anyhow!("replacing {}: {e}", path.display()))?,
-        Some(_) => {
-            let _ = std::fs::remove_file(&candidate);
-        }
+            .err()
+            .map(|e| format!("replacing {}: {e}", path.display())),
+        refused => refused,
+    };
+    if why_not.is_some() {
+        let _ = std::fs::remove_file(&candidate);
     }
     report(&format!("kubeconfig {shoot}"), old, &cert, why_not)
 }
@@ -227,14 +270,18 @@ fn with_client(kubeconfig: &str, cert: &str, key: &str) -> Result<String, String
     serde_yaml::to_string(&doc).map_err(|e| e.to_string())
 }
 
-/// Whether the shoot's API answers a request authenticated by `kubeconfig`.
+/// Whether the shoot's API answers a request authenticated and authorized
+/// by `kubeconfig` (listing namespaces).
 async fn accepted(shoot: &str, kubeconfig: &Path) -> Result<(), String> {
     let ask = async {
         let client = seed::kubeconfig::client(shoot, kubeconfig)
             .await
             .map_err(|e| e.to_string())?;
-        client
-            .apiserver_version()
+        // an authorized request (`/version` answers anyone)
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+        let one = kube::api::ListParams::default().limit(1);
+        namespaces
+            .list(&one)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
