@@ -336,7 +336,7 @@ fn verify_partition_drill_fences_a_target_cut_off_mid_restore() {
     );
 }
 
-/// The self-hosted ring with a 12 s lease, each ringd in its own network
+/// The self-hosted ring with a 20 s lease, each ringd in its own network
 /// namespace: the host of pl2 is cut off and keeps serving and backing up
 /// until its lease ends; the restore its successor made meanwhile is then
 /// behind the bucket, is discarded and made again (the drill expects
