@@ -425,7 +425,8 @@ impl Follow<'_> {
                 continue;
             };
             if let Err(e) = write_proxy_kubeconfig(self.config, &pair) {
-                tracing::warn!(error = %e, "cannot write kube-proxy's kubeconfig with its renewed certificate");
+                tracing::warn!(error = %e, "cannot write kube-proxy's kubeconfig with its renewed certificate; trying again");
+                pairs.retry();
                 continue;
             }
             if let Some(spec) = self.proxy.filter(|_| procs.runs(Component::KubeProxy)) {

@@ -66,6 +66,12 @@ impl Watch {
         self.seen = Some(now.clone());
         Some(now)
     }
+
+    /// The pair last returned could not be taken: return it again at the
+    /// next look.
+    pub(super) fn retry(&mut self) {
+        self.seen = None;
+    }
 }
 
 #[cfg(test)]
@@ -115,5 +121,7 @@ mod tests {
         assert_eq!(taken.key, next.1.as_bytes());
         assert!(taken.serial().is_some());
         assert_eq!(watch.renewed(), None, "taken once");
+        watch.retry();
+        assert_eq!(watch.renewed(), Some(taken), "again after a failed take");
     }
 }
