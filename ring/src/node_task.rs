@@ -99,8 +99,8 @@ impl NodeHandle {
     /// Like [`NodeHandle::propose`], but gives up as soon as the leader this
     /// node knew when proposing is lost or replaced. Only for commands whose
     /// second commit changes nothing (a lease renewal): the first may still
-    /// commit under the next leader, and a step report (`HandoverReady`,
-    /// `Done`) retried after it is rejected as out of order. Raft drops a proposal
+    /// commit under the next leader while the proposer tries again, and
+    /// that window is far wider than after a timeout. Raft drops a proposal
     /// forwarded to a leader that died without a word: waiting out `timeout`
     /// (a lease renewal's is a third of the lease) let the guards of healthy
     /// control planes reach their fence time while the ring elected a new

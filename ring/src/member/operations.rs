@@ -300,7 +300,7 @@ async fn begin_restore(
 /// host that was cut off or stalled, not dead, may have backed up more until
 /// its guard fenced it. Otherwise it is discarded and the shoot restored
 /// again (what the ring did before restoring early, at the same cost).
-/// Whether a current restore is kept.
+/// Returns whether it kept a current restore.
 async fn keep_early_restore_if_current(
     shared: &Shared,
     mover: &dyn Mover,
