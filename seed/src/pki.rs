@@ -105,6 +105,21 @@ impl Leaf {
         }
     }
 
+    /// What this leaf is issued as for the shoot at `endpoint` (what
+    /// `ringctl pki renew` issues anew for a published kubeconfig too).
+    pub fn spec(self, endpoint: &ShootEndpoint) -> LeafSpec<'static> {
+        let (common_name, organizations, server, client) = self.identity();
+        let (ips, dns) = self.sans(endpoint);
+        LeafSpec {
+            common_name,
+            organizations,
+            ips,
+            dns_names: dns.into_iter().map(String::from).collect(),
+            server,
+            client,
+        }
+    }
+
     /// Subject alternative names: the shoot's address for every server certificate,
     /// plus the in-cluster names for kube-apiserver.
     fn sans(self, endpoint: &ShootEndpoint) -> (Vec<IpAddr>, Vec<&'static str>) {
@@ -266,16 +281,7 @@ impl Pki {
             }
             tracing::info!(shoot, cert = %pair.cert.display(), fresh, covers, "reissuing certificate");
         }
-        let (cn, orgs, server, client) = leaf.identity();
-        let (ips, dns) = leaf.sans(endpoint);
-        let spec = LeafSpec {
-            common_name: cn,
-            organizations: orgs,
-            ips,
-            dns_names: dns.into_iter().map(String::from).collect(),
-            server,
-            client,
-        };
+        let spec = leaf.spec(endpoint);
         let (cert, key) =
             issue_leaf(&ca.cert_der, &ca.key, &spec).map_err(|e| pki_err(&pair.cert, e))?;
         write_private(&pair.key, key.as_bytes())?;
@@ -320,6 +326,20 @@ pub struct LeafSpec<'a> {
     pub server: bool,
     /// May authenticate as a TLS client.
     pub client: bool,
+}
+
+impl<'a> LeafSpec<'a> {
+    /// A certificate that only authenticates a client, with no alternative names.
+    pub fn client(common_name: &'a str, organizations: &'a [&'a str]) -> Self {
+        LeafSpec {
+            common_name,
+            organizations,
+            ips: vec![],
+            dns_names: vec![],
+            server: false,
+            client: true,
+        }
+    }
 }
 
 /// A new self-signed CA (ECDSA P-256, ten years): `(certificate PEM, key PEM)`.

@@ -138,11 +138,13 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
     init_tracing("warn");
     let (layout, config) = local_ring(&args.dir)?;
     let pki = ringd::identity::RingPki::new(layout.pki());
+    // whether a certificate with `notAfter` `left` (if readable) is renewed
+    let due_at = |left: Option<i64>| {
+        args.all || left.is_none_or(|t| t - now_unix() < args.within_days * 86_400)
+    };
     let due = |path: &std::path::Path| {
         let left = seed::expiry::not_after_file(path).ok();
-        let now = now_unix();
-        let renew = args.all || left.is_none_or(|t| t - now < args.within_days * 86_400);
-        (left, renew)
+        (left, due_at(left))
     };
     let mut renewed = Vec::new();
     let admin = pki.files(ringd::identity::ADMIN_NAME);
@@ -159,11 +161,8 @@ pub async fn pki_renew(args: crate::cli::PkiRenewArgs, format: Format) -> anyhow
         }
     }
     let members = renewed.len();
-    let shoot_due = |left: Option<i64>| {
-        args.all || left.is_none_or(|t| t - now_unix() < args.within_days * 86_400)
-    };
     let mut problems = Vec::new();
-    for (r, why_not) in shoot_certs::renew(&layout, &config, shoot_due, &mut problems).await? {
+    for (r, why_not) in shoot_certs::renew(&layout, &config, due_at, &mut problems).await? {
         problems.extend(why_not);
         renewed.push(r);
     }

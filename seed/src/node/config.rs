@@ -114,18 +114,13 @@ impl NodeConfig {
         let pki = layout.pki();
         crate::pki::create_private_dir(pki.dir())?;
         let node_cn = format!("system:node:{}", self.name);
-        for (pair, cn, orgs) in [
-            (layout.node_cert(), node_cn.as_str(), &["system:nodes"][..]),
-            (layout.proxy_cert(), "system:kube-proxy", &[][..]),
+        for (pair, spec) in [
+            (
+                layout.node_cert(),
+                crate::pki::LeafSpec::client(&node_cn, &["system:nodes"]),
+            ),
+            (layout.proxy_cert(), proxy_identity()),
         ] {
-            let spec = crate::pki::LeafSpec {
-                common_name: cn,
-                organizations: orgs,
-                ips: vec![],
-                dns_names: vec![],
-                server: false,
-                client: true,
-            };
             let (cert, key) = crate::pki::issue(ca_cert_pem, ca_key_pem, &spec)?;
             crate::pki::write_private(&pair.cert, cert.as_bytes())?;
             crate::pki::write_private(&pair.key, key.as_bytes())?;
@@ -253,6 +248,15 @@ pub fn parse_cidr(cidr: &str) -> std::result::Result<(Ipv4Addr, u8), String> {
         .filter(|l| *l <= 32)
         .ok_or_else(|| format!("{len:?} in {cidr:?} is not a prefix length 0..=32"))?;
     Ok((addr, len))
+}
+
+/// kube-proxy's user on a node (its client certificate's common name).
+pub const PROXY_USER: &str = "system:kube-proxy";
+
+/// What kube-proxy's client certificate is issued as (by `ringctl bootstrap`
+/// and `ringctl pki renew`).
+pub fn proxy_identity() -> crate::pki::LeafSpec<'static> {
+    crate::pki::LeafSpec::client(PROXY_USER, &[])
 }
 
 /// Where a node keeps what.

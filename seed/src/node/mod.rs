@@ -220,7 +220,7 @@ fn write_proxy_kubeconfig(config: &NodeConfig, pair: &proxy_cert::Pair) -> Resul
     let server = format!("https://{}", config.api_server);
     crate::kubeconfig::write_pem(
         &layout.config_file("kube-proxy.kubeconfig"),
-        (&config.name, "system:kube-proxy", &server),
+        (&config.name, config::PROXY_USER, &server),
         pki.read_pem(&pki.ca().cert)?.as_bytes(),
         (&pair.cert, &pair.key),
     )

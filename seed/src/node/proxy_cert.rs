@@ -79,15 +79,7 @@ mod tests {
     use super::*;
 
     fn pair(ca: &(String, String)) -> (String, String) {
-        let spec = crate::pki::LeafSpec {
-            common_name: "system:kube-proxy",
-            organizations: &[],
-            ips: vec![],
-            dns_names: vec![],
-            server: false,
-            client: true,
-        };
-        crate::pki::issue(&ca.0, &ca.1, &spec).unwrap()
+        crate::pki::issue(&ca.0, &ca.1, &crate::node::config::proxy_identity()).unwrap()
     }
 
     /// The node's pair is taken once it changed as a whole: not the one it

@@ -119,12 +119,12 @@ async fn renew_proxy(
     (ca_cert, ca_key): &(String, String),
 ) -> anyhow::Result<(Renewed, Option<String>)> {
     let old = seed::expiry::not_after_file(&pair.cert).ok();
-    let (cert, key) = seed::pki::issue(ca_cert, ca_key, &proxy())?;
+    let (cert, key) = seed::pki::issue(ca_cert, ca_key, &seed::node::config::proxy_identity())?;
     replace_pair(pair, &cert, &key)?;
-    let name = format!("node {node} kube-proxy");
-    let serial = report(&name, old, &cert, None)?.0.serial;
-    let why_not = node_took(layout, node, &serial).await.err();
-    report(&name, old, &cert, why_not)
+    let mut r = issued(&format!("node {node} kube-proxy"), old, &cert)?;
+    let why_not = node_took(layout, node, &r.serial).await.err();
+    r.in_use = why_not.is_none();
+    Ok((r, why_not))
 }
 
 /// Writes both new files next to the old ones, then renames the key and
@@ -148,25 +148,19 @@ fn replace_pair(pair: &seed::pki::CertPair, cert: &str, key: &str) -> anyhow::Re
     rename(&next_cert, &pair.cert)
 }
 
-/// What a renewal of `name` reports: the new certificate `cert` (PEM), taken
-/// unless `why_not`.
-fn report(
-    name: &str,
-    old: Option<i64>,
-    cert: &str,
-    why_not: Option<String>,
-) -> anyhow::Result<(Renewed, Option<String>)> {
+/// What a renewal of `name` reports about the new certificate `cert` (PEM),
+/// not yet in use.
+fn issued(name: &str, old: Option<i64>, cert: &str) -> anyhow::Result<Renewed> {
     let info = seed::expiry::infos_pem(cert.as_bytes())
         .map_err(|e| anyhow::anyhow!("the new certificate of {name} {e}"))?
         .remove(0); // infos_pem returns at least one
-    let r = Renewed {
+    Ok(Renewed {
         name: name.to_string(),
         old_not_after_unix: old,
         new_not_after_unix: info.not_after,
         serial: info.serial,
-        in_use: why_not.is_none(),
-    };
-    Ok((r, why_not))
+        in_use: false,
+    })
 }
 
 /// Waits (bounded) until node `node` reports the kube-proxy certificate
@@ -200,7 +194,8 @@ async fn renew_one(
     (ca_cert, ca_key): &(String, String),
 ) -> anyhow::Result<(Renewed, Option<String>)> {
     let old = seed::expiry::kubeconfig_client_not_after(path).ok();
-    let (cert, key) = seed::pki::issue(ca_cert, ca_key, &admin())?;
+    let endpoint = seed::ShootEndpoint::for_shoot(shoot);
+    let (cert, key) = seed::pki::issue(ca_cert, ca_key, &seed::pki::Leaf::Admin.spec(&endpoint))?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let renewed =
@@ -221,31 +216,9 @@ async fn renew_one(
     if why_not.is_some() {
         let _ = std::fs::remove_file(&candidate);
     }
-    report(&format!("kubeconfig {shoot}"), old, &cert, why_not)
-}
-
-/// The identity of the admin kubeconfig `ringctl bootstrap` publishes.
-fn admin() -> seed::pki::LeafSpec<'static> {
-    client_of("ring:admin", &["system:masters"])
-}
-
-/// kube-proxy's identity, as `ringctl bootstrap` issues it.
-fn proxy() -> seed::pki::LeafSpec<'static> {
-    client_of("system:kube-proxy", &[])
-}
-
-fn client_of(
-    common_name: &'static str,
-    organizations: &'static [&'static str],
-) -> seed::pki::LeafSpec<'static> {
-    seed::pki::LeafSpec {
-        common_name,
-        organizations,
-        ips: vec![],
-        dns_names: vec![],
-        server: false,
-        client: true,
-    }
+    let mut r = issued(&format!("kubeconfig {shoot}"), old, &cert)?;
+    r.in_use = why_not.is_none();
+    Ok((r, why_not))
 }
 
 /// `kubeconfig` (YAML) with every user's client certificate and key
