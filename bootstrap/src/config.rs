@@ -164,6 +164,11 @@ pub struct RingConfig {
     /// Seconds a seed keeps a control plane's data after it moved away (default 3600).
     #[serde(default = "ringd::config::default_release_grace_secs")]
     pub release_grace_seconds: u64,
+    /// Seconds between a host's looks at the certificates of the control
+    /// planes it serves; those with less than 30 days left are renewed
+    /// online (default 3600).
+    #[serde(default = "ringd::config::default_certificate_check_secs")]
+    pub certificate_check_seconds: u64,
     /// Members that host their successor's control plane as pods on their own
     /// shoot's node instead of as processes (bootstrap moves it there).
     #[serde(default, skip_serializing_if = "SelfHosting::is_empty")]
@@ -214,6 +219,7 @@ impl Default for RingConfig {
             timing: Timing::default(),
             nodes: Nodes::default(),
             release_grace_seconds: ringd::config::default_release_grace_secs(),
+            certificate_check_seconds: ringd::config::default_certificate_check_secs(),
             self_hosting: SelfHosting::default(),
             protection: Default::default(),
             deprecated_apis: Default::default(),
@@ -373,6 +379,12 @@ impl RingConfig {
                     format!("{:?} is not an IP address ({e})", self.ports.address),
                 )
             })?;
+        if self.certificate_check_seconds == 0 {
+            return Err(bad(
+                "certificateCheckSeconds",
+                "must be at least 1 (default 3600)",
+            ));
+        }
         if u32::from(self.ports.base) + 101 + self.members.len() as u32 > 65535
             || self.ports.base < 1024
         {

@@ -75,6 +75,7 @@ pub(crate) fn write_member_config(
             bin_dir: None,
             kubernetes: m.seed.kubernetes_config(&config.name),
             release_grace_secs: config.release_grace_seconds,
+            certificate_check_secs: config.certificate_check_seconds,
             api_advertise: nodes::api_advertise(layout, config)?,
             deprecated_apis: config.deprecated_apis,
         }),

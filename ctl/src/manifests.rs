@@ -205,6 +205,7 @@ fn ringd_config(
             bin_dir: None,
             kubernetes: Some(KubernetesSeedConfig::new(&ring.name)),
             release_grace_secs: ringd::config::default_release_grace_secs(),
+            certificate_check_secs: ringd::config::default_certificate_check_secs(),
             api_advertise: Default::default(),
             deprecated_apis: ring.deprecated_apis,
         }),

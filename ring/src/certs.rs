@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::identity::IdentityPem;
 
 /// Warn about a certificate this many days before it expires (a shoot's
-/// leaves are reissued at their control plane's next start from then on).
+/// leaves are renewed online by their host from then on).
 pub const WARN_WITHIN_DAYS: i64 = 30;
 
 /// Seconds since the Unix epoch (what `not_after_unix` is compared with).
@@ -138,7 +138,7 @@ fn renew_hint(c: &CertificateStatus) -> &'static str {
     } else if c.owner.starts_with("shoot ") && c.name == "kubeconfig" {
         "`ringctl pki renew` issues a new one from the shoot's CA (the file is replaced once the shoot's API accepted it)"
     } else if c.owner.starts_with("shoot ") && c.name != "ca" {
-        "it is reissued when its control plane next starts (a planned `ringctl migrate` restarts it)"
+        "its host renews it online, without stopping the control plane, within `seed.certificateCheckSecs` (an hour by default) once 30 days are left; if the warning stays, the host's ringd log says why (\"cannot renew the control plane's certificates\")"
     } else {
         "`ringctl pki renew` issues new member certificates (`ringctl pki rotate-ca` a new ring CA); every ringd takes them without a restart"
     }
@@ -276,7 +276,7 @@ mod tests {
             w[0]
         );
         assert!(
-            w[1].starts_with("shoot s2 certificate kube-apiserver (/pki/kube-apiserver.crt) EXPIRED 2 days ago: it is reissued"),
+            w[1].starts_with("shoot s2 certificate kube-apiserver (/pki/kube-apiserver.crt) EXPIRED 2 days ago: its host renews it online"),
             "{}",
             w[1]
         );
@@ -300,7 +300,7 @@ mod tests {
             (
                 "shoot s2",
                 "kube-apiserver",
-                "reissued when its control plane next starts",
+                "its host renews it online, without stopping the control plane",
             ),
             (
                 "shoot s2",

@@ -168,6 +168,11 @@ pub struct SeedConfig {
     /// moved elsewhere (a safety net for operators) before it is deleted.
     #[serde(default = "default_release_grace_secs")]
     pub release_grace_secs: u64,
+    /// How often this member looks at the certificates of the control
+    /// planes it serves and renews, online, those with less than 30 days
+    /// left.
+    #[serde(default = "default_certificate_check_secs")]
+    pub certificate_check_secs: u64,
     /// Shoot → the address its kube-apiserver advertises when this member hosts
     /// it (where the shoot's pods reach their API; the ring's bootstrap sets
     /// each shoot's first node address). Default: the shoot's loopback address.
@@ -182,6 +187,11 @@ pub struct SeedConfig {
 
 /// One hour.
 pub fn default_release_grace_secs() -> u64 {
+    3600
+}
+
+/// One hour.
+pub fn default_certificate_check_secs() -> u64 {
     3600
 }
 
@@ -395,6 +405,16 @@ impl RingdConfig {
                 e.validate("backup.encryption")
                     .map_err(|e| bad("backup.encryption", e.to_string()))?;
             }
+        }
+        if self
+            .seed
+            .as_ref()
+            .is_some_and(|s| s.certificate_check_secs == 0)
+        {
+            return Err(bad(
+                "seed.certificateCheckSecs",
+                "must be at least 1 (seconds between looks at the certificates of the control planes this member serves; default 3600)",
+            ));
         }
         if let Some(k) = self.seed.as_ref().and_then(|s| s.kubernetes.as_ref()) {
             k.validate().map_err(|e| match e {

@@ -131,6 +131,7 @@ impl LocalRing {
                 bin_dir: None,
                 kubernetes: None,
                 release_grace_secs: crate::config::default_release_grace_secs(),
+                certificate_check_secs: crate::config::default_certificate_check_secs(),
                 api_advertise: Default::default(),
                 deprecated_apis: Default::default(),
             }),

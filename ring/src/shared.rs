@@ -42,6 +42,8 @@ pub struct Hosted {
     /// After a failed start: not before this.
     pub next_attempt: Option<Instant>,
     pub last_health: Option<Instant>,
+    /// When to look at its certificates next (`None`: at once).
+    pub certificates_at: Option<Instant>,
     /// After a failed lease renewal (with no lease held): not before this.
     pub lease_retry: Option<Instant>,
     /// The other members of the shoot's etcd by standby member id, as the
@@ -140,6 +142,18 @@ impl Shared {
             .entry(shoot.to_string())
             .or_default()
             .detail = detail;
+    }
+
+    /// How often the certificates of a served control plane are looked at.
+    pub(crate) fn certificate_check(&self) -> Duration {
+        let secs = self
+            .config
+            .seed
+            .as_ref()
+            .map_or_else(crate::config::default_certificate_check_secs, |s| {
+                s.certificate_check_secs
+            });
+        Duration::from_secs(secs)
     }
 
     pub(crate) fn timing(&self) -> &Timing {

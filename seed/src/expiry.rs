@@ -71,8 +71,8 @@ pub fn kubeconfig_client_not_after(path: &Path) -> Result<i64, String> {
     not_after_pem(&pem).map_err(|e| format!("client-certificate-data {e}"))
 }
 
-/// The DER of every CERTIFICATE block in `pem`.
-fn certificates_der(pem: &[u8]) -> Vec<Vec<u8>> {
+/// The DER of every CERTIFICATE block in `pem`, in order.
+pub fn certificates_der(pem: &[u8]) -> Vec<Vec<u8>> {
     x509_parser::pem::Pem::iter_from_buffer(pem)
         .filter_map(|b| b.ok())
         .filter(|b| b.label == "CERTIFICATE")

@@ -136,6 +136,13 @@ pub trait Seed: Send + Sync {
 
     /// Asks the control plane's kube-apiserver for `/readyz`.
     async fn health(&self, shoot: &str) -> Result<Health>;
+
+    /// Reissues the certificates of the shoot's control plane that expire
+    /// within 30 days (or no longer name its addresses) from its CA, without
+    /// stopping it: every component that reads them from files takes them by
+    /// itself ([`pki::Leaf::restarts`]), the others are restarted one by one.
+    /// Returns the leaves renewed, none when nothing was due.
+    async fn renew_certificates(&self, shoot: &str) -> Result<Vec<pki::Leaf>>;
 }
 
 /// Polls [`Seed::health`] until ready, failing after `timeout` with the last answer.

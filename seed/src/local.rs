@@ -177,6 +177,11 @@ impl LocalSeed {
 
     /// Creates the shoot's directories, records its spec, makes its PKI and kubeconfigs.
     pub fn prepare(&self, spec: &ControlPlaneSpec) -> Result<ShootLayout> {
+        self.prepare_files(spec).map(|(layout, _)| layout)
+    }
+
+    /// [`LocalSeed::prepare`], also returning the leaves it reissued.
+    fn prepare_files(&self, spec: &ControlPlaneSpec) -> Result<(ShootLayout, Vec<Leaf>)> {
         spec.validate()?;
         let layout = self.layout(&spec.shoot);
         check_writable(&layout.dir)?;
@@ -203,7 +208,7 @@ impl LocalSeed {
             }
         }
         let pki = layout.pki();
-        pki.ensure(&spec.shoot, &spec.endpoint)?;
+        let reissued = pki.ensure(&spec.shoot, &spec.endpoint)?;
         let server = spec.endpoint.api_url();
         kubeconfig::write(
             &layout.admin_kubeconfig(),
@@ -226,7 +231,35 @@ impl LocalSeed {
                 &pki.leaf(leaf),
             )?;
         }
-        Ok(layout)
+        Ok((layout, reissued))
+    }
+
+    /// [`Seed::renew_certificates`] here: the due leaves reissued in the
+    /// shoot's PKI directory, kubeconfigs rewritten, the components whose
+    /// kubeconfig changed restarted if this process runs them.
+    async fn renew(&self, shoot: &str) -> Result<Vec<Leaf>> {
+        let layout = self.layout(shoot);
+        let Some(spec) = layout.read_spec()? else {
+            return Err(SeedError::UnknownShoot {
+                shoot: shoot.to_string(),
+                path: layout.dir,
+            });
+        };
+        let (_, renewed) = self.prepare_files(&spec)?;
+        let running = self.running_components(shoot).await;
+        let restart: Vec<Component> = renewed
+            .iter()
+            .filter_map(|l| l.restarts())
+            .filter(|c| running.contains(c))
+            .collect();
+        if !renewed.is_empty() {
+            tracing::info!(shoot, ?renewed, ?restart, "certificates renewed");
+        }
+        if !restart.is_empty() {
+            self.stop_only(shoot, &restart).await?;
+            self.start_missing(&spec, &restart).await?;
+        }
+        Ok(renewed)
     }
 }
 
@@ -444,6 +477,10 @@ impl Seed for LocalSeed {
             });
         }
         kubeconfig::readyz(shoot, &path).await
+    }
+
+    async fn renew_certificates(&self, shoot: &str) -> Result<Vec<Leaf>> {
+        self.renew(shoot).await
     }
 }
 

@@ -29,7 +29,8 @@ pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 
 const CA_DAYS: i64 = 3650;
 const LEAF_DAYS: i64 = 730;
-/// Leaves with less than this left are reissued at the next start.
+/// Leaves with less than this left are reissued (at a start, or online by
+/// [`crate::Seed::renew_certificates`]).
 const RENEW_BEFORE_DAYS: i64 = 30;
 
 /// A certificate file and its private key file.
@@ -72,6 +73,26 @@ impl Leaf {
         Leaf::Scheduler,
         Leaf::KubeletClient,
     ];
+
+    /// The component that must restart to use this leaf once renewed: the
+    /// clients whose kubeconfig embeds it. The others read the files anew by
+    /// themselves: etcd at every TLS handshake (its server and peer
+    /// certificates), kube-apiserver's etcd client at every new connection,
+    /// its serving certificate within a minute and its kubelet client
+    /// certificate within five (client-go's reload), ringd's health checks
+    /// at every check (the admin kubeconfig is rewritten).
+    pub fn restarts(self) -> Option<crate::Component> {
+        match self {
+            Leaf::ControllerManager => Some(crate::Component::KubeControllerManager),
+            Leaf::Scheduler => Some(crate::Component::KubeScheduler),
+            _ => None,
+        }
+    }
+
+    /// The file name of its certificate in the PKI directory.
+    pub fn cert_file(self) -> String {
+        format!("{}.crt", self.file_stem())
+    }
 
     fn file_stem(self) -> &'static str {
         match self {
@@ -188,14 +209,19 @@ impl Pki {
 
     /// Makes the PKI complete and valid for `shoot` at `endpoint`: creates what is
     /// missing, reissues leaves that expire soon or lack the endpoint's address,
-    /// and fails with a precise error on anything corrupted.
-    pub fn ensure(&self, shoot: &str, endpoint: &ShootEndpoint) -> Result<()> {
+    /// and fails with a precise error on anything corrupted. Returns the leaves
+    /// it reissued (not those it created where there were none).
+    pub fn ensure(&self, shoot: &str, endpoint: &ShootEndpoint) -> Result<Vec<Leaf>> {
         create_private_dir(&self.dir)?;
         let ca = self.ensure_ca(shoot)?;
+        let mut reissued = Vec::new();
         for leaf in Leaf::ALL {
-            self.ensure_leaf(leaf, shoot, endpoint, &ca)?;
+            if self.ensure_leaf(leaf, shoot, endpoint, &ca)? {
+                reissued.push(leaf);
+            }
         }
-        self.ensure_service_account()
+        self.ensure_service_account()?;
+        Ok(reissued)
     }
 
     fn ensure_ca(&self, shoot: &str) -> Result<LoadedCa> {
@@ -256,10 +282,11 @@ impl Pki {
         shoot: &str,
         endpoint: &ShootEndpoint,
         ca: &LoadedCa,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let pair = self.leaf(leaf);
         let (want_ips, _) = leaf.sans(endpoint);
-        if pair.cert.exists() && pair.key.exists() {
+        let existed = pair.cert.exists() && pair.key.exists();
+        if existed {
             let err = |path: &Path| {
                 let path = path.to_path_buf();
                 move |reason| SeedError::Pki { path, reason }
@@ -277,16 +304,16 @@ impl Pki {
             let fresh = facts.not_after - now() > RENEW_BEFORE_DAYS * 86_400;
             let covers = want_ips.iter().all(|ip| facts.ips.contains(ip));
             if fresh && covers {
-                return Ok(());
+                return Ok(false);
             }
             tracing::info!(shoot, cert = %pair.cert.display(), fresh, covers, "reissuing certificate");
         }
         let spec = leaf.spec(endpoint);
-        let (cert, key) =
-            issue_leaf(&ca.cert_der, &ca.key, &spec).map_err(|e| pki_err(&pair.cert, e))?;
+        let (cert, key) = issue_leaf(&ca.cert_der, &ca.key, &spec, LEAF_DAYS)
+            .map_err(|e| pki_err(&pair.cert, e))?;
         write_private(&pair.key, key.as_bytes())?;
         write_private(&pair.cert, cert.as_bytes())?;
-        Ok(())
+        Ok(existed)
     }
 
     fn ensure_service_account(&self) -> Result<()> {
@@ -362,18 +389,29 @@ pub fn new_ca(common_name: &str) -> Result<(String, String)> {
 
 /// Issues a leaf certificate signed by the CA given as PEM: `(certificate PEM, key PEM)`.
 pub fn issue(ca_cert_pem: &str, ca_key_pem: &str, spec: &LeafSpec<'_>) -> Result<(String, String)> {
+    issue_for_days(ca_cert_pem, ca_key_pem, spec, LEAF_DAYS)
+}
+
+/// [`issue`], valid for `days` from now instead of the usual 730.
+pub fn issue_for_days(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    spec: &LeafSpec<'_>,
+    days: i64,
+) -> Result<(String, String)> {
     let ca_path = Path::new("(CA)");
     let (_, pem) = x509_parser::pem::parse_x509_pem(ca_cert_pem.as_bytes())
         .map_err(|e| pki_err(ca_path, format!("CA certificate is not PEM: {e}")))?;
     let key =
         KeyPair::from_pem(ca_key_pem).map_err(|e| pki_err(ca_path, format!("CA key: {e}")))?;
-    issue_leaf(&pem.contents, &key, spec).map_err(|e| pki_err(ca_path, e))
+    issue_leaf(&pem.contents, &key, spec, days).map_err(|e| pki_err(ca_path, e))
 }
 
 fn issue_leaf(
     ca_der: &[u8],
     ca_key: &KeyPair,
     spec: &LeafSpec<'_>,
+    days: i64,
 ) -> std::result::Result<(String, String), String> {
     let key = KeyPair::generate().map_err(|e| e.to_string())?;
     let mut params = CertificateParams::default();
@@ -400,7 +438,7 @@ fn issue_leaf(
             .map_err(|e| format!("DNS name {name:?}: {e}"))?;
         params.subject_alt_names.push(SanType::DnsName(name));
     }
-    set_validity(&mut params, LEAF_DAYS);
+    set_validity(&mut params, days);
     let issuer =
         Issuer::from_ca_cert_der(&ca_der.to_vec().into(), ca_key).map_err(|e| e.to_string())?;
     let cert = params.signed_by(&key, &issuer).map_err(|e| e.to_string())?;

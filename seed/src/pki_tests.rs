@@ -96,6 +96,61 @@ fn certificate_from_another_ca_is_rejected() {
 }
 
 #[test]
+fn only_a_leaf_about_to_expire_is_reissued_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    assert_eq!(
+        pki.ensure("alpha", &endpoint()).unwrap(),
+        vec![],
+        "new, not reissued"
+    );
+    let ca = (
+        std::fs::read_to_string(pki.ca().cert).unwrap(),
+        std::fs::read_to_string(pki.ca().key).unwrap(),
+    );
+    let not_after = |leaf: Leaf| {
+        let der = read_cert_der(&pki.leaf(leaf).cert).unwrap();
+        cert_facts(&der).unwrap().1.not_after - now()
+    };
+    for (leaf, days) in [(Leaf::Scheduler, 29), (Leaf::ApiServer, 31)] {
+        let spec = leaf.spec(&endpoint());
+        let (cert, key) = issue_for_days(&ca.0, &ca.1, &spec, days).unwrap();
+        write_private(&pki.leaf(leaf).key, key.as_bytes()).unwrap();
+        write_private(&pki.leaf(leaf).cert, cert.as_bytes()).unwrap();
+        assert!(
+            not_after(leaf) <= days * 86_400,
+            "{leaf:?} issued for {days} days"
+        );
+    }
+    assert_eq!(
+        pki.ensure("alpha", &endpoint()).unwrap(),
+        vec![Leaf::Scheduler]
+    );
+    assert!(
+        not_after(Leaf::Scheduler) > 700 * 86_400,
+        "reissued for 730 days"
+    );
+    assert!(
+        not_after(Leaf::ApiServer) <= 31 * 86_400,
+        "31 days left: kept"
+    );
+    assert_eq!(
+        pki.ensure("alpha", &endpoint()).unwrap(),
+        vec![],
+        "nothing due any more"
+    );
+    assert_eq!(
+        Leaf::Scheduler.restarts(),
+        Some(crate::Component::KubeScheduler)
+    );
+    assert_eq!(
+        Leaf::ApiServer.restarts(),
+        None,
+        "kube-apiserver reloads its files"
+    );
+}
+
+#[test]
 fn new_address_reissues_serving_certificates_under_the_same_ca() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());

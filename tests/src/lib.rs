@@ -17,6 +17,7 @@ pub mod etcd;
 pub mod procs;
 pub mod ring;
 pub mod s3;
+pub mod tls;
 
 /// The control-plane binaries, or a panic telling how to install them.
 pub fn binaries() -> Binaries {

@@ -13,12 +13,13 @@ fn ringctl_ok(args: &[&str], dir: &Path) -> String {
     ringctl_in(dir, args)
 }
 
-#[test]
-fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
     let _slot = ring_tests::ring_slot();
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("ring");
-    let config = ring_config(sandbox.path(), 3);
+    // hosts look at their control planes' certificates every 2 s (1 h by default)
+    let config = ring_config_with(sandbox.path(), 3, "certificateCheckSeconds: 2");
 
     let config_arg = config.display().to_string();
     let out = ringctl_ok(&["bootstrap", "-o", "json", "--config", &config_arg], &dir);
@@ -158,6 +159,11 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
         assert!(spaces.contains("namespace/kube-system"), "{m}: {spaces}");
     }
 
+    // a control plane's own certificates are renewed by its host, online:
+    // m2's kube-scheduler certificate on m1, with 29 days left, is reissued
+    // and kube-scheduler restarted with it; the rest keeps running
+    scheduler_certificate_renewed_by_its_host(&dir).await;
+
     // the ring CA changes online: every member ends up trusting only the new
     // CA and presenting a certificate from it; the rest of this test (joins
     // with migrations, down and up) runs on the new CA
@@ -279,6 +285,68 @@ fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
     );
     let left = sandbox.wait_no_processes(std::time::Duration::from_secs(15));
     assert!(left.is_empty(), "processes left after down: {left:?}");
+}
+
+/// Ages m2's kube-scheduler certificate on its host m1 to 29 days and waits
+/// (bounded) until m1's ringd renewed it and restarted kube-scheduler.
+async fn scheduler_certificate_renewed_by_its_host(dir: &Path) {
+    use seed::pki::Leaf;
+    use seed::Component;
+    let layout = bootstrap::RingLayout {
+        dir: dir.to_path_buf(),
+    };
+    let m1 = seed::LocalSeed::new(layout.seed_dir("m1"), binaries());
+    let pki = m1.layout("m2").pki();
+    let pid = |c: Component| {
+        let layout = &layout;
+        async move {
+            let status = m1_inspect(layout, "m2").await;
+            let s = status.components.into_iter().find(|s| s.component == c)?;
+            s.running.then_some(s.state.pid).flatten()
+        }
+    };
+    let before = (
+        pid(Component::KubeScheduler).await,
+        pid(Component::KubeApiserver).await,
+    );
+    assert!(before.0.is_some() && before.1.is_some(), "{before:?}");
+    let read = |p: &Path| std::fs::read_to_string(p).expect("m2's CA on m1");
+    let spec = Leaf::Scheduler.spec(&seed::ShootEndpoint::for_shoot("m2"));
+    let (cert, key) =
+        seed::pki::issue_for_days(&read(&pki.ca().cert), &read(&pki.ca().key), &spec, 29).unwrap();
+    let pair = pki.leaf(Leaf::Scheduler);
+    seed::pki::write_private(&pair.key, key.as_bytes()).unwrap();
+    seed::pki::write_private(&pair.cert, cert.as_bytes()).unwrap();
+    let days_left = || {
+        let end = seed::expiry::not_after_file(&pair.cert).unwrap_or(0);
+        (end - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64)
+            / 86_400
+    };
+    wait_for(
+        "m1 to renew m2's kube-scheduler certificate and restart kube-scheduler",
+        std::time::Duration::from_secs(60),
+        || async {
+            let restarted = pid(Component::KubeScheduler)
+                .await
+                .filter(|p| Some(*p) != before.0);
+            (days_left() > 700 && restarted.is_some()).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        pid(Component::KubeApiserver).await,
+        before.1,
+        "kube-apiserver kept running"
+    );
+}
+
+async fn m1_inspect(layout: &bootstrap::RingLayout, shoot: &str) -> seed::ControlPlaneStatus {
+    use seed::Seed;
+    let m1 = seed::LocalSeed::new(layout.seed_dir("m1"), binaries());
+    m1.inspect(shoot).await.expect("m1's view of m2")
 }
 
 #[test]

@@ -592,6 +592,8 @@ async fn a_controller_manager_started_before_its_api_waits_for_it() {
     let _ = kcm.wait();
 }
 
+#[path = "controlplane/certificates.rs"]
+mod certificates;
 #[path = "controlplane/standby.rs"]
 mod standby;
 #[path = "controlplane/supervision.rs"]

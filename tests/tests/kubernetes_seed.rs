@@ -31,6 +31,8 @@ use seed::{
 
 #[path = "kubernetes_seed/backoff.rs"]
 mod backoff;
+#[path = "kubernetes_seed/certificates.rs"]
+mod certificates;
 #[path = "kubernetes_seed/failover.rs"]
 mod failover;
 #[path = "kubernetes_seed/manifests.rs"]
@@ -625,6 +627,8 @@ async fn a_hosted_control_plane_runs_as_pods_on_a_node_and_serves_kubectl() {
             "on-pods",
         ],
     );
+    // a due certificate is renewed while the pods serve
+    certificates::renewed_in_pods(&seed, &kc, "hosted").await;
 
     // A planned migration stops the writers first, also when the seed
     // cluster's own controllers are away (its controller-manager had just

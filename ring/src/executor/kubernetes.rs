@@ -212,6 +212,10 @@ impl Executor for KubernetesExecutor {
         Ok(self.seed.fence(shoot).await?)
     }
 
+    async fn renew_certificates(&self, shoot: &str) -> Result<Vec<seed::pki::Leaf>, RingError> {
+        Ok(self.seed.renew_certificates(shoot).await?)
+    }
+
     async fn ready(&self, shoot: &str) -> bool {
         let ready = matches!(self.seed.health(shoot).await, Ok(h) if h.ready);
         if ready {

@@ -103,6 +103,10 @@ impl Executor for LocalExecutor {
         Ok(self.seed.remove_data(shoot).await?)
     }
 
+    async fn renew_certificates(&self, shoot: &str) -> Result<Vec<seed::pki::Leaf>, RingError> {
+        Ok(self.seed.renew_certificates(shoot).await?)
+    }
+
     async fn stop_at_shutdown(&self, shoot: &str) -> Result<(), RingError> {
         Ok(self.seed.stop(shoot).await?)
     }

@@ -83,6 +83,11 @@ pub trait Executor: Send + Sync {
     /// Deletes everything the seed keeps of `shoot`.
     async fn remove(&self, shoot: &str) -> Result<(), RingError>;
 
+    /// Renews the due certificates of `shoot`'s serving control plane
+    /// without stopping it ([`seed::Seed::renew_certificates`]); returns
+    /// those renewed.
+    async fn renew_certificates(&self, shoot: &str) -> Result<Vec<seed::pki::Leaf>, RingError>;
+
     /// What a graceful ringd shutdown does to a control plane it serves.
     async fn stop_at_shutdown(&self, shoot: &str) -> Result<(), RingError>;
 

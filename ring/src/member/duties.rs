@@ -66,6 +66,8 @@ pub struct ShootSeen {
     pub lease_retry_at: Option<Instant>,
     /// When health was last checked.
     pub last_health: Option<Instant>,
+    /// When to look at its certificates next (`None`: at once).
+    pub certificates_at: Option<Instant>,
     /// The epoch the continuous backup writes its objects at, while it runs
     /// (`None`: it does not). A backup of an older epoch than the
     /// placement's is restarted.
@@ -140,6 +142,8 @@ pub enum Duty {
     Fence { shoot: String, reason: String },
     /// Probe its health (for the leader's report).
     CheckHealth { shoot: String },
+    /// Renew the certificates of its control plane that are due, online.
+    RenewCertificates { shoot: String },
     /// Run the continuous backup of a control plane that serves here.
     StartBackup { shoot: String, epoch: u64 },
     /// Stop the continuous backup (the control plane no longer serves here).
@@ -198,6 +202,7 @@ impl Duty {
             Duty::Start { shoot, .. }
             | Duty::Fence { shoot, .. }
             | Duty::CheckHealth { shoot }
+            | Duty::RenewCertificates { shoot }
             | Duty::StartBackup { shoot, .. }
             | Duty::StopBackup { shoot }
             | Duty::RenewLease { shoot, .. }
@@ -461,6 +466,14 @@ fn serving_duties(
             }
             if seen.serving && seen.last_health.is_none_or(|t| now >= t + HEALTH_EVERY) {
                 out.push(Duty::CheckHealth {
+                    shoot: shoot_s.clone(),
+                });
+            }
+            // (a move's source and target drive their control plane
+            // themselves: no look while one works on its files)
+            let due = seen.certificates_at.is_none_or(|t| now >= t);
+            if seen.serving && !seen.starting && due {
+                out.push(Duty::RenewCertificates {
                     shoot: shoot_s.clone(),
                 });
             }

@@ -84,7 +84,16 @@ fn serving_follows_the_lease() {
     let lapsing = lease(now, 1, LEASE / 7, Duration::ZERO);
     let checked = ShootSeen {
         last_health: Some(now),
+        certificates_at: Some(now + Duration::from_secs(3600)),
         ..serving()
+    };
+    let certificates_due = ShootSeen {
+        certificates_at: Some(now),
+        ..checked.clone()
+    };
+    let starting = ShootSeen {
+        starting: true,
+        ..certificates_due.clone()
     };
     // (case, seen, lease, expected)
     let cases: Vec<(&str, Option<ShootSeen>, Option<HeldLease>, Vec<Duty>)> = vec![
@@ -110,10 +119,25 @@ fn serving_follows_the_lease() {
             }],
         ),
         (
-            "serving, health due",
+            "serving, health due, certificates never looked at",
             Some(serving()),
             Some(fresh),
-            vec![Duty::CheckHealth { shoot: "b".into() }],
+            vec![
+                Duty::CheckHealth { shoot: "b".into() },
+                Duty::RenewCertificates { shoot: "b".into() },
+            ],
+        ),
+        (
+            "serving, the next look at the certificates due",
+            Some(certificates_due),
+            Some(fresh),
+            vec![Duty::RenewCertificates { shoot: "b".into() }],
+        ),
+        (
+            "a start in flight: its certificates wait",
+            Some(starting),
+            Some(fresh),
+            vec![],
         ),
         (
             "serving, health fresh: nothing",

@@ -19,6 +19,8 @@ use crate::state::RingState;
 
 /// A failed start is tried again after this.
 const START_RETRY: Duration = Duration::from_secs(5);
+/// A failed look at a control plane's certificates is tried again after this.
+const CERTIFICATES_RETRY: Duration = Duration::from_secs(60);
 /// How long a health check waits for the members of a shoot's etcd.
 const PEERS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -29,6 +31,7 @@ impl MemberLoop {
             Duty::Start { shoot, epoch } => self.start(shoot, epoch),
             Duty::Fence { shoot, reason } => self.fence(&shoot, &reason).await,
             Duty::CheckHealth { shoot } => self.check_health(shoot),
+            Duty::RenewCertificates { shoot } => self.renew_certificates(shoot),
             Duty::StartBackup { shoot, epoch } => self.start_backup(&shoot, epoch),
             Duty::StopBackup { shoot } => self.shared.backups.stop(&shoot),
             Duty::RenewLease { shoot, epoch } => self.renew_lease(shoot, epoch),
@@ -113,6 +116,37 @@ impl MemberLoop {
         h.serving = false;
         h.ready = false;
         self.shared.metrics().fenced();
+    }
+
+    /// Renews the shoot's due certificates in a task; the next look is
+    /// scheduled before it runs (sooner after a failure).
+    fn renew_certificates(&self, shoot: String) {
+        let every = self.shared.certificate_check();
+        let epoch = {
+            let mut all = lock(&self.shared.hosted);
+            let h = all.entry(shoot.clone()).or_default();
+            h.certificates_at = Some(Instant::now() + every);
+            h.epoch
+        };
+        let (executor, shared) = (self.executor.clone(), self.shared.clone());
+        let span = tracing::info_span!("certificates", %shoot, epoch);
+        self.spawn_once(
+            format!("certificates:{shoot}"),
+            async move {
+                match executor.renew_certificates(&shoot).await {
+                    Ok(renewed) if renewed.is_empty() => {}
+                    Ok(renewed) => tracing::info!(?renewed, "control plane certificates renewed online"),
+                    Err(e) => {
+                        let retry = CERTIFICATES_RETRY.min(every);
+                        tracing::warn!(error = %e, retry_s = retry.as_secs(), "cannot renew the control plane's certificates");
+                        if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
+                            h.certificates_at = Some(Instant::now() + retry);
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
     }
 
     fn check_health(&self, shoot: String) {

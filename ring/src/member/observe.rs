@@ -34,6 +34,7 @@ impl MemberLoop {
             seen.starting = h.starting;
             seen.retry_start_at = h.next_attempt;
             seen.last_health = h.last_health;
+            seen.certificates_at = h.certificates_at;
             seen.lease_retry_at = h.lease_retry;
             seen.etcd_peers = h.etcd_peers.clone();
             seen.etcd_quorum = h.etcd_quorum;

@@ -45,7 +45,7 @@ pub struct RestoreRecord {
 
 impl KubernetesSeed {
     /// The anchor as owner; `None` while the control plane was never applied.
-    async fn owner(&self, shoot: &str) -> Result<Option<Owner>> {
+    pub(super) async fn owner(&self, shoot: &str) -> Result<Option<Owner>> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
         let anchor = api
             .get_opt(ANCHOR)

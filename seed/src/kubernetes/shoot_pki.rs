@@ -14,7 +14,7 @@ use super::render::{self, APISERVER, PKI_SECRET};
 use super::status::LbAddress;
 use super::KubernetesSeed;
 use crate::error::{Result, SeedError};
-use crate::pki::{create_private_dir, write_private, LeafSpec, Pki, KUBERNETES_SERVICE_IP};
+use crate::pki::{create_private_dir, write_private, Leaf, LeafSpec, Pki, KUBERNETES_SERVICE_IP};
 use crate::process::Component;
 use crate::{kubeconfig, ControlPlaneSpec};
 
@@ -68,7 +68,7 @@ impl KubernetesSeed {
             write_private(&dir.join(name), bytes)?;
         }
         let pki = Pki::new(&dir);
-        pki.ensure(&spec.shoot, &spec.endpoint)?;
+        let _reissued = pki.ensure(&spec.shoot, &spec.endpoint)?;
         let ns = self.namespace(&spec.shoot);
         let mut api_dns: Vec<String> = [
             "localhost",
@@ -142,6 +142,55 @@ impl KubernetesSeed {
         }
         read_dir_files(&dir)
     }
+}
+
+impl KubernetesSeed {
+    /// [`crate::Seed::renew_certificates`] here: the PKI made whole again
+    /// (due leaves reissued, the in-cluster names kept), the Secret updated
+    /// when anything changed (the kubelet refreshes the pods' files, which
+    /// the components read anew), and the pods of a component whose
+    /// kubeconfig changed deleted so that their Deployment starts new ones
+    /// with it. A control plane never applied here has nothing to renew.
+    pub(super) async fn renew(&self, shoot: &str) -> Result<Vec<Leaf>> {
+        let Some(owner) = self.owner(shoot).await? else {
+            return Ok(Vec::new());
+        };
+        let spec = self.recorded_spec(shoot).await?;
+        let before = self.read_pki_secret(shoot).await?.unwrap_or_default();
+        let svc = self.api_service(shoot).await?;
+        let lb = svc
+            .as_ref()
+            .map(super::status::lb_addresses)
+            .unwrap_or_default();
+        let files = self.prepare_pki(&spec, &lb).await?;
+        if files == before {
+            return Ok(Vec::new());
+        }
+        let renewed = changed_leaves(&before, &files);
+        let secret = self.renderer(&spec).pki_secret(&owner, &files);
+        self.apply(shoot, &secret).await?;
+        tracing::info!(shoot, ?renewed, secret = PKI_SECRET, "certificates renewed");
+        for c in [Component::KubeControllerManager, Component::KubeScheduler] {
+            let name = format!("{}.kubeconfig", c.name());
+            if before.get(&name) != files.get(&name) {
+                let selector = super::component_selector(shoot, c.name());
+                self.delete_pods(shoot, &selector, &Default::default())
+                    .await?;
+            }
+        }
+        Ok(renewed)
+    }
+}
+
+/// The leaves whose certificate differs between two sets of PKI files.
+fn changed_leaves(
+    before: &BTreeMap<String, Vec<u8>>,
+    after: &BTreeMap<String, Vec<u8>>,
+) -> Vec<Leaf> {
+    Leaf::ALL
+        .into_iter()
+        .filter(|l| before.get(&l.cert_file()) != after.get(&l.cert_file()))
+        .collect()
 }
 
 /// Every regular file of `dir` by name.
@@ -233,5 +282,26 @@ mod tests {
             first,
             std::fs::read(dir.path().join("etcd-server.crt")).unwrap()
         );
+    }
+
+    #[test]
+    fn the_renewed_leaves_are_those_whose_certificate_changed() {
+        let file = |name: &str, bytes: &[u8]| (name.to_string(), bytes.to_vec());
+        let before: BTreeMap<String, Vec<u8>> = [
+            file("kube-scheduler.crt", b"old"),
+            file("kube-scheduler.key", b"old key"),
+            file("kube-apiserver.crt", b"same"),
+            file("kube-scheduler.kubeconfig", b"old"),
+        ]
+        .into();
+        let mut after = before.clone();
+        after.insert("kube-scheduler.crt".into(), b"new".to_vec());
+        after.insert("kube-scheduler.key".into(), b"new key".to_vec());
+        after.insert("etcd-peer.crt".into(), b"added".to_vec());
+        assert_eq!(
+            changed_leaves(&before, &after),
+            vec![Leaf::EtcdPeer, Leaf::Scheduler]
+        );
+        assert_eq!(changed_leaves(&after, &after), vec![]);
     }
 }
