@@ -42,6 +42,13 @@ impl AdminService {
 
     /// Membership changes and migrations are the leader's to propose (peers'
     /// proposals of them are refused): any other member says who leads.
+    /// The open migration of `shoot` to `to`, as this member's state has it.
+    fn open_migration(&self, shoot: &str, to: &str) -> Option<u64> {
+        let state = self.shared.node.view().state;
+        let op = state.open_operation(shoot)?;
+        (op.is_migration() && op.target() == to).then_some(op.id)
+    }
+
     fn require_leader(&self) -> Result<(), Status> {
         let v = self.shared.node.view();
         if v.role == StateRole::Leader {
@@ -231,19 +238,35 @@ impl RingAdmin for AdminService {
         authorize(&req, &self.shared.directory, Caller::Admin)?;
         self.require_leader()?;
         let r = req.into_inner();
+        // asked again while the move runs (a client retrying after a
+        // timeout whose proposal committed after all): the same move
+        if let Some(id) = self.open_migration(&r.shoot, &r.to) {
+            return Ok(Response::new(MigrateReply { operation: id }));
+        }
         let cmd = RingCommand::StartMigration {
             shoot: r.shoot.clone(),
             to: r.to.clone(),
             at_ms: now_ms(),
         };
-        self.shared.propose(cmd).await.map_err(propose_status)?;
+        match self.shared.propose(cmd).await {
+            Ok(_) => {}
+            // a proposal that timed out may still commit: wait a little for it
+            Err(e @ (ProposeError::Timeout(_) | ProposeError::LeaderChanged)) => {
+                let deadline = tokio::time::Instant::now() + self.shared.proposal_timeout();
+                while tokio::time::Instant::now() < deadline {
+                    if let Some(id) = self.open_migration(&r.shoot, &r.to) {
+                        return Ok(Response::new(MigrateReply { operation: id }));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                return Err(Status::unavailable(format!(
+                    "{e}; it may still start: `ringctl status` shows it, and asking again follows it"
+                )));
+            }
+            Err(e) => return Err(propose_status(e)),
+        }
         let op = self
-            .shared
-            .node
-            .view()
-            .state
-            .open_operation(&r.shoot)
-            .map(|o| o.id)
+            .open_migration(&r.shoot, &r.to)
             .ok_or_else(|| Status::internal("the migration was committed but is not open"))?;
         Ok(Response::new(MigrateReply { operation: op }))
     }

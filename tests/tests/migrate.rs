@@ -381,6 +381,9 @@ async fn target_crash_mid_migration_resumes_and_completes() {
         .iter()
         .any(|p| p.shoot == "m2" && p.host == "m1"));
     let id = admin.migrate("m2", "m3").await.unwrap();
+    // asked again while it runs (a client retrying after a timeout whose
+    // proposal committed after all): the same move, not a refusal
+    assert_eq!(admin.migrate("m2", "m3").await.unwrap(), id);
 
     // wait for the handover, then kill the target's ringd (and with it whatever it runs)
     wait_for("the handover to m3", Duration::from_secs(60), || {
