@@ -473,9 +473,18 @@ async fn run_backup(source: BackupSource, rb: RingBucket, epoch: u64, follow: Fo
 /// and keeps the revision it saw etcd at.
 async fn follow_sidecar(progress: std::sync::Arc<dyn SidecarProgress>, follow: Follow) {
     let mut last = 0;
+    let mut failing = Streak::default();
     loop {
+        let now = std::time::Instant::now();
         match progress.report().await {
             Ok(r) => {
+                if let Some((count, lasted)) = failing.ended() {
+                    tracing::info!(
+                        count,
+                        lasted_s = lasted.as_secs(),
+                        "the backup's progress reads again"
+                    );
+                }
                 if let Some(seen) = r.etcd_revision {
                     set_seen(&follow.seen, &follow.shoot, seen);
                 }
@@ -485,13 +494,51 @@ async fn follow_sidecar(progress: std::sync::Arc<dyn SidecarProgress>, follow: F
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot read the backup's progress"),
+            Err(e) => {
+                if let Some(count) = failing.failed(now) {
+                    tracing::warn!(error = %e, count, "cannot read the backup's progress");
+                }
+            }
         }
         tokio::select! {
             biased;
             _ = follow.token.cancelled() => return,
             _ = tokio::time::sleep(SIDECAR_POLL) => {}
         }
+    }
+}
+
+/// A run of failures, warned about at its first and then every
+/// [`Streak::WARN_EVERY`] (a seed cluster whose API is away for a minute
+/// made one warning a second).
+#[derive(Debug, Default)]
+struct Streak {
+    /// The first failure of the run, and how many so far.
+    since: Option<(std::time::Instant, u32)>,
+    warned_at: Option<std::time::Instant>,
+}
+
+impl Streak {
+    const WARN_EVERY: Duration = Duration::from_secs(30);
+
+    /// Counts a failure at `now`; the count so far when a warning is due.
+    fn failed(&mut self, now: std::time::Instant) -> Option<u32> {
+        let (_, count) = self.since.get_or_insert((now, 0));
+        *count += 1;
+        let count = *count;
+        let due = self.warned_at.is_none_or(|w| now >= w + Self::WARN_EVERY);
+        if due {
+            self.warned_at = Some(now);
+        }
+        due.then_some(count)
+    }
+
+    /// Ends the run: its failures and how long it lasted, if there was one.
+    fn ended(&mut self) -> Option<(u32, Duration)> {
+        self.warned_at = None;
+        self.since
+            .take()
+            .map(|(since, count)| (count, since.elapsed()))
     }
 }
 

@@ -159,3 +159,21 @@ fn an_unreadable_key_is_a_config_error_at_start() {
         "{err}"
     );
 }
+
+#[test]
+fn a_run_of_failures_is_warned_about_at_its_start_then_every_30s() {
+    let t0 = std::time::Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut streak = Streak::default();
+    assert_eq!(streak.ended(), None, "no run yet");
+    let warned: Vec<Option<u32>> = (0..65).map(|s| streak.failed(at(s))).collect();
+    let due: Vec<(usize, u32)> = warned
+        .iter()
+        .enumerate()
+        .filter_map(|(s, w)| w.map(|c| (s, c)))
+        .collect();
+    assert_eq!(due, vec![(0, 1), (30, 31), (60, 61)]);
+    let (count, _) = streak.ended().expect("a run ended");
+    assert_eq!(count, 65);
+    assert_eq!(streak.failed(at(66)), Some(1), "a new run warns at once");
+}
