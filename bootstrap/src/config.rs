@@ -379,10 +379,11 @@ impl RingConfig {
                     format!("{:?} is not an IP address ({e})", self.ports.address),
                 )
             })?;
-        if self.certificate_check_seconds == 0 {
+        let max = ringd::config::MAX_CERTIFICATE_CHECK_SECS;
+        if !(1..=max).contains(&self.certificate_check_seconds) {
             return Err(bad(
                 "certificateCheckSeconds",
-                "must be at least 1 (default 3600)",
+                format!("must be from 1 to {max} (default 3600)"),
             ));
         }
         if u32::from(self.ports.base) + 101 + self.members.len() as u32 > 65535

@@ -40,8 +40,6 @@ impl AdminService {
             .unwrap_or_default()
     }
 
-    /// Membership changes and migrations are the leader's to propose (peers'
-    /// proposals of them are refused): any other member says who leads.
     /// The open migration of `shoot` to `to`, as this member's state has it.
     fn open_migration(&self, shoot: &str, to: &str) -> Option<u64> {
         let state = self.shared.node.view().state;
@@ -49,6 +47,8 @@ impl AdminService {
         (op.is_migration() && op.target() == to).then_some(op.id)
     }
 
+    /// Membership changes and migrations are the leader's to propose (peers'
+    /// proposals of them are refused): any other member says who leads.
     fn require_leader(&self) -> Result<(), Status> {
         let v = self.shared.node.view();
         if v.role == StateRole::Leader {

@@ -195,6 +195,9 @@ pub fn default_certificate_check_secs() -> u64 {
     3600
 }
 
+/// A day: looks further apart could let a certificate end between two.
+pub const MAX_CERTIFICATE_CHECK_SECS: u64 = 86_400;
+
 /// Configuration of one ringd.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -409,11 +412,11 @@ impl RingdConfig {
         if self
             .seed
             .as_ref()
-            .is_some_and(|s| s.certificate_check_secs == 0)
+            .is_some_and(|s| !(1..=MAX_CERTIFICATE_CHECK_SECS).contains(&s.certificate_check_secs))
         {
             return Err(bad(
                 "seed.certificateCheckSecs",
-                "must be at least 1 (seconds between looks at the certificates of the control planes this member serves; default 3600)",
+                format!("must be from 1 to {MAX_CERTIFICATE_CHECK_SECS} (seconds between looks at the certificates of the control planes this member serves, renewed 30 days before they end; default 3600)"),
             ));
         }
         if let Some(k) = self.seed.as_ref().and_then(|s| s.kubernetes.as_ref()) {
@@ -519,6 +522,15 @@ members:
             (
                 format!("{GOOD}initialHosts: {{ m1: m9 }}\n"),
                 "initialHosts.m1",
+            ),
+            (
+                format!("{GOOD}seed: {{ stateDir: /s, certificateCheckSecs: 0 }}\n"),
+                "seed.certificateCheckSecs: must be from 1 to 86400",
+            ),
+            (
+                // looks further apart than a day could miss the 30 days
+                format!("{GOOD}seed: {{ stateDir: /s, certificateCheckSecs: 86401 }}\n"),
+                "seed.certificateCheckSecs: must be from 1 to 86400",
             ),
             (
                 format!("{GOOD}initialHosts: {{ m9: m1 }}\n"),

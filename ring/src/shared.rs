@@ -44,6 +44,8 @@ pub struct Hosted {
     pub last_health: Option<Instant>,
     /// When to look at its certificates next (`None`: at once).
     pub certificates_at: Option<Instant>,
+    /// Failed looks at its certificates in a row.
+    pub certificates_failures: u32,
     /// After a failed lease renewal (with no lease held): not before this.
     pub lease_retry: Option<Instant>,
     /// The other members of the shoot's etcd by standby member id, as the

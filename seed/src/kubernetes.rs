@@ -413,15 +413,13 @@ impl KubernetesSeed {
     }
 
     async fn delete_pods_now(&self, shoot: &str, selector: &str) -> Result<()> {
-        self.delete_pods(shoot, selector, &DeleteParams::default().grace_period(0))
-            .await
-    }
-
-    async fn delete_pods(&self, shoot: &str, selector: &str, params: &DeleteParams) -> Result<()> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
-        api.delete_collection(params, &ListParams::default().labels(selector))
-            .await
-            .map_err(self.kube_err(shoot, "deleting pods"))?;
+        api.delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default().labels(selector),
+        )
+        .await
+        .map_err(self.kube_err(shoot, "deleting pods"))?;
         Ok(())
     }
 

@@ -64,6 +64,10 @@ pub struct LocalSeed {
     /// Whether kube-apiservers serve the deprecated beta API versions.
     apis: crate::DeprecatedApis,
     running: Mutex<HashMap<String, Running>>,
+    /// Held while a shoot's PKI and kubeconfigs are written (a start and a
+    /// renewal reissuing one leaf at once could pair one's key with the
+    /// other's certificate).
+    files: std::sync::Mutex<()>,
 }
 
 /// Dropping the seed stops supervising every control plane it started in
@@ -90,6 +94,7 @@ impl LocalSeed {
             guard: None,
             apis: Default::default(),
             running: Mutex::new(HashMap::new()),
+            files: std::sync::Mutex::new(()),
         }
     }
 
@@ -183,6 +188,7 @@ impl LocalSeed {
     /// [`LocalSeed::prepare`], also returning the leaves it reissued.
     fn prepare_files(&self, spec: &ControlPlaneSpec) -> Result<(ShootLayout, Vec<Leaf>)> {
         spec.validate()?;
+        let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         let layout = self.layout(&spec.shoot);
         check_writable(&layout.dir)?;
         for sub in ["etcd", "kubeconfig", "logs", "run"] {
@@ -235,8 +241,11 @@ impl LocalSeed {
     }
 
     /// [`Seed::renew_certificates`] here: the due leaves reissued in the
-    /// shoot's PKI directory, kubeconfigs rewritten, the components whose
-    /// kubeconfig changed restarted if this process runs them.
+    /// shoot's PKI directory, kubeconfigs rewritten, and each component
+    /// whose kubeconfig changed, if this process supervises it, stopped with
+    /// SIGTERM: its supervisor starts it again (after 0.5 s) with the same
+    /// command line, which reads the new kubeconfig. A fence or a move that
+    /// stops the control plane meanwhile stops that supervisor too.
     async fn renew(&self, shoot: &str) -> Result<Vec<Leaf>> {
         let layout = self.layout(shoot);
         let Some(spec) = layout.read_spec()? else {
@@ -246,18 +255,22 @@ impl LocalSeed {
             });
         };
         let (_, renewed) = self.prepare_files(&spec)?;
-        let running = self.running_components(shoot).await;
-        let restart: Vec<Component> = renewed
-            .iter()
-            .filter_map(|l| l.restarts())
-            .filter(|c| running.contains(c))
-            .collect();
-        if !renewed.is_empty() {
-            tracing::info!(shoot, ?renewed, ?restart, "certificates renewed");
+        if renewed.is_empty() {
+            return Ok(renewed);
         }
-        if !restart.is_empty() {
-            self.stop_only(shoot, &restart).await?;
-            self.start_missing(&spec, &restart).await?;
+        let restart: Vec<Component> = renewed.iter().filter_map(|l| l.restarts()).collect();
+        let pids: Vec<u32> = {
+            let running = self.running.lock().await;
+            let states = running.get(shoot).map(|r| r.states.borrow().clone());
+            let pid = |c: &Component| states.as_ref()?.get(c)?.pid;
+            restart.iter().filter_map(pid).collect()
+        };
+        tracing::info!(shoot, ?renewed, ?restart, "certificates renewed");
+        for pid in pids {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
         }
         Ok(renewed)
     }

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use seed::{Binaries, BinarySearch, LocalSeed};
 
+pub mod certs;
 pub mod etcd;
 pub mod procs;
 pub mod ring;
 pub mod s3;
-pub mod tls;
 
 /// The control-plane binaries, or a panic telling how to install them.
 pub fn binaries() -> Binaries {

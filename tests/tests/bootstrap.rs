@@ -291,16 +291,17 @@ async fn bootstrap_kubectl_rerun_grow_shrink_down_and_up_keep_data() {
 /// (bounded) until m1's ringd renewed it and restarted kube-scheduler.
 async fn scheduler_certificate_renewed_by_its_host(dir: &Path) {
     use seed::pki::Leaf;
-    use seed::Component;
+    use seed::{Component, Seed};
     let layout = bootstrap::RingLayout {
         dir: dir.to_path_buf(),
     };
+    // m1's seed as its files show it (m1's ringd supervises the processes)
     let m1 = seed::LocalSeed::new(layout.seed_dir("m1"), binaries());
     let pki = m1.layout("m2").pki();
     let pid = |c: Component| {
-        let layout = &layout;
+        let m1 = &m1;
         async move {
-            let status = m1_inspect(layout, "m2").await;
+            let status = m1.inspect("m2").await.expect("m1's view of m2");
             let s = status.components.into_iter().find(|s| s.component == c)?;
             s.running.then_some(s.state.pid).flatten()
         }
@@ -310,21 +311,14 @@ async fn scheduler_certificate_renewed_by_its_host(dir: &Path) {
         pid(Component::KubeApiserver).await,
     );
     assert!(before.0.is_some() && before.1.is_some(), "{before:?}");
-    let read = |p: &Path| std::fs::read_to_string(p).expect("m2's CA on m1");
-    let spec = Leaf::Scheduler.spec(&seed::ShootEndpoint::for_shoot("m2"));
-    let (cert, key) =
-        seed::pki::issue_for_days(&read(&pki.ca().cert), &read(&pki.ca().key), &spec, 29).unwrap();
-    let pair = pki.leaf(Leaf::Scheduler);
-    seed::pki::write_private(&pair.key, key.as_bytes()).unwrap();
-    seed::pki::write_private(&pair.cert, cert.as_bytes()).unwrap();
-    let days_left = || {
-        let end = seed::expiry::not_after_file(&pair.cert).unwrap_or(0);
-        (end - std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64)
-            / 86_400
-    };
+    certs::age_leaf(
+        &pki,
+        Leaf::Scheduler,
+        &seed::ShootEndpoint::for_shoot("m2"),
+        29,
+    );
+    let cert = pki.leaf(Leaf::Scheduler).cert;
+    let days_left = || certs::days_left(&cert);
     wait_for(
         "m1 to renew m2's kube-scheduler certificate and restart kube-scheduler",
         std::time::Duration::from_secs(60),
@@ -341,12 +335,6 @@ async fn scheduler_certificate_renewed_by_its_host(dir: &Path) {
         before.1,
         "kube-apiserver kept running"
     );
-}
-
-async fn m1_inspect(layout: &bootstrap::RingLayout, shoot: &str) -> seed::ControlPlaneStatus {
-    use seed::Seed;
-    let m1 = seed::LocalSeed::new(layout.seed_dir("m1"), binaries());
-    m1.inspect(shoot).await.expect("m1's view of m2")
 }
 
 #[test]

@@ -19,8 +19,15 @@ use crate::state::RingState;
 
 /// A failed start is tried again after this.
 const START_RETRY: Duration = Duration::from_secs(5);
-/// A failed look at a control plane's certificates is tried again after this.
+/// A failed look at a control plane's certificates is tried again after
+/// this, doubled after each further failure up to the usual period.
 const CERTIFICATES_RETRY: Duration = Duration::from_secs(60);
+
+/// When to look again after the `failures`-th failure in a row.
+fn certificates_retry(failures: u32, every: Duration) -> Duration {
+    let doubled = CERTIFICATES_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(16));
+    doubled.min(every)
+}
 /// How long a health check waits for the members of a shoot's etcd.
 const PEERS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -85,6 +92,7 @@ impl MemberLoop {
                         h.serving = true;
                         h.detail = "serving".into();
                         h.next_attempt = None;
+                        h.certificates_at = None;
                         tracing::info!("control plane serving");
                     }
                     Err(e) => {
@@ -133,15 +141,21 @@ impl MemberLoop {
         self.spawn_once(
             format!("certificates:{shoot}"),
             async move {
-                match executor.renew_certificates(&shoot).await {
-                    Ok(renewed) if renewed.is_empty() => {}
-                    Ok(renewed) => tracing::info!(?renewed, "control plane certificates renewed online"),
-                    Err(e) => {
-                        let retry = CERTIFICATES_RETRY.min(every);
-                        tracing::warn!(error = %e, retry_s = retry.as_secs(), "cannot renew the control plane's certificates");
-                        if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
-                            h.certificates_at = Some(Instant::now() + retry);
+                let res = executor.renew_certificates(&shoot).await;
+                let mut all = lock(&shared.hosted);
+                let Some(h) = all.get_mut(&shoot) else { return };
+                match res {
+                    Ok(renewed) => {
+                        h.certificates_failures = 0;
+                        if !renewed.is_empty() {
+                            tracing::info!(?renewed, "control plane certificates renewed online");
                         }
+                    }
+                    Err(e) => {
+                        h.certificates_failures += 1;
+                        let retry = certificates_retry(h.certificates_failures, every);
+                        tracing::warn!(error = %e, failures = h.certificates_failures, retry_s = retry.as_secs(), "cannot renew the control plane's certificates");
+                        h.certificates_at = Some(Instant::now() + retry);
                     }
                 }
             }
@@ -288,5 +302,26 @@ impl MemberLoop {
                 tracing::warn!(op = op.id, error = %e, "cannot refuse an operation");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_certificate_look_backs_off_up_to_the_usual_period() {
+        let hour = Duration::from_secs(3600);
+        let waits: Vec<u64> = (1..=8)
+            .map(|n| certificates_retry(n, hour).as_secs())
+            .collect();
+        assert_eq!(waits, [60, 120, 240, 480, 960, 1920, 3600, 3600]);
+        assert_eq!(certificates_retry(u32::MAX, hour), hour, "no overflow");
+        let short = Duration::from_secs(2);
+        assert_eq!(
+            certificates_retry(1, short),
+            short,
+            "never later than the next look"
+        );
     }
 }

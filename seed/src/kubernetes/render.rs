@@ -17,6 +17,9 @@ use crate::pki::SERVICE_CIDR;
 use crate::process::Component;
 use crate::ControlPlaneSpec;
 
+/// A shoot's PKI files by name (the PKI Secret's data).
+type Files = BTreeMap<String, Vec<u8>>;
+
 /// Name of the anchor ConfigMap that owns every other object of a control plane.
 pub const ANCHOR: &str = "ring-control-plane";
 /// Name of the Secret with the shoot's PKI and component kubeconfigs.
@@ -40,6 +43,22 @@ const PKI_MOUNT: &str = "/etc/ring/pki";
 const ETCD_DATA: &str = "/var/lib/etcd";
 /// etcd's data directory under [`Renderer::node_dir`].
 pub const NODE_ETCD: &str = "etcd";
+
+/// The pod-template annotation holding the SHA-256 of the kubeconfig a
+/// component's pods read (kube-controller-manager, kube-scheduler): a
+/// renewed certificate embedded in it changes the template, so the
+/// Deployment replaces the pods, whoever applies or patches it.
+pub const KUBECONFIG_HASH: &str = "ring.gardener.cloud/kubeconfig-sha256";
+
+/// The [`KUBECONFIG_HASH`] of `component` for the PKI files `pki`.
+pub fn kubeconfig_hash(pki: &BTreeMap<String, Vec<u8>>, component: Component) -> String {
+    use sha2::Digest;
+    let file = pki.get(&format!("{}.kubeconfig", component.name()));
+    format!(
+        "{:x}",
+        sha2::Sha256::digest(file.map_or(&[][..], Vec::as_slice))
+    )
+}
 
 /// The namespace holding a shoot's control plane on a seed cluster.
 pub fn namespace(ring: &str, shoot: &str) -> String {
@@ -166,8 +185,8 @@ impl Renderer<'_> {
             self.etcd_pdb(owner),
             self.etcd(owner),
             self.apiserver(owner),
-            self.controller_manager(owner),
-            self.scheduler(owner),
+            self.controller_manager(owner, pki),
+            self.scheduler(owner, pki),
         ]);
         out
     }
@@ -548,7 +567,22 @@ impl Renderer<'_> {
         crate::process::manager_args(&kc, "0.0.0.0", port, "/var/run/ring")
     }
 
-    fn controller_manager(&self, owner: &Owner) -> Value {
+    /// A Deployment of a component that reads `kubeconfig` from the PKI
+    /// Secret, its template marked with that file's hash.
+    fn manager(
+        &self,
+        owner: &Owner,
+        c: Component,
+        container: Value,
+        items: &[&str],
+        pki: &Files,
+    ) -> Value {
+        let mut pod = self.pod(c, container, items);
+        pod["metadata"]["annotations"] = json!({KUBECONFIG_HASH: kubeconfig_hash(pki, c)});
+        self.deployment(owner, c, pod)
+    }
+
+    fn controller_manager(&self, owner: &Owner, files: &Files) -> Value {
         let c = Component::KubeControllerManager;
         let pki = |f: &str| format!("{PKI_MOUNT}/{f}");
         let mut args = Self::common_args(c, 10257);
@@ -575,10 +609,10 @@ impl Renderer<'_> {
             "service-account.key",
             kubeconfig.as_str(),
         ];
-        self.deployment(owner, c, self.pod(c, container, &items))
+        self.manager(owner, c, container, &items, files)
     }
 
-    fn scheduler(&self, owner: &Owner) -> Value {
+    fn scheduler(&self, owner: &Owner, pki: &Files) -> Value {
         let c = Component::KubeScheduler;
         let container = json!({
             "image": self.config.images.kube_scheduler,
@@ -587,7 +621,7 @@ impl Renderer<'_> {
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         });
         let kubeconfig = format!("{}.kubeconfig", c.name());
-        self.deployment(owner, c, self.pod(c, container, &[kubeconfig.as_str()]))
+        self.manager(owner, c, container, &[kubeconfig.as_str()], pki)
     }
 }
 

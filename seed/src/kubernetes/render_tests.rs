@@ -432,3 +432,60 @@ fn workloads_come_after_the_accounts_and_secrets_their_pods_use() {
         }
     }
 }
+
+/// A renewed certificate in kube-controller-manager's or kube-scheduler's
+/// kubeconfig changes its pod template (so the Deployment replaces the
+/// pods, whether ringd applies it or only patches that annotation); the
+/// other templates stay as they are.
+#[test]
+fn a_changed_kubeconfig_changes_only_its_component_s_pod_template() {
+    let config = KubernetesSeedConfig::new("demo");
+    let spec = ControlPlaneSpec::new("alpha");
+    let (wiring, owner) = (
+        Wiring::default(),
+        Owner {
+            name: ANCHOR.into(),
+            uid: "u1".into(),
+        },
+    );
+    let r = Renderer {
+        ring: "demo",
+        spec: &spec,
+        config: &config,
+        wiring: &wiring,
+        node_dir: None,
+        apis: Default::default(),
+    };
+    let templates = |pki: &BTreeMap<String, Vec<u8>>| -> Vec<(String, Value)> {
+        r.objects(&owner, pki)
+            .into_iter()
+            .filter(is_workload)
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap().to_string(),
+                    o["spec"]["template"].clone(),
+                )
+            })
+            .collect()
+    };
+    let mut pki = BTreeMap::from([("kube-scheduler.kubeconfig".to_string(), b"old".to_vec())]);
+    let before = templates(&pki);
+    pki.insert("kube-scheduler.kubeconfig".into(), b"renewed".to_vec());
+    let after = templates(&pki);
+    let changed: Vec<&str> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b != a)
+        .map(|(b, _)| b.0.as_str())
+        .collect();
+    assert_eq!(changed, ["kube-scheduler"]);
+    let annotation = |t: &[(String, Value)]| {
+        t.iter().find(|(n, _)| n == "kube-scheduler").unwrap().1["metadata"]["annotations"]
+            [KUBECONFIG_HASH]
+            .clone()
+    };
+    assert_eq!(
+        annotation(&after),
+        json!(kubeconfig_hash(&pki, Component::KubeScheduler))
+    );
+}

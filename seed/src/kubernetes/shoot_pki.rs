@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
 use kube::Api;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
@@ -146,15 +148,19 @@ impl KubernetesSeed {
 
 impl KubernetesSeed {
     /// [`crate::Seed::renew_certificates`] here: the PKI made whole again
-    /// (due leaves reissued, the in-cluster names kept), the Secret updated
-    /// when anything changed (the kubelet refreshes the pods' files, which
-    /// the components read anew), and the pods of a component whose
-    /// kubeconfig changed deleted so that their Deployment starts new ones
-    /// with it. A control plane never applied here has nothing to renew.
+    /// (due leaves reissued, the in-cluster names kept) and put into the
+    /// Secret when anything changed (the kubelet refreshes the pods' files,
+    /// which the components read anew); then the Deployment of each
+    /// component whose kubeconfig is not the one its pods were made for
+    /// gets the new kubeconfig's hash, so it replaces them (looked at every
+    /// time: also after a crash between the two). One at a time with a
+    /// start, which prepares the same files. A control plane never applied
+    /// here has nothing to renew.
     pub(super) async fn renew(&self, shoot: &str) -> Result<Vec<Leaf>> {
         let Some(owner) = self.owner(shoot).await? else {
             return Ok(Vec::new());
         };
+        let _one_at_a_time = self.starting.lock().await;
         let spec = self.recorded_spec(shoot).await?;
         let before = self.read_pki_secret(shoot).await?.unwrap_or_default();
         let svc = self.api_service(shoot).await?;
@@ -163,22 +169,54 @@ impl KubernetesSeed {
             .map(super::status::lb_addresses)
             .unwrap_or_default();
         let files = self.prepare_pki(&spec, &lb).await?;
-        if files == before {
-            return Ok(Vec::new());
-        }
         let renewed = changed_leaves(&before, &files);
-        let secret = self.renderer(&spec).pki_secret(&owner, &files);
-        self.apply(shoot, &secret).await?;
-        tracing::info!(shoot, ?renewed, secret = PKI_SECRET, "certificates renewed");
+        if files != before {
+            let secret = self.renderer(&spec).pki_secret(&owner, &files);
+            self.apply(shoot, &secret).await?;
+            tracing::info!(shoot, ?renewed, secret = PKI_SECRET, "certificates renewed");
+        }
         for c in [Component::KubeControllerManager, Component::KubeScheduler] {
-            let name = format!("{}.kubeconfig", c.name());
-            if before.get(&name) != files.get(&name) {
-                let selector = super::component_selector(shoot, c.name());
-                self.delete_pods(shoot, &selector, &Default::default())
-                    .await?;
-            }
+            self.roll_to(shoot, c, &render::kubeconfig_hash(&files, c))
+                .await?;
         }
         Ok(renewed)
+    }
+
+    /// Marks `component`'s pod template with kubeconfig hash `hash` unless
+    /// it has it (a merge patch of that annotation alone: the replicas stay
+    /// as they are, zero during a move).
+    async fn roll_to(&self, shoot: &str, component: Component, hash: &str) -> Result<()> {
+        let (_, name) = render::workload(component);
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), &self.namespace(shoot));
+        let what = format!("reading Deployment {name}");
+        let Some(d) = api
+            .get_opt(name)
+            .await
+            .map_err(self.kube_err(shoot, &what))?
+        else {
+            return Ok(());
+        };
+        let annotations = d
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations);
+        if annotations
+            .and_then(|a| a.get(render::KUBECONFIG_HASH).cloned())
+            .as_deref()
+            == Some(hash)
+        {
+            return Ok(());
+        }
+        let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {render::KUBECONFIG_HASH: hash}}}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(self.kube_err(shoot, &format!("rolling Deployment {name}")))?;
+        tracing::info!(
+            shoot,
+            deployment = name,
+            "pods replaced for a renewed kubeconfig"
+        );
+        Ok(())
     }
 }
 

@@ -10,22 +10,6 @@ use tokio::time::Instant;
 
 use super::*;
 
-/// Replaces `leaf` with one from the shoot's CA that ends in `days`.
-fn age(pki: &seed::pki::Pki, spec: &ControlPlaneSpec, leaf: Leaf, days: i64) {
-    let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("shoot CA");
-    let ca = pki.ca();
-    let (cert, key) = seed::pki::issue_for_days(
-        &read(&ca.cert),
-        &read(&ca.key),
-        &leaf.spec(&spec.endpoint),
-        days,
-    )
-    .expect("issue");
-    let pair = pki.leaf(leaf);
-    seed::pki::write_private(&pair.key, key.as_bytes()).unwrap();
-    seed::pki::write_private(&pair.cert, cert.as_bytes()).unwrap();
-}
-
 fn pid_of(status: &seed::ControlPlaneStatus, c: Component) -> Option<u32> {
     let s = status.components.iter().find(|s| s.component == c)?;
     s.running.then_some(s.state.pid).flatten()
@@ -50,7 +34,7 @@ async fn due_certificates_are_renewed_while_the_control_plane_serves() {
     // 29 days left (renewed 30 days ahead), as after two years of serving
     let before = seed.inspect(shoot).await.unwrap();
     for leaf in [Leaf::EtcdServer, Leaf::ApiServer, Leaf::ControllerManager] {
-        age(&pki, &spec, leaf, 29);
+        certs::age_leaf(&pki, leaf, &spec.endpoint, 29);
     }
     let etcd = SocketAddr::from((spec.endpoint.address, spec.endpoint.etcd_client_port));
     let api = SocketAddr::from((spec.endpoint.address, spec.endpoint.api_port));
@@ -77,14 +61,14 @@ async fn due_certificates_are_renewed_while_the_control_plane_serves() {
     .await;
 
     // etcd reads its files at every handshake
-    let etcd_cert = tls::file_certificate(&pki.leaf(Leaf::EtcdServer).cert);
+    let etcd_cert = certs::file_certificate(&pki.leaf(Leaf::EtcdServer).cert);
     assert_eq!(
         presented(etcd).await,
         etcd_cert,
         "etcd presents the renewed certificate"
     );
     // kube-apiserver looks at its files every minute; it answers all along
-    let api_cert = tls::file_certificate(&pki.leaf(Leaf::ApiServer).cert);
+    let api_cert = certs::file_certificate(&pki.leaf(Leaf::ApiServer).cert);
     let started = Instant::now();
     wait_for(
         "kube-apiserver to present its renewed certificate",
@@ -114,7 +98,7 @@ async fn due_certificates_are_renewed_while_the_control_plane_serves() {
 }
 
 async fn presented_certificate_or_panic(addr: SocketAddr) -> Vec<u8> {
-    tls::presented_certificate(addr)
+    certs::presented_certificate(addr)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }

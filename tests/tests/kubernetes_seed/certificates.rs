@@ -94,6 +94,22 @@ pub(super) async fn renewed_in_pods(seed: &KubernetesSeed, kc: &Path, shoot: &st
         apiserver,
         "kube-apiserver's pod kept"
     );
+    // the scheduler's pods are made for the renewed kubeconfig
+    let secret = secrets.get("ring-pki").await.expect("PKI Secret");
+    let files: std::collections::BTreeMap<String, Vec<u8>> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    let deployment = kubectl_json(kc, &["get", "deployment", "kube-scheduler", "-n", &ns]);
+    let hash = seed::kubernetes::render::kubeconfig_hash(&files, seed::Component::KubeScheduler);
+    assert_eq!(
+        deployment["spec"]["template"]["metadata"]["annotations"]
+            [seed::kubernetes::render::KUBECONFIG_HASH],
+        hash.as_str(),
+        "{deployment}"
+    );
     assert_eq!(
         seed.renew_certificates(shoot).await.expect("renew"),
         vec![],

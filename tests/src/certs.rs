@@ -1,5 +1,7 @@
-//! What a TLS server presents: the tests compare it with the certificate
-//! files a seed renewed, so nothing is verified here.
+//! Certificates in tests: what a TLS server presents (compared with the
+//! files a seed renewed, so nothing is verified), what a file holds and
+//! for how long, and leaves aged as if a control plane had served for two
+//! years.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -98,4 +100,34 @@ pub fn file_certificate(path: &std::path::Path) -> Vec<u8> {
         .into_iter()
         .next()
         .unwrap_or_else(|| panic!("{} holds no certificate", path.display()))
+}
+
+/// Replaces `leaf` in `pki` with one from the same CA for `endpoint` that
+/// ends in `days` (what two years of serving leave).
+pub fn age_leaf(
+    pki: &seed::pki::Pki,
+    leaf: seed::pki::Leaf,
+    endpoint: &seed::ShootEndpoint,
+    days: i64,
+) {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let ca = pki.ca();
+    let spec = leaf.spec(endpoint);
+    let (cert, key) = seed::pki::issue_for_days(&read(&ca.cert), &read(&ca.key), &spec, days)
+        .expect("issuing an aged certificate");
+    let pair = pki.leaf(leaf);
+    seed::pki::write_private(&pair.key, key.as_bytes()).expect("aged key");
+    seed::pki::write_private(&pair.cert, cert.as_bytes()).expect("aged certificate");
+}
+
+/// Whole days the certificate in `path` is still valid (negative: ended;
+/// an unreadable file counts as ended long ago).
+pub fn days_left(path: &std::path::Path) -> i64 {
+    let end = seed::expiry::not_after_file(path).unwrap_or(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    (end - now).div_euclid(86_400)
 }
