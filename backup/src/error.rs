@@ -75,6 +75,10 @@ pub enum BackupError {
     #[error("restore: {0}")]
     Restore(String),
 
+    /// Another restore into the same data dir runs (it holds `lock`).
+    #[error("another restore into {data_dir} is running (it holds {lock}): wait for it to end, or stop it, before restoring again")]
+    RestoreBusy { data_dir: String, lock: String },
+
     /// The restored data is not what the source had.
     #[error("verification failed: {0}")]
     Verify(String),
@@ -106,7 +110,8 @@ impl BackupError {
         match self {
             BackupError::BucketUnreachable { .. }
             | BackupError::Etcd { .. }
-            | BackupError::Io { .. } => true,
+            | BackupError::Io { .. }
+            | BackupError::RestoreBusy { .. } => true,
             BackupError::Bucket { retryable, .. } => *retryable,
             BackupError::Config { .. }
             | BackupError::BucketMissing { .. }

@@ -189,6 +189,7 @@ async fn run(
     let work = opts.work_dir();
     let fingerprint = opts.fingerprint();
     std::fs::create_dir_all(&work).map_err(io_at("creating", &work))?;
+    let _only_restore = lock_work_dir(&work, &opts.data_dir)?;
     let state_file = work.join("state.json");
     // with the damage found in full snapshots so far, for the report (and
     // the error if none is usable)
@@ -240,6 +241,28 @@ async fn run(
         state = step(state, outcome)?;
         save_state(&state_file, &fingerprint, &state, &damaged)?;
     }
+}
+
+/// Holds the work dir for one restore at a time (two restores into one data
+/// dir, say a failover's early restore and a retry of it, would write the
+/// same state file and temporary data); the lock ends with the returned file.
+fn lock_work_dir(work: &Path, data_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = work.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_at("opening", &path))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
+        |(_, errno)| match errno {
+            nix::errno::Errno::EWOULDBLOCK => BackupError::RestoreBusy {
+                data_dir: data_dir.display().to_string(),
+                lock: path.display().to_string(),
+            },
+            other => io_at("locking", &path)(std::io::Error::from(other)),
+        },
+    )
 }
 
 /// Chooses the objects; when every usable full snapshot turned out damaged,
@@ -388,4 +411,24 @@ fn is_empty_dir(p: &Path) -> bool {
     std::fs::read_dir(p)
         .map(|mut d| d.next().is_none())
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_restore_at_a_time_holds_the_work_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let (work, data) = (dir.path().join("restore-work"), dir.path().join("etcd"));
+        std::fs::create_dir_all(&work).unwrap();
+        let first = lock_work_dir(&work, &data).expect("the first restore locks");
+        let err = lock_work_dir(&work, &data).expect_err("a second one is refused");
+        assert!(err.is_retryable(), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(&data.display().to_string()), "{msg}");
+        assert!(msg.contains("another restore"), "{msg}");
+        drop(first);
+        lock_work_dir(&work, &data).expect("free again once the first ended");
+    }
 }
