@@ -92,7 +92,8 @@ impl MemberLoop {
                         h.serving = true;
                         h.detail = "serving".into();
                         h.next_attempt = None;
-                        h.certificates_at = None;
+                        // the start reissued what was due: the next look in a period
+                        h.certificates_at = Some(Instant::now() + shared.certificate_check());
                         tracing::info!("control plane serving");
                     }
                     Err(e) => {
