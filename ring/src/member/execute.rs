@@ -28,6 +28,7 @@ fn certificates_retry(failures: u32, every: Duration) -> Duration {
     let doubled = CERTIFICATES_RETRY.saturating_mul(1 << failures.saturating_sub(1).min(16));
     doubled.min(every)
 }
+
 /// How long a health check waits for the members of a shoot's etcd.
 const PEERS_TIMEOUT: Duration = Duration::from_secs(5);
 
