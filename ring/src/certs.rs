@@ -98,13 +98,22 @@ pub fn member(
 
 /// Every certificate of `shoot`'s PKI kept in `dir` (its CA and leaves).
 pub fn shoot(shoot: &str, dir: &Path) -> Vec<CertificateStatus> {
-    let owner = format!("shoot {shoot}");
+    pki_dir(&format!("shoot {shoot}"), dir)
+}
+
+/// Every certificate of the copy of `shoot`'s PKI a hot standby of it
+/// keeps in `dir` (its etcd's and its warm kube-apiserver's among them).
+pub fn standby(shoot: &str, dir: &Path) -> Vec<CertificateStatus> {
+    pki_dir(&format!("standby of shoot {shoot}"), dir)
+}
+
+fn pki_dir(owner: &str, dir: &Path) -> Vec<CertificateStatus> {
     seed::pki::Pki::new(dir)
         .certificates()
         .into_iter()
         .map(|(name, path)| {
             let read = seed::expiry::not_after_file(&path);
-            CertificateStatus::from(&owner, &name, path.display().to_string(), read)
+            CertificateStatus::from(owner, &name, path.display().to_string(), read)
         })
         .collect()
 }
@@ -137,6 +146,8 @@ fn renew_hint(c: &CertificateStatus) -> &'static str {
         "`ringctl pki renew` issues a new one from the shoot's CA; the node takes it without a restart"
     } else if c.owner.starts_with("shoot ") && c.name == "kubeconfig" {
         "`ringctl pki renew` issues a new one from the shoot's CA (the file is replaced once the shoot's API accepted it)"
+    } else if c.owner.starts_with("standby of shoot ") {
+        "a hot standby's certificates are reissued when it starts again (every move of its shoot makes a new standby: `ringctl migrate` the shoot to renew them now)"
     } else if c.owner.starts_with("shoot ") && c.name != "ca" {
         "its host renews it online, without stopping the control plane, within `seed.certificateCheckSecs` (an hour by default) once 30 days are left; if the warning stays, the host's ringd log says why (\"cannot renew the control plane's certificates\")"
     } else {
@@ -306,6 +317,11 @@ mod tests {
                 "shoot s2",
                 "kubeconfig",
                 "`ringctl pki renew` issues a new one from the shoot's CA",
+            ),
+            (
+                "standby of shoot s2",
+                "etcd-peer",
+                "reissued when it starts again",
             ),
             (
                 "shoot s2",

@@ -272,6 +272,13 @@ impl Shared {
                     out.extend(crate::certs::shoot(&shoot, &dir));
                 }
             }
+            // a hot standby's etcd presents the certificates of its own copy
+            let standbys: Vec<String> = lock(&self.standbys).iter().cloned().collect();
+            for shoot in standbys {
+                if let Some(dir) = executor.pki_dir(&shoot) {
+                    out.extend(crate::certs::standby(&shoot, &dir));
+                }
+            }
         }
         out
     }
