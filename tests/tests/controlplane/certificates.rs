@@ -32,7 +32,13 @@ async fn due_certificates_are_renewed_while_the_control_plane_serves() {
     );
 
     // 29 days left (renewed 30 days ahead), as after two years of serving
-    let before = seed.inspect(shoot).await.unwrap();
+    // every component runs (kube-controller-manager and kube-scheduler
+    // start once the API answers, after `wait_ready`)
+    let before = wait_for("every component running", READY, || async {
+        let status = seed.inspect(shoot).await.ok()?;
+        (status.phase == Phase::Ready).then_some(status)
+    })
+    .await;
     for leaf in [Leaf::EtcdServer, Leaf::ApiServer, Leaf::ControllerManager] {
         certs::age_leaf(&pki, leaf, &spec.endpoint, 29);
     }
