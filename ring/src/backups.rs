@@ -475,7 +475,6 @@ async fn follow_sidecar(progress: std::sync::Arc<dyn SidecarProgress>, follow: F
     let mut last = 0;
     let mut failing = Streak::default();
     loop {
-        let now = std::time::Instant::now();
         match progress.report().await {
             Ok(r) => {
                 if let Some((count, lasted)) = failing.ended() {
@@ -495,7 +494,7 @@ async fn follow_sidecar(progress: std::sync::Arc<dyn SidecarProgress>, follow: F
                 }
             }
             Err(e) => {
-                if let Some(count) = failing.failed(now) {
+                if let Some(count) = failing.failed(std::time::Instant::now()) {
                     tracing::warn!(error = %e, count, "cannot read the backup's progress");
                 }
             }

@@ -259,18 +259,9 @@ impl LocalSeed {
             return Ok(renewed);
         }
         let restart: Vec<Component> = renewed.iter().filter_map(|l| l.restarts()).collect();
-        let pids: Vec<u32> = {
-            let running = self.running.lock().await;
-            let states = running.get(shoot).map(|r| r.states.borrow().clone());
-            let pid = |c: &Component| states.as_ref()?.get(c)?.pid;
-            restart.iter().filter_map(pid).collect()
-        };
         tracing::info!(shoot, ?renewed, ?restart, "certificates renewed");
-        for pid in pids {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+        if let Some(r) = self.running.lock().await.get(shoot) {
+            r.signal(&restart, nix::sys::signal::Signal::SIGTERM);
         }
         Ok(renewed)
     }
@@ -405,25 +396,16 @@ impl Seed for LocalSeed {
             return self.stop(shoot).await;
         };
         // SIGKILL first (the API stops answering at once), then reap and stop supervising.
-        let pids: Vec<u32> = {
-            let states = r.states.borrow();
-            [
+        r.signal(
+            &[
                 Component::ApiForwarder,
                 Component::KubeApiserver,
                 Component::KubeControllerManager,
                 Component::KubeScheduler,
                 Component::Etcd,
-            ]
-            .iter()
-            .filter_map(|c| states.get(c).and_then(|s| s.pid))
-            .collect()
-        };
-        for pid in pids {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+            ],
+            nix::sys::signal::Signal::SIGKILL,
+        );
         tracing::warn!(shoot, "control plane fenced (killed)");
         r.shutdown().await;
         Ok(())

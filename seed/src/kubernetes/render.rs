@@ -51,7 +51,7 @@ pub const NODE_ETCD: &str = "etcd";
 pub const KUBECONFIG_HASH: &str = "ring.gardener.cloud/kubeconfig-sha256";
 
 /// The [`KUBECONFIG_HASH`] of `component` for the PKI files `pki`.
-pub fn kubeconfig_hash(pki: &BTreeMap<String, Vec<u8>>, component: Component) -> String {
+pub fn kubeconfig_hash(pki: &Files, component: Component) -> String {
     use sha2::Digest;
     let file = pki.get(&format!("{}.kubeconfig", component.name()));
     format!(

@@ -70,7 +70,7 @@ impl KubernetesSeed {
             write_private(&dir.join(name), bytes)?;
         }
         let pki = Pki::new(&dir);
-        let _reissued = pki.ensure(&spec.shoot, &spec.endpoint)?;
+        pki.ensure(&spec.shoot, &spec.endpoint)?;
         let ns = self.namespace(&spec.shoot);
         let mut api_dns: Vec<String> = [
             "localhost",
@@ -175,7 +175,7 @@ impl KubernetesSeed {
             self.apply(shoot, &secret).await?;
             tracing::info!(shoot, ?renewed, secret = PKI_SECRET, "certificates renewed");
         }
-        for c in [Component::KubeControllerManager, Component::KubeScheduler] {
+        for c in Leaf::ALL.iter().filter_map(|l| l.restarts()) {
             self.roll_to(shoot, c, &render::kubeconfig_hash(&files, c))
                 .await?;
         }

@@ -77,6 +77,21 @@ impl Running {
         self.standby && self.has(Component::Etcd)
     }
 
+    /// Sends `signal` to the process group of each of `components` that
+    /// runs (its supervisor sees it exit, and restarts it unless told to stop).
+    pub(super) fn signal(&self, components: &[Component], signal: nix::sys::signal::Signal) {
+        let pids: Vec<u32> = {
+            let states = self.states.borrow();
+            components
+                .iter()
+                .filter_map(|c| states.get(c).and_then(|s| s.pid))
+                .collect()
+        };
+        for pid in pids {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), signal);
+        }
+    }
+
     /// Tells every component's supervisor to stop (none restarts its
     /// component any more), without waiting.
     pub(super) fn cancel(&self) {
