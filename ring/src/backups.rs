@@ -157,6 +157,23 @@ impl RingBucket {
         Ok(self.catalog(shoot, false).await?.latest_revision())
     }
 
+    /// Records that ring epoch `epoch` of `shoot` begins at `revision`, the
+    /// data its new host restored or was handed, before that host serves:
+    /// what an earlier epoch uploads past it is a fenced host's fork, never
+    /// restored (see `backup::catalog::EpochBegin`). Returns the object's name.
+    pub async fn record_epoch_begin(
+        &self,
+        shoot: &str,
+        epoch: u64,
+        revision: i64,
+    ) -> Result<String, RingError> {
+        let bucket = backup::Bucket::open(&self.config, shoot, false).map_err(backup_err)?;
+        bucket
+            .record_epoch_begin(self.key.as_ref(), epoch, revision)
+            .await
+            .map_err(backup_err)
+    }
+
     /// The key objects are sealed with, if any.
     pub fn key(&self) -> Option<&EncryptionKey> {
         self.key.as_ref()

@@ -132,6 +132,34 @@ impl Bucket {
             .map_err(|e| self.failed(Op::Create, &format!("uploading {name}"), e))
     }
 
+    /// Records, before the host of ring epoch `epoch` serves, that its
+    /// history begins at `revision` (the data it restored or was handed):
+    /// a fenced host's later uploads past it are then never taken for
+    /// history (see `catalog::begin`). Sealed under `key`. Returns its name.
+    pub async fn record_epoch_begin(
+        &self,
+        key: Option<&crate::codec::EncryptionKey>,
+        epoch: u64,
+        revision: i64,
+    ) -> Result<String> {
+        let name = crate::catalog::begin_name(epoch, revision, key.is_some());
+        let shoot = self.shoot().to_string();
+        let body = crate::catalog::EpochBeginBody {
+            shoot: shoot.clone(),
+            epoch,
+            revision,
+            at_ms: crate::now_ms(),
+        };
+        let json = serde_json::to_vec(&body)
+            .map_err(|e| BackupError::Catalog(format!("cannot encode {name}: {e}")))?;
+        let bytes = match key {
+            Some(key) => crate::codec::seal(key, &shoot, &name, &json)?,
+            None => json,
+        };
+        self.put(&name, bytes.into()).await?;
+        Ok(name)
+    }
+
     /// Starts a multipart upload (large objects: full snapshots).
     pub async fn upload(&self, name: &str) -> Result<WriteMultipart> {
         let upload = self

@@ -1,8 +1,9 @@
 //! Which objects belong to the shoot's history, by epoch (pure).
 //!
 //! Every host writes its objects under the ring epoch it serves at, and a
-//! new epoch's history begins with a full snapshot of the data it was given
-//! (restored from the bucket, or handed over). A host that was fenced (or
+//! new epoch's history begins at the data it was given (restored from the
+//! bucket, or handed over): where its host recorded that before serving
+//! (`begin.rs`), else at its first full snapshot. A host that was fenced (or
 //! stalled, or cut off) may still upload for a while: its objects then
 //! continue the *old* epoch past where the new one began, a fork of the
 //! history that no client of the new host ever saw. So an object of epoch
@@ -12,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Entry;
+use super::{Entry, EpochBegin};
 
 /// An object set aside because a newer epoch began before its last revision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,12 +38,15 @@ impl Superseded {
 }
 
 /// Splits `entries` into the shoot's history and the superseded objects.
-pub(super) fn split(entries: Vec<Entry>) -> (Vec<Entry>, Vec<Superseded>) {
+/// An epoch's history began where its host recorded it (`begins`), or at
+/// its oldest object's start, whichever is older.
+pub(super) fn split(entries: Vec<Entry>, begins: &[EpochBegin]) -> (Vec<Entry>, Vec<Superseded>) {
     // where each epoch's history began
     let mut starts: std::collections::BTreeMap<u64, i64> = Default::default();
-    for e in &entries {
-        let s = starts.entry(e.epoch).or_insert(i64::MAX);
-        *s = (*s).min(e.start());
+    let begun = begins.iter().map(|b| (b.epoch, b.revision));
+    for (epoch, start) in entries.iter().map(|e| (e.epoch, e.start())).chain(begun) {
+        let s = starts.entry(epoch).or_insert(i64::MAX);
+        *s = (*s).min(start);
     }
     // for each epoch, the earliest start of any newer epoch (and which)
     let mut limits: std::collections::BTreeMap<u64, (u64, i64)> = Default::default();
@@ -88,7 +92,7 @@ mod tests {
     type SetAside = Vec<(u64, i64, u64)>;
 
     fn kept_and_set_aside(entries: Vec<Entry>) -> (Kept, SetAside) {
-        let (kept, superseded) = split(entries);
+        let (kept, superseded) = split(entries, &[]);
         let mut k: Vec<_> = kept.iter().map(|e| (e.epoch, e.first, e.last)).collect();
         k.sort();
         let s = superseded
@@ -177,12 +181,71 @@ mod tests {
         }
     }
 
+    /// The new epoch's first full snapshot came after its control plane
+    /// had served a few writes (at 25, restored at 20): the fenced host's late
+    /// deltas from 21 on are a fork whether or not they reach 25, once the new
+    /// host recorded where it began.
+    #[test]
+    fn a_recorded_beginning_cuts_the_old_epoch_where_the_new_one_was_restored() {
+        use Kind::{Delta, Full};
+        let begin = |epoch, revision| {
+            super::super::parse_begin(&super::super::begin_name(epoch, revision, false)).unwrap()
+        };
+        let objects = || {
+            vec![
+                obj(1, Full, 10, 10),
+                obj(1, Delta, 11, 20),
+                obj(1, Delta, 21, 24),
+                obj(2, Full, 25, 25),
+                obj(2, Delta, 26, 30),
+            ]
+        };
+        type Case = (&'static str, Vec<EpochBegin>, Kept, SetAside);
+        let cases: Vec<Case> = vec![
+            (
+                "no record: the fork up to the first full snapshot passes for history",
+                vec![],
+                vec![
+                    (1, 10, 10),
+                    (1, 11, 20),
+                    (1, 21, 24),
+                    (2, 25, 25),
+                    (2, 26, 30),
+                ],
+                vec![],
+            ),
+            (
+                "epoch 2 began at 20: epoch 1's deltas after it are set aside",
+                vec![begin(2, 20)],
+                vec![(1, 10, 10), (1, 11, 20), (2, 25, 25), (2, 26, 30)],
+                vec![(1, 21, 2)],
+            ),
+            (
+                "a record of an epoch that wrote nothing yet cuts as well",
+                vec![begin(2, 20), begin(3, 22)],
+                vec![(1, 10, 10), (1, 11, 20)],
+                vec![(1, 21, 2), (2, 25, 3), (2, 26, 3)],
+            ),
+        ];
+        for (what, begins, kept, superseded) in cases {
+            let (k, s) = split(objects(), &begins);
+            let mut k: Kept = k.iter().map(|e| (e.epoch, e.first, e.last)).collect();
+            k.sort();
+            let mut s: SetAside = s
+                .iter()
+                .map(|s| (s.entry.epoch, s.entry.first, s.by_epoch))
+                .collect();
+            s.sort();
+            assert_eq!((k, s), (kept, superseded), "{what}");
+        }
+    }
+
     #[test]
     fn the_reason_names_both_epochs_and_the_revision() {
-        let (_, s) = split(vec![
-            obj(2, Kind::Full, 20, 20),
-            obj(1, Kind::Delta, 15, 30),
-        ]);
+        let (_, s) = split(
+            vec![obj(2, Kind::Full, 20, 20), obj(1, Kind::Delta, 15, 30)],
+            &[],
+        );
         let reason = s[0].reason();
         for want in ["epoch 1", "revision 30", "epoch 2 began at revision 20"] {
             assert!(reason.contains(want), "{want:?} in {reason}");

@@ -23,7 +23,9 @@
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+mod begin;
 mod lineage;
+pub use begin::{begin_name, parse_begin, EpochBegin, EpochBeginBody};
 pub use lineage::Superseded;
 
 pub use crate::codec::Kind;
@@ -163,7 +165,7 @@ pub fn object_name_in_epoch(
 }
 
 /// The epoch part of a name (`e` and digits, not 0).
-fn parse_epoch(s: &str) -> Option<u64> {
+pub(crate) fn parse_epoch(s: &str) -> Option<u64> {
     let digits = s.strip_prefix('e')?;
     if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -241,6 +243,9 @@ pub struct Catalog {
     /// host's late uploads): never restored, never resumed from.
     #[serde(default)]
     pub superseded: Vec<Superseded>,
+    /// Where epochs began, as their hosts recorded it before serving.
+    #[serde(default)]
+    pub begins: Vec<EpochBegin>,
 }
 
 /// What a restore aims at.
@@ -273,9 +278,12 @@ impl Catalog {
         let mut c = Catalog::default();
         let mut entries = Vec::new();
         for (name, size) in objects {
-            match parse_name(&name, size) {
-                Some(e) => entries.push(e),
-                None => c.unknown.push(name),
+            if let Some(e) = parse_name(&name, size) {
+                entries.push(e);
+            } else if let Some(b) = parse_begin(&name) {
+                c.begins.push(b);
+            } else {
+                c.unknown.push(name);
             }
         }
         c.take_in(entries);
@@ -284,7 +292,12 @@ impl Catalog {
 
     /// The newest epoch any object was written in (0: none recorded).
     pub fn newest_epoch(&self) -> u64 {
-        self.entries().map(|e| e.epoch).max().unwrap_or(0)
+        let begun = self.begins.iter().map(|b| b.epoch);
+        self.entries()
+            .map(|e| e.epoch)
+            .chain(begun)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The newest revision the objects of `epoch` reach, if it wrote any.
@@ -295,12 +308,14 @@ impl Catalog {
             .max()
     }
 
-    /// Where `epoch`'s history began (its oldest object's start), if it
-    /// wrote anything.
+    /// Where `epoch`'s history began (the revision its host recorded
+    /// before serving, or its oldest object's start), if it wrote anything.
     pub fn epoch_start(&self, epoch: u64) -> Option<i64> {
+        let begun = self.begins.iter().filter(|b| b.epoch == epoch);
         self.entries()
             .filter(|e| e.epoch == epoch)
             .map(Entry::start)
+            .chain(begun.map(|b| b.revision))
             .min()
     }
 
@@ -317,15 +332,24 @@ impl Catalog {
                     .map(|s| s.entry),
             );
         let (sealed, plain): (Vec<Entry>, Vec<Entry>) = all.partition(|e| e.encrypted);
+        let (begins, plain_begins) = std::mem::take(&mut self.begins)
+            .into_iter()
+            .partition(|b| b.encrypted);
+        self.begins = begins;
         self.take_in(sealed);
-        let mut dropped: Vec<String> = plain.into_iter().map(|e| e.name).collect();
+        let plain_begins = plain_begins.into_iter().map(|b: EpochBegin| b.name);
+        let mut dropped: Vec<String> = plain
+            .into_iter()
+            .map(|e| e.name)
+            .chain(plain_begins)
+            .collect();
         dropped.sort();
         dropped
     }
 
     /// Files `entries` (none held yet) as history or superseded, sorted.
     fn take_in(&mut self, entries: Vec<Entry>) {
-        let (kept, superseded) = lineage::split(entries);
+        let (kept, superseded) = lineage::split(entries, &self.begins);
         for e in kept {
             match e.kind {
                 Kind::Full => self.fulls.push(e),
@@ -341,6 +365,7 @@ impl Catalog {
         self.deltas
             .sort_by_key(|e| (e.first, e.last, e.epoch, e.time_ms));
         self.unknown.sort();
+        self.begins.sort_by_key(|b| (b.epoch, b.revision));
     }
 
     /// Every object, fulls then deltas.

@@ -198,3 +198,52 @@ fn epochs_round_trip_in_names_and_malformed_ones_are_not_backup_objects() {
         assert!(parse_name(&name, 0).is_none(), "{name}");
     }
 }
+
+/// A host's record of where its epoch began is read from the listing: it
+/// names the epoch (a stale writer sees it), cuts the older epoch's late
+/// deltas there, and a point-in-time restore between it and the new epoch's
+/// first full snapshot is a gap, not the fenced host's fork. Under a key, a
+/// plain record counts for nothing.
+#[test]
+fn a_recorded_beginning_is_an_epoch_s_start_and_a_restore_never_reads_past_it() {
+    let object = |epoch, kind, a, b, encrypted| {
+        let name = object_name_in_epoch(epoch, kind, a, b, 1_700_000_000_000 + b, true, encrypted);
+        (name, 10)
+    };
+    let listing = |begin_sealed| {
+        vec![
+            object(1, Kind::Full, 10, 10, true),
+            object(1, Kind::Delta, 11, 20, true),
+            object(1, Kind::Delta, 21, 24, true),
+            (begin_name(2, 20, begin_sealed), 64),
+            object(2, Kind::Full, 25, 25, true),
+        ]
+    };
+    let c = Catalog::from_listing(listing(true));
+    assert!(c.unknown.is_empty(), "{:?}", c.unknown);
+    assert_eq!((c.newest_epoch(), c.epoch_start(2)), (2, Some(20)));
+    assert_eq!(c.superseded.len(), 1, "{:?}", c.superseded);
+    match c.plan(Target::Revision(23), false, &[]) {
+        Err(BackupError::Gap {
+            from: 21, to: 23, ..
+        }) => {}
+        other => panic!("want a gap 21..=23, got {other:?}"),
+    }
+    assert_eq!(
+        c.plan(Target::Revision(20), false, &[])
+            .unwrap()
+            .target_revision,
+        20
+    );
+    assert_eq!(c.plan(Target::Latest, false, &[]).unwrap().full.first, 25);
+
+    let mut plain = Catalog::from_listing(listing(false));
+    let dropped = plain.retain_encrypted();
+    assert_eq!(dropped, vec![begin_name(2, 20, false)]);
+    assert_eq!(
+        plain.epoch_start(2),
+        Some(25),
+        "only the sealed objects count"
+    );
+    assert!(plain.begins.is_empty());
+}

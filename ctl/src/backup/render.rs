@@ -80,6 +80,12 @@ pub fn catalog(bucket: &str, c: &Catalog) -> String {
         c.deltas.len(),
         c.latest_revision().map_or("-".into(), |r| r.to_string())
     ));
+    for b in &c.begins {
+        out.push_str(&format!(
+            "epoch {} began at revision {} ({})\n",
+            b.epoch, b.revision, b.name
+        ));
+    }
     for s in &c.superseded {
         out.push_str(&format!("superseded (never restored): {}\n", s.reason()));
     }

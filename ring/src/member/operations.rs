@@ -427,6 +427,7 @@ async fn target_step(
         TargetAction::Restore => mover.restore_handover(shoot, epoch).await,
         TargetAction::AcquireLease => shared.renew_lease(shoot, epoch).await,
         TargetAction::Start => {
+            finish::record_epoch_begin(shared, mover, op).await?;
             shared
                 .executor()
                 .map(Arc::clone)

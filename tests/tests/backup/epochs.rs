@@ -137,3 +137,105 @@ async fn a_fenced_hosts_late_uploads_never_join_the_new_epochs_history() {
     b.stop().await;
     etcd_b.stop().await;
 }
+
+/// The new host serves (and takes writes) before its backup's first full
+/// snapshot, so that snapshot's base is past the revision it restored; the
+/// fenced host's late deltas in between would pass for history. The
+/// failover records where epoch 2 began before the new host serves: the
+/// fork is set aside, a restore to a revision inside it is refused as a gap
+/// naming the revisions (not answered with the fenced host's writes), and
+/// restores up to the beginning and of the newest revision hold the right
+/// history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_never_reads_a_fork_between_an_epoch_s_beginning_and_its_first_full_snapshot() {
+    let work = tempfile::tempdir().unwrap();
+    let bucket = file_bucket(&work.path().join("bucket"));
+    let etcd_a = EtcdServer::plain();
+    let cfg_a = config("gap", &etcd_a, bucket.clone(), work.path());
+    let mut a_client = etcd_a.client().await;
+    let mut a = start_in_epoch(cfg_a, 1);
+    let r1 = put_n(&mut a_client, "/old", 10).await;
+    a.wait_durable(r1).await;
+
+    // the failover restores, then records where epoch 2 begins
+    let b_dir = work.path().join("b");
+    let opts = restore_opts(&bucket, "gap", b_dir.clone(), RestoreTarget::Latest);
+    let report = restore(&opts).await.expect("restore for epoch 2");
+    assert_eq!(report.reached_revision, r1, "{report:?}");
+    let name = opts
+        .bucket
+        .record_epoch_begin(None, 2, r1)
+        .await
+        .expect("recording epoch 2's beginning");
+
+    // the fenced host writes and uploads past it (fewer revisions than the
+    // new host serves before its first full snapshot)
+    let fork = put_n(&mut a_client, "/fork", 3).await;
+    a.wait_durable(fork).await;
+    a.stop().await;
+
+    // the new host serves writes before its backup starts
+    let log = work.path().join("b.log");
+    let mut etcd_b = TempEtcd::start(&etcd_bin(), &b_dir, "gap", &log)
+        .await
+        .expect("etcd B on the restored data");
+    let mut b_client = etcd_b.client().await.expect("client of B");
+    let served = put_n(&mut b_client, "/served", 5).await;
+    assert!(
+        served > fork,
+        "the fork ends before epoch 2's first full snapshot"
+    );
+    let mut cfg_b = BackupConfig::new("gap", etcd_b.config(), bucket.clone());
+    cfg_b.schedule.delta_period_ms = 150;
+    cfg_b.spool.dir = Some(work.path().join("spool-b"));
+    let mut b = start_in_epoch(cfg_b, 2);
+    b.wait_durable(served).await;
+
+    let catalog = catalog_of(&bucket, "gap").await;
+    let first_full_2 = catalog
+        .fulls
+        .iter()
+        .find(|f| f.epoch == 2)
+        .expect("epoch 2's full");
+    assert!(first_full_2.first >= served, "{first_full_2:?}");
+    assert_eq!(catalog.epoch_start(2), Some(r1), "{catalog:?}");
+    assert!(catalog.begins.iter().any(|b| b.name == name), "{catalog:?}");
+    assert!(!catalog.superseded.is_empty(), "{catalog:?}");
+    assert!(
+        catalog.entries().all(|e| e.epoch == 2 || e.last <= r1),
+        "{catalog:?}"
+    );
+
+    // inside the fork: a gap, naming the revisions
+    let inside = r1 + 2;
+    let c_dir = work.path().join("c");
+    let opts = restore_opts(&bucket, "gap", c_dir, RestoreTarget::Revision(inside));
+    match restore(&opts).await {
+        Err(BackupError::Gap { from, to, .. }) => assert_eq!((from, to), (r1 + 1, inside)),
+        other => panic!("a restore to {inside} must be a gap, got {other:?}"),
+    }
+    // up to the beginning, and the newest: the new host's history only
+    let opts = restore_opts(
+        &bucket,
+        "gap",
+        work.path().join("d"),
+        RestoreTarget::Revision(r1),
+    );
+    let (_, at_begin) = restore_exactly(&opts, &mut b_client, r1).await;
+    assert_eq!(
+        (count(&at_begin, "/old"), count(&at_begin, "/fork")),
+        (10, 0)
+    );
+    let opts = restore_opts(&bucket, "gap", work.path().join("e"), RestoreTarget::Latest);
+    let (_, newest) = restore_exactly(&opts, &mut b_client, served).await;
+    assert_eq!(
+        (
+            count(&newest, "/old"),
+            count(&newest, "/served"),
+            count(&newest, "/fork")
+        ),
+        (10, 5, 0)
+    );
+    b.stop().await;
+    etcd_b.stop().await;
+}

@@ -63,6 +63,15 @@ fn honest_loss_report(
     }
 }
 
+/// The bucket holds the sealed record that `op`'s epoch began at the
+/// revision its target restored or was handed.
+fn assert_epoch_begin_recorded(dir: &std::path::Path, op: &ringd::state::Operation) {
+    let revision = op.outcome.as_ref().map_or(0, |o| o.restored_revision);
+    let name = backup::catalog::begin_name(op.epoch(), revision, true);
+    let path = dir.join("bucket").join(op.shoot()).join(&name);
+    assert!(path.is_file(), "no {} for {op:?}", path.display());
+}
+
 /// kill -9 of the seed hosting a shoot's control plane in a 3-member ring: the
 /// ring restores it on another member from the bucket alone, the original
 /// kubeconfig answers, and every write the ring knew to be durable is there.
@@ -165,6 +174,8 @@ async fn killed_seed_fails_over_from_the_bucket() {
         stale.is_empty(),
         "leader Leases of m1's control plane left: {stale:?}"
     );
+    // before m3 served, the failover recorded (sealed) where its epoch begins
+    assert_epoch_begin_recorded(dir, &done);
 
     // the original kubeconfig answers, with every write
     for i in 0..20 {
@@ -227,6 +238,7 @@ async fn killed_seed_fails_over_from_the_bucket() {
     )
     .await;
     assert_eq!(home.source(), "m3", "{home:?}");
+    assert_epoch_begin_recorded(dir, &home);
     for name in ["after", "before-0", "before-19"] {
         kubectl(kubeconfig, &["get", "configmap", name]);
     }

@@ -35,6 +35,53 @@ pub(super) async fn verify_bucket_restore(
     Ok(objects)
 }
 
+/// The revision of the data a move's target was given: what its restore
+/// from the bucket reached, or the source handed over (`None`: not known
+/// here, e.g. a promoted standby's).
+fn given_revision(mover: &dyn Mover, op: &Operation) -> Option<i64> {
+    let shoot = op.shoot();
+    match op.kind {
+        OperationKind::Failover { .. } => mover
+            .bucket_report(shoot, op.id)
+            .map(|r| r.reached_revision),
+        OperationKind::Migration { .. } => mover.handover_info(shoot).map(|i| i.revision),
+    }
+}
+
+/// Records in the bucket, before the target's control plane serves, that
+/// the move's epoch begins at the revision it was given, so a fenced old
+/// host's late uploads past it never pass for history (its first full
+/// snapshot, once it serves, may be at a later revision). A failover from
+/// the bucket needs the record (a failed write fails the step, which is
+/// tried again); for a planned move, whose source handed over and stopped,
+/// it is only logged when it fails. A promoted standby held every write the
+/// old host acknowledged: nothing of the old epoch can fork from it.
+pub(super) async fn record_epoch_begin(
+    shared: &Shared,
+    mover: &dyn Mover,
+    op: &Operation,
+) -> Result<(), RingError> {
+    let Some(bucket) = shared.bucket() else {
+        return Ok(());
+    };
+    let (shoot, epoch) = (op.shoot(), op.epoch());
+    let revision = match given_revision(mover, op) {
+        Some(revision) if !op.promotes() => revision,
+        _ => return Ok(()),
+    };
+    match bucket.record_epoch_begin(shoot, epoch, revision).await {
+        Ok(name) => {
+            tracing::info!(%shoot, epoch, revision, object = %name, "recorded where the new epoch begins");
+            Ok(())
+        }
+        Err(e) if op.is_migration() => {
+            tracing::warn!(%shoot, epoch, revision, error = %e, "cannot record where the new epoch begins");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// How long releasing the predecessor's leader Leases may take.
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -45,13 +92,9 @@ const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// logged when it fails: the controllers then take over after that wait.
 pub(super) async fn release_leader_leases(mover: &dyn Mover, op: &Operation) {
     let shoot = op.shoot();
-    let restored = match op.kind {
-        OperationKind::Failover { .. } => mover
-            .bucket_report(shoot, op.id)
-            .map(|r| r.reached_revision),
-        OperationKind::Migration { .. } => mover.handover_info(shoot).map(|i| i.revision),
+    let Some(revision) = given_revision(mover, op) else {
+        return;
     };
-    let Some(revision) = restored else { return };
     let kubeconfig = mover.admin_kubeconfig(shoot);
     let release = seed::leader_leases::release_stale(shoot, &kubeconfig, revision);
     // bounded: an API that stalls here must not use up the Verify step's deadline
