@@ -147,7 +147,7 @@ fn renew_hint(c: &CertificateStatus) -> &'static str {
     } else if c.owner.starts_with("shoot ") && c.name == "kubeconfig" {
         "`ringctl pki renew` issues a new one from the shoot's CA (the file is replaced once the shoot's API accepted it)"
     } else if c.owner.starts_with("standby of shoot ") {
-        "a hot standby's certificates are reissued when it starts again (every move of its shoot makes a new standby: `ringctl migrate` the shoot to renew them now)"
+        "the member running the hot standby renews it online within `seed.certificateCheckSecs` once 30 days are left, like the host its own; if the warning stays, that member's ringd log says why (\"cannot renew the control plane's certificates\")"
     } else if c.owner.starts_with("shoot ") && c.name != "ca" {
         "its host renews it online, without stopping the control plane, within `seed.certificateCheckSecs` (an hour by default) once 30 days are left; if the warning stays, the host's ringd log says why (\"cannot renew the control plane's certificates\")"
     } else {
@@ -321,7 +321,7 @@ mod tests {
             (
                 "standby of shoot s2",
                 "etcd-peer",
-                "reissued when it starts again",
+                "the member running the hot standby renews it online",
             ),
             (
                 "shoot s2",

@@ -48,6 +48,14 @@ pub(super) fn standby_duties(
                             slot,
                         });
                     }
+                    // its etcd's certificates are the shoot's leaves, renewed
+                    // here as the host renews its own
+                    let due = seen.certificates_at.is_none_or(|t| now >= t);
+                    if seen.standby_running && !seen.starting && due {
+                        out.push(Duty::RenewCertificates {
+                            shoot: shoot_s.clone(),
+                        });
+                    }
                     let how = if s.ready { "votes" } else { "joining" };
                     format!("standby of {shoot} (served by {}): {how}", p.host)
                 }

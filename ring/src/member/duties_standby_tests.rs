@@ -339,3 +339,61 @@ fn a_promoting_target_promotes_while_the_old_lease_runs_out_and_starts_after() {
         vec![target(TargetAction::AcquireLease)]
     );
 }
+
+/// A running standby's certificates are looked at like a serving control
+/// plane's: when due, not while it is not running, not while a move of the
+/// shoot is open (the promotion's start prepares them).
+#[test]
+fn a_running_standby_s_certificates_are_looked_at_when_due() {
+    let now = Instant::now();
+    let o = observed(now);
+    let renew = vec![Duty::RenewCertificates { shoot: "b".into() }];
+    let seen = |running: bool, at: Option<Instant>| ShootSeen {
+        standby_running: running,
+        certificates_at: at,
+        ..Default::default()
+    };
+    let later = now + Duration::from_secs(3600);
+    let moving = failover_from(
+        with_standby(Some("c"), true),
+        Some(OperationStep::Restoring),
+        false,
+    );
+    // (name, state, seen) → duties
+    let cases: Vec<(&str, RingState, ShootSeen, Vec<Duty>)> = vec![
+        (
+            "first look",
+            with_standby(Some("c"), true),
+            seen(true, None),
+            renew.clone(),
+        ),
+        (
+            "due again",
+            with_standby(Some("c"), true),
+            seen(true, Some(now)),
+            renew.clone(),
+        ),
+        (
+            "not due",
+            with_standby(Some("c"), true),
+            seen(true, Some(later)),
+            vec![],
+        ),
+        (
+            "not running",
+            with_standby(Some("c"), false),
+            seen(false, None),
+            vec![],
+        ),
+        ("while a move is open", moving, seen(true, None), vec![]),
+    ];
+    for (what, state, seen, want) in cases {
+        let mut o = o.clone();
+        o.shoots.insert("b".into(), seen);
+        let got: Vec<Duty> = duties_b(&state, "c", &o, now)
+            .into_iter()
+            .filter(|d| matches!(d, Duty::RenewCertificates { .. }))
+            .collect();
+        assert_eq!(got, want, "{what}");
+    }
+}

@@ -86,6 +86,7 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     })
     .await;
     let warm_pid = component_pid(&standby_seed, shoot, Component::KubeApiserver).await;
+    renew_the_standby_s_etcd_certificate(&standby_seed, &spec, client_port).await;
 
     // the host dies; the standby is promoted and serves the shoot
     host.fence(shoot)
@@ -130,6 +131,41 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     standby_seed.stop(shoot).await.expect("stop");
     let left = standby_box.wait_no_processes(Duration::from_secs(10));
     assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+/// A standby's etcd server certificate about to expire (29 days left) is
+/// reissued by its seed's renewal, and the same etcd process presents the
+/// new one on its standby port; a second look renews nothing.
+async fn renew_the_standby_s_etcd_certificate(
+    standby_seed: &seed::LocalSeed,
+    spec: &ControlPlaneSpec,
+    client_port: u16,
+) {
+    let shoot = spec.shoot.as_str();
+    let pki = standby_seed.layout(shoot).pki();
+    let etcd_pid = component_pid(standby_seed, shoot, Component::Etcd).await;
+    certs::age_leaf(&pki, seed::pki::Leaf::EtcdServer, &spec.endpoint, 29);
+    let renewed = standby_seed
+        .renew_certificates(shoot)
+        .await
+        .expect("renewing the standby's certificates");
+    assert_eq!(renewed, vec![seed::pki::Leaf::EtcdServer]);
+    let cert = pki.leaf(seed::pki::Leaf::EtcdServer).cert;
+    assert!(certs::days_left(&cert) > 700, "{}", cert.display());
+    let want = certs::file_certificate(&cert);
+    let addr = std::net::SocketAddr::from((spec.endpoint.address, client_port));
+    let presented = certs::presented_certificate(addr).await;
+    assert_eq!(
+        presented.as_ref(),
+        Ok(&want),
+        "the standby's etcd presents the renewed certificate"
+    );
+    assert_eq!(
+        component_pid(standby_seed, shoot, Component::Etcd).await,
+        etcd_pid
+    );
+    let again = standby_seed.renew_certificates(shoot).await.expect("renew");
+    assert_eq!(again, vec![], "nothing is due after the renewal");
 }
 
 /// The pid of `component` of `shoot` as the seed's status file records it.
