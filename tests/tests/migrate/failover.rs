@@ -105,23 +105,7 @@ async fn killed_seed_fails_over_from_the_bucket() {
         );
         last_rv = out.trim().parse().unwrap();
     }
-    wait_for(
-        "a durable backup covering the writes",
-        Duration::from_secs(60),
-        || {
-            let c = ringd::client::AdminClient::connect(&ring.member_address(1), pki);
-            async move {
-                let s = c.ok()?.status().await.ok()?;
-                let rev = s
-                    .placements
-                    .iter()
-                    .find(|p| p.shoot == "m2")?
-                    .last_backup_revision?;
-                (rev >= last_rv).then_some(())
-            }
-        },
-    )
-    .await;
+    wait_durable_m2(&b, last_rv).await;
     // writes right before the kill: the bucket may not have them yet
     let late: Vec<(String, i64)> = (0..5)
         .map(|i| {
@@ -378,4 +362,134 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
         "configmap/kept"
     );
     ringctl_in(dir, &["down"]);
+}
+
+/// Waits until the ring knows a durable backup of m2 at `rv` or later.
+async fn wait_durable_m2(b: &Bootstrapped, rv: u64) {
+    wait_for(
+        "a durable backup of m2's writes",
+        Duration::from_secs(60),
+        || {
+            let c = ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki);
+            async move {
+                let s = c.ok()?.status().await.ok()?;
+                let p = s.placements.iter().find(|p| p.shoot == "m2")?;
+                (p.last_backup_revision? >= rv).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// Every full snapshot of m2 in the bucket is damaged when its host dies:
+/// the failover's restore has none to fall back on, and its target ends the
+/// operation as failed with the reason (which object, what is wrong) instead
+/// of retrying it until the operation's 20-minute deadline. The leader
+/// chooses again by itself (another member at once, the failed target after
+/// `RETRY_FAILED_MS`): once the good objects are back, the shoot serves with
+/// its writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_with_every_snapshot_damaged_fails_the_failover_with_the_reason() {
+    let _slot = ring_tests::ring_slot();
+    let b = Bootstrapped::new("");
+    let rv = kubectl(
+        &b.kubeconfig,
+        &[
+            "create",
+            "configmap",
+            "kept",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    );
+    wait_durable_m2(&b, rv.trim().parse().unwrap()).await;
+
+    // damage every full snapshot of m2 (one byte each), keeping the good ones
+    let prefix = b.dir.join("bucket").join("m2");
+    let fulls: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&prefix)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("full-")
+        })
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    assert!(
+        !fulls.is_empty(),
+        "no full snapshot of m2 in {}",
+        prefix.display()
+    );
+    for (path, good) in &fulls {
+        let mut bad = good.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        std::fs::write(path, bad).unwrap();
+    }
+    b.kill("m1").await;
+
+    let first = wait_for("a failover of m2", Duration::from_secs(30), || {
+        let c = ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki);
+        async move {
+            let s = c.ok()?.status().await.ok()?;
+            s.operations.iter().find(|o| o.shoot() == "m2").cloned()
+        }
+    })
+    .await;
+    let mut client =
+        ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki).unwrap();
+    let failed = client
+        .wait_operation(first.id, Duration::from_secs(120), |_, _| {})
+        .await
+        .expect("the failover ends");
+    assert_eq!(
+        failed.step,
+        ringd::state::OperationStep::Failed,
+        "{failed:?}"
+    );
+    let damaged = fulls.iter().any(|(p, _)| {
+        failed
+            .detail
+            .contains(&*p.file_name().unwrap().to_string_lossy())
+    });
+    assert!(
+        damaged
+            && failed
+                .detail
+                .contains("no other full snapshot to fall back on"),
+        "the reason names a damaged object: {}",
+        failed.detail
+    );
+
+    // the operator puts the good objects back: the ring recovers by itself
+    for (path, good) in &fulls {
+        std::fs::write(path, good).unwrap();
+    }
+    let done = wait_for(
+        "a later failover of m2 that completes",
+        Duration::from_secs(180),
+        || {
+            let c = ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki);
+            async move {
+                let s = c.ok()?.status().await.ok()?;
+                s.operations
+                    .iter()
+                    .find(|o| {
+                        o.shoot() == "m2"
+                            && o.id != first.id
+                            && o.step == ringd::state::OperationStep::Done
+                    })
+                    .cloned()
+            }
+        },
+    )
+    .await;
+    assert!(done.detail.contains("restored revision"), "{}", done.detail);
+    kubectl(&b.kubeconfig, &["get", "configmap", "kept"]);
+    ringctl_in(&b.dir, &["down"]);
 }
