@@ -91,8 +91,8 @@ mod tests {
     type Kept = Vec<(u64, i64, i64)>;
     type SetAside = Vec<(u64, i64, u64)>;
 
-    fn kept_and_set_aside(entries: Vec<Entry>) -> (Kept, SetAside) {
-        let (kept, superseded) = split(entries, &[]);
+    fn kept_and_set_aside(entries: Vec<Entry>, begins: &[EpochBegin]) -> (Kept, SetAside) {
+        let (kept, superseded) = split(entries, begins);
         let mut k: Vec<_> = kept.iter().map(|e| (e.epoch, e.first, e.last)).collect();
         k.sort();
         let s = superseded
@@ -176,7 +176,7 @@ mod tests {
             ),
         ];
         for (what, entries, kept, superseded) in cases {
-            let got = kept_and_set_aside(entries);
+            let got = kept_and_set_aside(entries, &[]);
             assert_eq!(got, (kept, superseded), "{what}");
         }
     }
@@ -228,13 +228,7 @@ mod tests {
             ),
         ];
         for (what, begins, kept, superseded) in cases {
-            let (k, s) = split(objects(), &begins);
-            let mut k: Kept = k.iter().map(|e| (e.epoch, e.first, e.last)).collect();
-            k.sort();
-            let mut s: SetAside = s
-                .iter()
-                .map(|s| (s.entry.epoch, s.entry.first, s.by_epoch))
-                .collect();
+            let (k, mut s) = kept_and_set_aside(objects(), &begins);
             s.sort();
             assert_eq!((k, s), (kept, superseded), "{what}");
         }
