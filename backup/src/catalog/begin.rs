@@ -6,7 +6,11 @@
 //! snapshot, so its base is past the revision the epoch was given. A fenced
 //! host's late uploads between the two would otherwise pass for history. So
 //! before it serves, the new host stores a small `begin` object naming the
-//! revision it restored (or was handed); the epoch's history starts there.
+//! revision it restored; the epoch's history starts there. One record per
+//! epoch is written (its start comes after the restore is final); should
+//! there be more, the oldest revision counts, setting aside more rather
+//! than less. A planned move writes none: its source stopped serving before
+//! it handed the data over, so nothing of the old epoch can fork from it.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,8 +32,11 @@ pub struct EpochBegin {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EpochBeginBody {
+    /// The shoot (a sealed record is bound to it as well).
     pub shoot: String,
+    /// The ring epoch that began.
     pub epoch: u64,
+    /// The revision of the data its host was given.
     pub revision: i64,
     /// When the host wrote it (ms since the Unix epoch, its clock).
     pub at_ms: i64,

@@ -39,14 +39,22 @@ impl Superseded {
 
 /// Splits `entries` into the shoot's history and the superseded objects.
 /// An epoch's history began where its host recorded it (`begins`), or at
-/// its oldest object's start, whichever is older.
+/// its oldest object's start, whichever is older. The record of an epoch
+/// that wrote no object yet cuts nothing: its host may never have served
+/// (its start failed, the leader chose again), and then the older epoch's
+/// later uploads are the newest history there is; if it served, what its
+/// clients wrote is in no object either way.
 pub(super) fn split(entries: Vec<Entry>, begins: &[EpochBegin]) -> (Vec<Entry>, Vec<Superseded>) {
     // where each epoch's history began
     let mut starts: std::collections::BTreeMap<u64, i64> = Default::default();
-    let begun = begins.iter().map(|b| (b.epoch, b.revision));
-    for (epoch, start) in entries.iter().map(|e| (e.epoch, e.start())).chain(begun) {
-        let s = starts.entry(epoch).or_insert(i64::MAX);
-        *s = (*s).min(start);
+    for e in &entries {
+        let s = starts.entry(e.epoch).or_insert(i64::MAX);
+        *s = (*s).min(e.start());
+    }
+    for b in begins {
+        if let Some(s) = starts.get_mut(&b.epoch) {
+            *s = (*s).min(b.revision);
+        }
     }
     // for each epoch, the earliest start of any newer epoch (and which)
     let mut limits: std::collections::BTreeMap<u64, (u64, i64)> = Default::default();
@@ -221,10 +229,10 @@ mod tests {
                 vec![(1, 21, 2)],
             ),
             (
-                "a record of an epoch that wrote nothing yet cuts as well",
+                "a record of an epoch that wrote nothing (it may never have served) cuts nothing",
                 vec![begin(2, 20), begin(3, 22)],
-                vec![(1, 10, 10), (1, 11, 20)],
-                vec![(1, 21, 2), (2, 25, 3), (2, 26, 3)],
+                vec![(1, 10, 10), (1, 11, 20), (2, 25, 25), (2, 26, 30)],
+                vec![(1, 21, 2)],
             ),
         ];
         for (what, begins, kept, superseded) in cases {

@@ -6,6 +6,7 @@
 //! ```text
 //! full-<base revision>-<time>[-e<epoch>].<compression>[.aesgcm]
 //! delta-<first revision>-<last revision>-<time>[-e<epoch>].<compression>[.aesgcm]
+//! begin-<revision>-e<epoch>.json[.aesgcm]
 //!
 //! full-00000000000000004711-20250614T101500123Z-e3.zst.aesgcm
 //! delta-00000000000000004712-00000000000000004790-20250614T101501123Z-e3.zst
@@ -16,9 +17,11 @@
 //! The epoch is the ring's placement epoch of the host that wrote the object
 //! (none for backups outside a ring, and for objects of older Rings); a
 //! sealed object's header repeats it, authenticated. Each epoch's history
-//! begins where its first object begins, and an older epoch's objects past
-//! that point are a fenced host's late uploads: the catalog sets them aside
-//! (see `lineage.rs`). Disaster recovery needs nothing but this listing.
+//! begins where the `begin` record its host wrote before serving says (see
+//! `begin.rs`), else where its first object begins, and an older epoch's
+//! objects past that point are a fenced host's late uploads: the catalog
+//! sets them aside (see `lineage.rs`). Disaster recovery needs nothing but
+//! this listing.
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -290,7 +293,8 @@ impl Catalog {
         c
     }
 
-    /// The newest epoch any object was written in (0: none recorded).
+    /// The newest epoch any object was written in, or any host recorded it
+    /// began (0: none recorded): a backup of an older epoch is stale.
     pub fn newest_epoch(&self) -> u64 {
         let begun = self.begins.iter().map(|b| b.epoch);
         self.entries()
@@ -308,8 +312,8 @@ impl Catalog {
             .max()
     }
 
-    /// Where `epoch`'s history began (the revision its host recorded
-    /// before serving, or its oldest object's start), if it wrote anything.
+    /// Where `epoch` began: the older of the revision its host recorded
+    /// before serving and its oldest object's start, if it left either.
     pub fn epoch_start(&self, epoch: u64) -> Option<i64> {
         let begun = self.begins.iter().filter(|b| b.epoch == epoch);
         self.entries()

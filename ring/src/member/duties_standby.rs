@@ -49,9 +49,9 @@ pub(super) fn standby_duties(
                         });
                     }
                     // its etcd's certificates are the shoot's leaves, renewed
-                    // here as the host renews its own
+                    // here as the host renews its own, once it votes
                     let due = seen.certificates_at.is_none_or(|t| now >= t);
-                    if seen.standby_running && !seen.starting && due {
+                    if seen.standby_running && s.ready && due {
                         out.push(Duty::RenewCertificates {
                             shoot: shoot_s.clone(),
                         });

@@ -341,8 +341,7 @@ fn a_promoting_target_promotes_while_the_old_lease_runs_out_and_starts_after() {
 }
 
 /// A running standby's certificates are looked at like a serving control
-/// plane's: when due, not while it is not running, not while a move of the
-/// shoot is open (the promotion's start prepares them).
+/// plane's, once it votes: when due, not while it joins or is not running.
 #[test]
 fn a_running_standby_s_certificates_are_looked_at_when_due() {
     let now = Instant::now();
@@ -354,38 +353,25 @@ fn a_running_standby_s_certificates_are_looked_at_when_due() {
         ..Default::default()
     };
     let later = now + Duration::from_secs(3600);
-    let moving = failover_from(
-        with_standby(Some("c"), true),
-        Some(OperationStep::Restoring),
-        false,
-    );
+    let voting = || with_standby(Some("c"), true);
     // (name, state, seen) → duties
     let cases: Vec<(&str, RingState, ShootSeen, Vec<Duty>)> = vec![
+        ("first look", voting(), seen(true, None), renew.clone()),
+        ("due again", voting(), seen(true, Some(now)), renew.clone()),
+        ("not due", voting(), seen(true, Some(later)), vec![]),
+        ("its etcd gone", voting(), seen(false, None), vec![]),
         (
-            "first look",
-            with_standby(Some("c"), true),
-            seen(true, None),
-            renew.clone(),
-        ),
-        (
-            "due again",
-            with_standby(Some("c"), true),
-            seen(true, Some(now)),
-            renew.clone(),
-        ),
-        (
-            "not due",
-            with_standby(Some("c"), true),
-            seen(true, Some(later)),
-            vec![],
-        ),
-        (
-            "not running",
+            "joining",
             with_standby(Some("c"), false),
-            seen(false, None),
+            seen(true, None),
             vec![],
         ),
-        ("while a move is open", moving, seen(true, None), vec![]),
+        (
+            "assigned elsewhere",
+            with_standby(Some("a"), true),
+            seen(true, None),
+            vec![],
+        ),
     ];
     for (what, state, seen, want) in cases {
         let mut o = o.clone();

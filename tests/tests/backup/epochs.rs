@@ -206,28 +206,39 @@ async fn a_restore_never_reads_a_fork_between_an_epoch_s_beginning_and_its_first
         "{catalog:?}"
     );
 
+    restores_never_read_the_fork(&bucket, work.path(), &mut b_client, r1, served).await;
+    b.stop().await;
+    etcd_b.stop().await;
+}
+
+/// Restores of `shoot` "gap" from `bucket` whose epoch 2 began at `r1` and
+/// reached `served` (B's history, read through `b_client`): one inside the
+/// fenced host's fork is a gap naming its revisions; one to `r1` and one of
+/// the newest hold B's history only.
+async fn restores_never_read_the_fork(
+    bucket: &BucketConfig,
+    work: &Path,
+    b_client: &mut Client,
+    r1: i64,
+    served: i64,
+) {
     // inside the fork: a gap, naming the revisions
     let inside = r1 + 2;
-    let c_dir = work.path().join("c");
-    let opts = restore_opts(&bucket, "gap", c_dir, RestoreTarget::Revision(inside));
+    let c_dir = work.join("c");
+    let opts = restore_opts(bucket, "gap", c_dir, RestoreTarget::Revision(inside));
     match restore(&opts).await {
         Err(BackupError::Gap { from, to, .. }) => assert_eq!((from, to), (r1 + 1, inside)),
         other => panic!("a restore to {inside} must be a gap, got {other:?}"),
     }
     // up to the beginning, and the newest: the new host's history only
-    let opts = restore_opts(
-        &bucket,
-        "gap",
-        work.path().join("d"),
-        RestoreTarget::Revision(r1),
-    );
-    let (_, at_begin) = restore_exactly(&opts, &mut b_client, r1).await;
+    let opts = restore_opts(bucket, "gap", work.join("d"), RestoreTarget::Revision(r1));
+    let (_, at_begin) = restore_exactly(&opts, b_client, r1).await;
     assert_eq!(
         (count(&at_begin, "/old"), count(&at_begin, "/fork")),
         (10, 0)
     );
-    let opts = restore_opts(&bucket, "gap", work.path().join("e"), RestoreTarget::Latest);
-    let (_, newest) = restore_exactly(&opts, &mut b_client, served).await;
+    let opts = restore_opts(bucket, "gap", work.join("e"), RestoreTarget::Latest);
+    let (_, newest) = restore_exactly(&opts, b_client, served).await;
     assert_eq!(
         (
             count(&newest, "/old"),
@@ -236,6 +247,4 @@ async fn a_restore_never_reads_a_fork_between_an_epoch_s_beginning_and_its_first
         ),
         (10, 5, 0)
     );
-    b.stop().await;
-    etcd_b.stop().await;
 }

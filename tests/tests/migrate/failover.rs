@@ -63,13 +63,39 @@ fn honest_loss_report(
     }
 }
 
-/// The bucket holds the sealed record that `op`'s epoch began at the
-/// revision its target restored or was handed.
-fn assert_epoch_begin_recorded(dir: &std::path::Path, op: &ringd::state::Operation) {
+/// The key the ring seals its bucket with (the config's, or the one
+/// bootstrap generated).
+fn bucket_key(b: &Bootstrapped) -> backup::codec::EncryptionKey {
+    let config = b
+        .ring
+        .bucket_encryption
+        .clone()
+        .unwrap_or(backup::EncryptionConfig {
+            key_file: Some(b.layout.bucket_key()),
+            ..Default::default()
+        });
+    backup::codec::EncryptionKey::load(&config).expect("the ring's bucket key")
+}
+
+/// Whether the bucket holds the sealed record that failover `op`'s epoch
+/// began at the revision it restored; when it does, the record opens with
+/// the ring's key as the shoot's and says the same as its name.
+fn epoch_begin_recorded(b: &Bootstrapped, op: &ringd::state::Operation) -> bool {
     let revision = op.outcome.as_ref().map_or(0, |o| o.restored_revision);
     let name = backup::catalog::begin_name(op.epoch(), revision, true);
-    let path = dir.join("bucket").join(op.shoot()).join(&name);
-    assert!(path.is_file(), "no {} for {op:?}", path.display());
+    let Ok(sealed) = std::fs::read(b.dir.join("bucket").join(op.shoot()).join(&name)) else {
+        return false;
+    };
+    let plain = backup::codec::unseal(Some(&bucket_key(b)), op.shoot(), &name, &sealed)
+        .unwrap_or_else(|e| panic!("{name} does not open: {e}"));
+    let body: backup::catalog::EpochBeginBody =
+        serde_json::from_slice(&plain).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        (body.shoot.as_str(), body.epoch, body.revision),
+        (op.shoot(), op.epoch(), revision),
+        "{name}"
+    );
+    true
 }
 
 /// kill -9 of the seed hosting a shoot's control plane in a 3-member ring: the
@@ -159,7 +185,10 @@ async fn killed_seed_fails_over_from_the_bucket() {
         "leader Leases of m1's control plane left: {stale:?}"
     );
     // before m3 served, the failover recorded (sealed) where its epoch begins
-    assert_epoch_begin_recorded(dir, &done);
+    assert!(
+        epoch_begin_recorded(&b, &done),
+        "no begin record for {done:?}"
+    );
 
     // the original kubeconfig answers, with every write
     for i in 0..20 {
@@ -222,7 +251,6 @@ async fn killed_seed_fails_over_from_the_bucket() {
     )
     .await;
     assert_eq!(home.source(), "m3", "{home:?}");
-    assert_epoch_begin_recorded(dir, &home);
     for name in ["after", "before-0", "before-19"] {
         kubectl(kubeconfig, &["get", "configmap", name]);
     }
@@ -381,6 +409,37 @@ async fn wait_durable_m2(b: &Bootstrapped, rv: u64) {
     .await;
 }
 
+/// Flips one byte in the middle of every full snapshot under `prefix`;
+/// returns each one's path and good bytes.
+fn damage_every_full_snapshot(prefix: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let fulls: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(prefix)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("full-")
+        })
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    assert!(
+        !fulls.is_empty(),
+        "no full snapshot in {}",
+        prefix.display()
+    );
+    for (path, good) in &fulls {
+        let mut bad = good.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        std::fs::write(path, bad).unwrap();
+    }
+    fulls
+}
+
 /// Every full snapshot of m2 in the bucket is damaged when its host dies:
 /// the failover's restore has none to fall back on, and its target ends the
 /// operation as failed with the reason (which object, what is wrong) instead
@@ -404,33 +463,8 @@ async fn a_bucket_with_every_snapshot_damaged_fails_the_failover_with_the_reason
     );
     wait_durable_m2(&b, rv.trim().parse().unwrap()).await;
 
-    // damage every full snapshot of m2 (one byte each), keeping the good ones
     let prefix = b.dir.join("bucket").join("m2");
-    let fulls: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&prefix)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("full-")
-        })
-        .map(|p| {
-            let bytes = std::fs::read(&p).unwrap();
-            (p, bytes)
-        })
-        .collect();
-    assert!(
-        !fulls.is_empty(),
-        "no full snapshot of m2 in {}",
-        prefix.display()
-    );
-    for (path, good) in &fulls {
-        let mut bad = good.clone();
-        let mid = bad.len() / 2;
-        bad[mid] ^= 0xff;
-        std::fs::write(path, bad).unwrap();
-    }
+    let fulls = damage_every_full_snapshot(&prefix);
     b.kill("m1").await;
 
     let first = wait_for("a failover of m2", Duration::from_secs(30), || {
@@ -466,6 +500,19 @@ async fn a_bucket_with_every_snapshot_damaged_fails_the_failover_with_the_reason
         failed.detail
     );
 
+    let begins = std::fs::read_dir(&prefix)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy()
+                .ends_with(&format!("-e{}.json.aesgcm", failed.epoch()))
+        })
+        .count();
+    assert_eq!(
+        begins, 0,
+        "the failed failover never served: no record of its epoch"
+    );
+
     // the operator puts the good objects back: the ring recovers by itself
     for (path, good) in &fulls {
         std::fs::write(path, good).unwrap();
@@ -490,6 +537,10 @@ async fn a_bucket_with_every_snapshot_damaged_fails_the_failover_with_the_reason
     )
     .await;
     assert!(done.detail.contains("restored revision"), "{}", done.detail);
+    assert!(
+        epoch_begin_recorded(&b, &done),
+        "no begin record for {done:?}"
+    );
     kubectl(&b.kubeconfig, &["get", "configmap", "kept"]);
     ringctl_in(&b.dir, &["down"]);
 }

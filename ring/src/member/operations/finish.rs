@@ -48,38 +48,31 @@ fn given_revision(mover: &dyn Mover, op: &Operation) -> Option<i64> {
     }
 }
 
-/// Records in the bucket, before the target's control plane serves, that
-/// the move's epoch begins at the revision it was given, so a fenced old
-/// host's late uploads past it never pass for history (its first full
-/// snapshot, once it serves, may be at a later revision). A failover from
-/// the bucket needs the record (a failed write fails the step, which is
-/// tried again); for a planned move, whose source handed over and stopped,
-/// it is only logged when it fails. A promoted standby held every write the
-/// old host acknowledged: nothing of the old epoch can fork from it.
+/// Records in the bucket, before a failover's target serves a restore from
+/// the bucket, that the failover's epoch begins at the revision it restored,
+/// so the old host's late uploads past it never pass for history (the new
+/// epoch's first full snapshot, once it serves, may be at a later revision).
+/// A failed write fails the step, which is tried again. Nothing to record
+/// for a planned move (its source stopped serving before the handover) or a
+/// promoted standby (it held every write the old host acknowledged: nothing
+/// of the old epoch can fork from it).
 pub(super) async fn record_epoch_begin(
     shared: &Shared,
     mover: &dyn Mover,
     op: &Operation,
 ) -> Result<(), RingError> {
-    let Some(bucket) = shared.bucket() else {
+    let (shoot, epoch) = (op.shoot(), op.epoch());
+    let restored_from_bucket = !op.is_migration() && !op.promotes();
+    let Some(bucket) = shared.bucket().filter(|_| restored_from_bucket) else {
         return Ok(());
     };
-    let (shoot, epoch) = (op.shoot(), op.epoch());
-    let revision = match given_revision(mover, op) {
-        Some(revision) if !op.promotes() => revision,
-        _ => return Ok(()),
+    let Some(revision) = given_revision(mover, op) else {
+        tracing::warn!(%shoot, epoch, "no report of the restore: where the new epoch begins is not recorded");
+        return Ok(());
     };
-    match bucket.record_epoch_begin(shoot, epoch, revision).await {
-        Ok(name) => {
-            tracing::info!(%shoot, epoch, revision, object = %name, "recorded where the new epoch begins");
-            Ok(())
-        }
-        Err(e) if op.is_migration() => {
-            tracing::warn!(%shoot, epoch, revision, error = %e, "cannot record where the new epoch begins");
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
+    let name = bucket.record_epoch_begin(shoot, epoch, revision).await?;
+    tracing::info!(%shoot, epoch, revision, object = %name, "recorded where the new epoch begins");
+    Ok(())
 }
 
 /// How long releasing the predecessor's leader Leases may take.
