@@ -13,7 +13,7 @@ use migrate::plan::{SourceAction, TargetAction};
 use super::duties::OperationFacts;
 use crate::executor::{Mover, Objects};
 use crate::shared::{lock, Shared};
-use crate::state::{Operation, OperationKind, OperationStep, Outcome, RingCommand};
+use crate::state::{Operation, OperationKind, OperationStep, RingCommand};
 use crate::{now_ms, RingError};
 
 mod fetch;
@@ -454,24 +454,6 @@ async fn target_step(
             let progress = lock(ledger).remove(&op.id).unwrap_or_default();
             finish::complete(shared, mover, op, progress).await
         }
-    }
-}
-
-/// The outcome figures a finished move reports.
-pub(crate) fn outcome(
-    restored_revision: i64,
-    restore_ms: u64,
-    progress: &Progress,
-    rpo: (Option<i64>, Option<u64>),
-) -> Outcome {
-    Outcome {
-        restored_revision,
-        restore_ms,
-        start_ms: progress.start.as_millis() as u64,
-        rpo_revisions: rpo.0,
-        rpo_ms: rpo.1,
-        objects: progress.verified.clone().unwrap_or_default(),
-        ..Outcome::default()
     }
 }
 

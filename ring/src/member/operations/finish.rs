@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use super::{outcome, Progress};
+use super::Progress;
 use crate::executor::{Mover, Objects};
 use crate::shared::Shared;
 use crate::state::{
-    BackupPointer, Operation, OperationKind, OperationStep, RingCommand, SeenRevision,
+    BackupPointer, Operation, OperationKind, OperationStep, Outcome, RingCommand, SeenRevision,
 };
 use crate::{now_ms, RingError};
 
@@ -300,6 +300,24 @@ impl FailoverLoss {
             ),
         };
         format!("{known}; {clients}")
+    }
+}
+
+/// The outcome figures a finished move reports.
+pub(super) fn outcome(
+    restored_revision: i64,
+    restore_ms: u64,
+    progress: &Progress,
+    rpo: (Option<i64>, Option<u64>),
+) -> Outcome {
+    Outcome {
+        restored_revision,
+        restore_ms,
+        start_ms: progress.start.as_millis() as u64,
+        rpo_revisions: rpo.0,
+        rpo_ms: rpo.1,
+        objects: progress.verified.clone().unwrap_or_default(),
+        ..Outcome::default()
     }
 }
 
