@@ -80,11 +80,13 @@ pub fn catalog(bucket: &str, c: &Catalog) -> String {
         c.deltas.len(),
         c.latest_revision().map_or("-".into(), |r| r.to_string())
     ));
-    for b in &c.begins {
-        out.push_str(&format!(
-            "epoch {} began at revision {} ({})\n",
-            b.epoch, b.revision, b.name
-        ));
+    if !c.begins.is_empty() {
+        let begun: Vec<String> = c
+            .begins
+            .iter()
+            .map(|b| format!("{} at revision {}", b.epoch, b.revision))
+            .collect();
+        out.push_str(&format!("epochs recorded as begun: {}\n", begun.join(", ")));
     }
     for s in &c.superseded {
         out.push_str(&format!("superseded (never restored): {}\n", s.reason()));

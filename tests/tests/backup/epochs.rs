@@ -206,6 +206,10 @@ async fn a_restore_never_reads_a_fork_between_an_epoch_s_beginning_and_its_first
         "{catalog:?}"
     );
 
+    let out = ringctl_backup(&["list", "--shoot", "gap", "--bucket", &bucket.url], None);
+    let text = expect_success(&out);
+    let begun = format!("epochs recorded as begun: 2 at revision {r1}");
+    assert!(text.contains(&begun), "{text}");
     restores_never_read_the_fork(&bucket, work.path(), &mut b_client, r1, served).await;
     b.stop().await;
     etcd_b.stop().await;
