@@ -53,6 +53,29 @@ async fn check_full(bucket: &Bucket, name: &str, key: Option<&EncryptionKey>) ->
         .map(|_| ())
 }
 
+/// Opens every record of where an epoch began: a sound one is a note, a
+/// damaged or forged one a problem.
+async fn check_epoch_records(
+    bucket: &Bucket,
+    key: Option<&EncryptionKey>,
+    catalog: &crate::catalog::Catalog,
+    report: &mut VerifyReport,
+) -> Result<()> {
+    for b in &catalog.begins {
+        match bucket.open_epoch_begin(key, b).await {
+            Ok(_) => report.notes.push(format!(
+                "epoch {} began at revision {} ({})",
+                b.epoch, b.revision, b.name
+            )),
+            Err(
+                e @ (BackupError::BucketUnreachable { .. } | BackupError::BucketMissing { .. }),
+            ) => return Err(e),
+            Err(e) => report.problems.push(format!("{}: {e}", b.name)),
+        }
+    }
+    Ok(())
+}
+
 /// Downloads and checks every object of the shoot, then the chain.
 pub async fn verify(bucket: &Bucket, key: Option<&EncryptionKey>) -> Result<VerifyReport> {
     let catalog = bucket.catalog().await?;
@@ -108,6 +131,7 @@ pub async fn verify(bucket: &Bucket, key: Option<&EncryptionKey>) -> Result<Veri
             problem,
         });
     }
+    check_epoch_records(bucket, key, &catalog, &mut report).await?;
     report.gaps = catalog.gaps();
     for g in &report.gaps {
         match &g.bridged_by {

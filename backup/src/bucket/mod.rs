@@ -160,6 +160,37 @@ impl Bucket {
         Ok(name)
     }
 
+    /// Reads the record `begin` names and checks it: opened with `key` as
+    /// this shoot's when sealed (a sealed record without a key, another
+    /// shoot's, or one altered is an error), and saying the same epoch and
+    /// revision as its name.
+    pub async fn open_epoch_begin(
+        &self,
+        key: Option<&crate::codec::EncryptionKey>,
+        begin: &crate::catalog::EpochBegin,
+    ) -> Result<crate::catalog::EpochBeginBody> {
+        let name = &begin.name;
+        let bytes = self.get_all(name).await?;
+        let plain = match (begin.encrypted, key) {
+            (true, key) => crate::codec::unseal(key, self.shoot(), name, &bytes)?,
+            (false, _) => bytes,
+        };
+        let body: crate::catalog::EpochBeginBody = serde_json::from_slice(&plain)
+            .map_err(|e| BackupError::corrupt(name, format!("not an epoch record: {e}")))?;
+        if (body.shoot.as_str(), body.epoch, body.revision)
+            != (self.shoot(), begin.epoch, begin.revision)
+        {
+            return Err(BackupError::corrupt(
+                name,
+                format!(
+                    "it records epoch {} of shoot {} at revision {}, not what its name says",
+                    body.epoch, body.shoot, body.revision
+                ),
+            ));
+        }
+        Ok(body)
+    }
+
     /// Starts a multipart upload (large objects: full snapshots).
     pub async fn upload(&self, name: &str) -> Result<WriteMultipart> {
         let upload = self
@@ -244,6 +275,57 @@ mod tests {
         a.delete("x").await.unwrap();
         a.delete("x").await.unwrap();
         assert!(a.get_all("x").await.is_err());
+    }
+
+    /// A record opens as written; a sealed one only with its key and as its
+    /// shoot's; one whose body says another revision than its name is
+    /// refused, naming both.
+    #[tokio::test]
+    async fn an_epoch_record_opens_only_as_written() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let a = Bucket::from_store(store.clone(), "", "a", "memory://");
+        let key = crate::codec::EncryptionKey::generate();
+        let parse = |name: &str| crate::catalog::parse_begin(name).unwrap();
+        let plain = a.record_epoch_begin(None, 2, 20).await.unwrap();
+        let body = a.open_epoch_begin(None, &parse(&plain)).await.unwrap();
+        assert_eq!(
+            (body.shoot.as_str(), body.epoch, body.revision),
+            ("a", 2, 20)
+        );
+        let sealed = a.record_epoch_begin(Some(&key), 3, 30).await.unwrap();
+        assert!(a
+            .open_epoch_begin(Some(&key), &parse(&sealed))
+            .await
+            .is_ok());
+        let other = crate::codec::EncryptionKey::generate();
+        assert!(a
+            .open_epoch_begin(Some(&other), &parse(&sealed))
+            .await
+            .is_err());
+        assert!(a.open_epoch_begin(None, &parse(&sealed)).await.is_err());
+        // copied into another shoot's prefix: refused as not that shoot's
+        let b = a.for_shoot("b");
+        b.put(&sealed, a.get_all(&sealed).await.unwrap().into())
+            .await
+            .unwrap();
+        assert!(b
+            .open_epoch_begin(Some(&key), &parse(&sealed))
+            .await
+            .is_err());
+        // renamed to another revision
+        let renamed = crate::catalog::begin_name(2, 25, false);
+        a.put(&renamed, a.get_all(&plain).await.unwrap().into())
+            .await
+            .unwrap();
+        let err = a
+            .open_epoch_begin(None, &parse(&renamed))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("at revision 20, not what its name says"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -210,6 +210,10 @@ async fn a_restore_never_reads_a_fork_between_an_epoch_s_beginning_and_its_first
     let text = expect_success(&out);
     let begun = format!("epochs recorded as begun: 2 at revision {r1}");
     assert!(text.contains(&begun), "{text}");
+    let out = ringctl_backup(&["verify", "--shoot", "gap", "--bucket", &bucket.url], None);
+    let text = expect_success(&out);
+    let opened = format!("epoch 2 began at revision {r1} (begin-");
+    assert!(text.contains(&opened), "{text}");
     restores_never_read_the_fork(&bucket, work.path(), &mut b_client, r1, served).await;
     b.stop().await;
     etcd_b.stop().await;
