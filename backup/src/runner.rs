@@ -329,11 +329,11 @@ impl Backup {
         etcd_revision: i64,
         force_full: bool,
     ) -> Result<Option<Chain>> {
-        let mut catalog = self.bucket.catalog().await?;
-        if self.encoding.key.is_some() {
-            // under a key, only what the key authenticates counts
-            catalog.retain_encrypted();
-        }
+        // under a key, only what the key authenticates counts
+        let (catalog, _) = self
+            .bucket
+            .trusted_catalog(self.encoding.key.as_ref())
+            .await?;
         // What the bucket holds is durable already (in a ring: what this
         // epoch stored; a new epoch's first full snapshot comes next).
         let stored = match self.encoding.epoch {

@@ -141,13 +141,13 @@ impl RingBucket {
     }
 
     /// The catalog of `shoot`'s objects this ring trusts: with a key, only
-    /// the sealed ones. `create`: a missing `file://` folder is made.
+    /// the sealed ones; epoch records only once opened and checked. `create`: a missing `file://` folder is made.
     async fn catalog(&self, shoot: &str, create: bool) -> Result<backup::Catalog, RingError> {
         let bucket = backup::Bucket::open(&self.config, shoot, create).map_err(backup_err)?;
-        let mut catalog = bucket.catalog().await.map_err(backup_err)?;
-        if self.key.is_some() {
-            catalog.retain_encrypted();
-        }
+        let (catalog, _) = bucket
+            .trusted_catalog(self.key.as_ref())
+            .await
+            .map_err(backup_err)?;
         Ok(catalog)
     }
 

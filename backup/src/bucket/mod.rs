@@ -160,6 +160,37 @@ impl Bucket {
         Ok(name)
     }
 
+    /// The catalog as `key` vouches for it: under a key only sealed
+    /// objects count, and every epoch record is opened and checked (see
+    /// [`open_epoch_begin`](Self::open_epoch_begin)); one that does not open
+    /// is left out with a warning, as it would move where history begins.
+    /// Returns the catalog and the plain objects a key left out.
+    pub async fn trusted_catalog(
+        &self,
+        key: Option<&crate::codec::EncryptionKey>,
+    ) -> Result<(Catalog, Vec<String>)> {
+        let mut catalog = self.catalog().await?;
+        let plain = match key {
+            Some(_) => catalog.retain_encrypted(),
+            None => Vec::new(),
+        };
+        let mut refused = Vec::new();
+        for b in &catalog.begins {
+            match self.open_epoch_begin(key, b).await {
+                Ok(_) => {}
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(bucket = %self.describe(), error = %e, "an epoch record that does not open is left out");
+                    refused.push(b.name.clone());
+                }
+            }
+        }
+        if !refused.is_empty() {
+            catalog.drop_begins(&refused);
+        }
+        Ok((catalog, plain))
+    }
+
     /// Reads the record `begin` names and checks it: opened with `key` as
     /// this shoot's when sealed (a sealed record without a key, another
     /// shoot's, or one altered is an error), and saying the same epoch and
@@ -326,6 +357,26 @@ mod tests {
                 .contains("at revision 20, not what its name says"),
             "{err}"
         );
+    }
+
+    /// A record that does not open (forged without the key) counts for
+    /// nothing: not as the newest epoch, not as where one began.
+    #[tokio::test]
+    async fn the_trusted_catalog_leaves_out_records_that_do_not_open() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let a = Bucket::from_store(store, "", "a", "memory://");
+        let key = crate::codec::EncryptionKey::generate();
+        a.record_epoch_begin(Some(&key), 2, 20).await.unwrap();
+        let forged = crate::catalog::begin_name(9, 1, true);
+        a.put(&forged, Bytes::from_static(b"RINGSEAL..."))
+            .await
+            .unwrap();
+        let listed = a.catalog().await.unwrap();
+        assert_eq!(listed.newest_epoch(), 9, "the listing alone believes names");
+        let (trusted, plain) = a.trusted_catalog(Some(&key)).await.unwrap();
+        assert!(plain.is_empty(), "{plain:?}");
+        let epochs: Vec<u64> = trusted.begins.iter().map(|b| b.epoch).collect();
+        assert_eq!((epochs, trusted.newest_epoch()), (vec![2], 2));
     }
 
     #[test]

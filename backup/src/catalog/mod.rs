@@ -351,6 +351,22 @@ impl Catalog {
         dropped
     }
 
+    /// Forgets the epoch records named in `names` (ones that did not open)
+    /// and files the objects again without them.
+    pub fn drop_begins(&mut self, names: &[String]) {
+        self.begins.retain(|b| !names.contains(&b.name));
+        let all = std::mem::take(&mut self.fulls)
+            .into_iter()
+            .chain(std::mem::take(&mut self.deltas))
+            .chain(
+                std::mem::take(&mut self.superseded)
+                    .into_iter()
+                    .map(|s| s.entry),
+            )
+            .collect();
+        self.take_in(all);
+    }
+
     /// Files `entries` (none held yet) as history or superseded, sorted.
     fn take_in(&mut self, entries: Vec<Entry>) {
         let (kept, superseded) = lineage::split(entries, &self.begins);

@@ -7,11 +7,7 @@ use crate::{BackupError, Result};
 
 /// Chooses the objects (resolving a time target to a revision first).
 pub(super) async fn plan(opts: &RestoreOptions, excluded: &[String]) -> Result<Plan> {
-    let mut catalog = opts.bucket.catalog().await?;
-    let plain = match &opts.key {
-        Some(_) => catalog.retain_encrypted(),
-        None => Vec::new(),
-    };
+    let (catalog, plain) = opts.bucket.trusted_catalog(opts.key.as_ref()).await?;
     if !plain.is_empty() {
         tracing::warn!(
             objects = ?plain,
