@@ -327,15 +327,8 @@ impl Catalog {
     /// only what its key authenticates, also in deciding which epochs' objects
     /// are superseded); returns their names.
     pub fn retain_encrypted(&mut self) -> Vec<String> {
-        let all = std::mem::take(&mut self.fulls)
-            .into_iter()
-            .chain(std::mem::take(&mut self.deltas))
-            .chain(
-                std::mem::take(&mut self.superseded)
-                    .into_iter()
-                    .map(|s| s.entry),
-            );
-        let (sealed, plain): (Vec<Entry>, Vec<Entry>) = all.partition(|e| e.encrypted);
+        let all = self.take_entries();
+        let (sealed, plain): (Vec<Entry>, Vec<Entry>) = all.into_iter().partition(|e| e.encrypted);
         let (begins, plain_begins) = std::mem::take(&mut self.begins)
             .into_iter()
             .partition(|b| b.encrypted);
@@ -355,16 +348,18 @@ impl Catalog {
     /// and files the objects again without them.
     pub fn drop_begins(&mut self, names: &[String]) {
         self.begins.retain(|b| !names.contains(&b.name));
-        let all = std::mem::take(&mut self.fulls)
+        let all = self.take_entries();
+        self.take_in(all);
+    }
+
+    /// Takes every object out, kept and superseded, to be filed again.
+    fn take_entries(&mut self) -> Vec<Entry> {
+        let superseded = std::mem::take(&mut self.superseded);
+        std::mem::take(&mut self.fulls)
             .into_iter()
             .chain(std::mem::take(&mut self.deltas))
-            .chain(
-                std::mem::take(&mut self.superseded)
-                    .into_iter()
-                    .map(|s| s.entry),
-            )
-            .collect();
-        self.take_in(all);
+            .chain(superseded.into_iter().map(|s| s.entry))
+            .collect()
     }
 
     /// Files `entries` (none held yet) as history or superseded, sorted.
