@@ -126,7 +126,7 @@ pub async fn run_files(
             let seed = opts.seed.unwrap_or(drill.seed).wrapping_add(i as u64 - 1);
             let mut result = runner::run(drill, i, seed, runner, say).await?;
             result.build = Some(build.clone());
-            let base = opts.report_dir.join(format!("{}-{i}", drill.name));
+            let base = report_base(&opts.report_dir, &drill.name, i, seed);
             let (json, html) = (base.with_extension("json"), base.with_extension("html"));
             let write = |path: &std::path::Path, text: &[u8]| {
                 std::fs::write(path, text).map_err(|source| ScenarioError::Io {
@@ -160,4 +160,55 @@ pub async fn run_files(
         say(line.trim_end_matches(';'));
     }
     Ok(out)
+}
+
+/// Where run `i` (with `seed`) of `drill` writes its report in `dir`,
+/// without the extension: `<drill>-<i>`, or, when an earlier run left a
+/// report of that name (one report dir for many `drill run`s, which `drill
+/// summary` reads together), `<drill>-<i>-seed<seed>`, then with `-2`, `-3`
+/// ...: a report is never overwritten.
+pub fn report_base(dir: &std::path::Path, drill: &str, i: usize, seed: u64) -> std::path::PathBuf {
+    let taken = |base: &std::path::Path| {
+        base.with_extension("json").exists() || base.with_extension("html").exists()
+    };
+    let first = dir.join(format!("{drill}-{i}"));
+    if !taken(&first) {
+        return first;
+    }
+    let with_seed = format!("{drill}-{i}-seed{seed}");
+    let mut base = dir.join(&with_seed);
+    let mut n = 2u64;
+    while taken(&base) {
+        base = dir.join(format!("{with_seed}-{n}"));
+        n += 1;
+    }
+    base
+}
+
+#[cfg(test)]
+mod tests {
+    /// Runs into one report dir keep every report: the first run of a
+    /// drill keeps the plain name, later ones take their seed, and a seed
+    /// run again a number.
+    #[test]
+    fn reports_of_runs_into_one_dir_never_overwrite_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut names = Vec::new();
+        for seed in [7, 8, 8, 8] {
+            let base = super::report_base(dir.path(), "kill-seed", 1, seed);
+            std::fs::write(base.with_extension("json"), "{}").unwrap();
+            names.push(base.file_name().unwrap().to_string_lossy().into_owned());
+        }
+        assert_eq!(
+            names,
+            [
+                "kill-seed-1",
+                "kill-seed-1-seed8",
+                "kill-seed-1-seed8-2",
+                "kill-seed-1-seed8-3"
+            ]
+        );
+        let other = super::report_base(dir.path(), "kill-seed", 2, 9);
+        assert_eq!(other, dir.path().join("kill-seed-2"));
+    }
 }
