@@ -141,7 +141,8 @@ impl RingBucket {
     }
 
     /// The catalog of `shoot`'s objects this ring trusts: with a key, only
-    /// the sealed ones; epoch records only once opened and checked. `create`: a missing `file://` folder is made.
+    /// the sealed ones; epoch records only once opened and checked.
+    /// `create`: a missing `file://` folder is made.
     async fn catalog(&self, shoot: &str, create: bool) -> Result<backup::Catalog, RingError> {
         let bucket = backup::Bucket::open(&self.config, shoot, create).map_err(backup_err)?;
         let (catalog, _) = bucket

@@ -323,43 +323,46 @@ impl Catalog {
             .min()
     }
 
-    /// Drops the objects that are not encrypted (a bucket with a key trusts
-    /// only what its key authenticates, also in deciding which epochs' objects
-    /// are superseded); returns their names.
+    /// Drops the objects and epoch records that are not encrypted (a bucket
+    /// with a key trusts only what its key authenticates, also in deciding
+    /// which epochs' objects are superseded); returns their names.
     pub fn retain_encrypted(&mut self) -> Vec<String> {
-        let all = self.take_entries();
-        let (sealed, plain): (Vec<Entry>, Vec<Entry>) = all.into_iter().partition(|e| e.encrypted);
-        let (begins, plain_begins) = std::mem::take(&mut self.begins)
-            .into_iter()
-            .partition(|b| b.encrypted);
-        self.begins = begins;
-        self.take_in(sealed);
-        let plain_begins = plain_begins.into_iter().map(|b: EpochBegin| b.name);
-        let mut dropped: Vec<String> = plain
-            .into_iter()
-            .map(|e| e.name)
-            .chain(plain_begins)
-            .collect();
-        dropped.sort();
-        dropped
+        self.retain(|e| e.encrypted, |b| b.encrypted)
     }
 
     /// Forgets the epoch records named in `names` (ones that did not open)
     /// and files the objects again without them.
     pub fn drop_begins(&mut self, names: &[String]) {
-        self.begins.retain(|b| !names.contains(&b.name));
-        let all = self.take_entries();
-        self.take_in(all);
+        self.retain(|_| true, |b| !names.contains(&b.name));
     }
 
-    /// Takes every object out, kept and superseded, to be filed again.
-    fn take_entries(&mut self) -> Vec<Entry> {
+    /// Keeps the objects and epoch records the predicates accept, filing
+    /// the objects again as history or superseded without the others;
+    /// returns the names left out, sorted.
+    fn retain(
+        &mut self,
+        entry: impl Fn(&Entry) -> bool,
+        begin: impl Fn(&EpochBegin) -> bool,
+    ) -> Vec<String> {
         let superseded = std::mem::take(&mut self.superseded);
-        std::mem::take(&mut self.fulls)
+        let all = std::mem::take(&mut self.fulls)
             .into_iter()
             .chain(std::mem::take(&mut self.deltas))
-            .chain(superseded.into_iter().map(|s| s.entry))
-            .collect()
+            .chain(superseded.into_iter().map(|s| s.entry));
+        let (kept, left): (Vec<Entry>, Vec<Entry>) = all.partition(|e| entry(e));
+        let (begins, left_begins): (Vec<EpochBegin>, Vec<EpochBegin>) =
+            std::mem::take(&mut self.begins)
+                .into_iter()
+                .partition(|b| begin(b));
+        self.begins = begins;
+        self.take_in(kept);
+        let mut names: Vec<String> = left
+            .into_iter()
+            .map(|e| e.name)
+            .chain(left_begins.into_iter().map(|b| b.name))
+            .collect();
+        names.sort();
+        names
     }
 
     /// Files `entries` (none held yet) as history or superseded, sorted.
