@@ -50,6 +50,13 @@ impl Bootstrapped {
         }
     }
 
+    /// The ring's status as member m2 sees it, if it answers now.
+    async fn status(&self) -> Option<ringd::status::RingStatus> {
+        let mut c =
+            ringd::client::AdminClient::connect(&self.ring.member_address(1), &self.pki).ok()?;
+        c.status().await.ok()
+    }
+
     /// kill -9 of member `name`'s ringd (and with it what it runs); waits until it is gone.
     async fn kill(&self, name: &str) {
         let pid = self.layout.running_pid(name).expect("the member runs");

@@ -153,14 +153,7 @@ async fn killed_seed_fails_over_from_the_bucket() {
     b.kill("m1").await;
 
     let mut client = ringd::client::AdminClient::connect(&ring.member_address(1), pki).unwrap();
-    let op = wait_for("a failover of m2", Duration::from_secs(30), || {
-        let c = ringd::client::AdminClient::connect(&ring.member_address(1), pki);
-        async move {
-            let s = c.ok()?.status().await.ok()?;
-            s.operations.iter().find(|o| o.shoot() == "m2").cloned()
-        }
-    })
-    .await;
+    let op = wait_failover_of_m2(&b).await;
     assert_eq!(
         (op.source(), op.target()),
         ("m1", "m3"),
@@ -233,20 +226,17 @@ async fn killed_seed_fails_over_from_the_bucket() {
     let home = wait_for(
         "the ring moving m2 back to m1 by itself",
         Duration::from_secs(120),
-        || {
-            let c = ringd::client::AdminClient::connect(&ring.member_address(1), pki);
-            async move {
-                let s = c.ok()?.status().await.ok()?;
-                s.operations
-                    .iter()
-                    .find(|o| {
-                        o.is_migration()
-                            && o.shoot() == "m2"
-                            && o.target() == "m1"
-                            && o.step == ringd::state::OperationStep::Done
-                    })
-                    .cloned()
-            }
+        || async {
+            let s = b.status().await?;
+            s.operations
+                .iter()
+                .find(|o| {
+                    o.is_migration()
+                        && o.shoot() == "m2"
+                        && o.target() == "m1"
+                        && o.step == ringd::state::OperationStep::Done
+                })
+                .cloned()
         },
     )
     .await;
@@ -392,18 +382,24 @@ async fn leader_killed_mid_failover_completes_under_a_new_leader() {
     ringctl_in(dir, &["down"]);
 }
 
+/// Waits for the ring to open a failover of shoot m2; returns it.
+async fn wait_failover_of_m2(b: &Bootstrapped) -> ringd::state::Operation {
+    wait_for("a failover of m2", Duration::from_secs(30), || async {
+        let s = b.status().await?;
+        s.operations.iter().find(|o| o.shoot() == "m2").cloned()
+    })
+    .await
+}
+
 /// Waits until the ring knows a durable backup of m2 at `rv` or later.
 async fn wait_durable_m2(b: &Bootstrapped, rv: u64) {
     wait_for(
         "a durable backup of m2's writes",
         Duration::from_secs(60),
-        || {
-            let c = ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki);
-            async move {
-                let s = c.ok()?.status().await.ok()?;
-                let p = s.placements.iter().find(|p| p.shoot == "m2")?;
-                (p.last_backup_revision? >= rv).then_some(())
-            }
+        || async {
+            let s = b.status().await?;
+            let p = s.placements.iter().find(|p| p.shoot == "m2")?;
+            (p.last_backup_revision? >= rv).then_some(())
         },
     )
     .await;
@@ -467,14 +463,7 @@ async fn a_bucket_with_every_snapshot_damaged_fails_the_failover_with_the_reason
     let fulls = damage_every_full_snapshot(&prefix);
     b.kill("m1").await;
 
-    let first = wait_for("a failover of m2", Duration::from_secs(30), || {
-        let c = ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki);
-        async move {
-            let s = c.ok()?.status().await.ok()?;
-            s.operations.iter().find(|o| o.shoot() == "m2").cloned()
-        }
-    })
-    .await;
+    let first = wait_failover_of_m2(&b).await;
     let mut client =
         ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki).unwrap();
     let failed = client
@@ -520,19 +509,16 @@ async fn a_bucket_with_every_snapshot_damaged_fails_the_failover_with_the_reason
     let done = wait_for(
         "a later failover of m2 that completes",
         Duration::from_secs(180),
-        || {
-            let c = ringd::client::AdminClient::connect(&b.ring.member_address(1), &b.pki);
-            async move {
-                let s = c.ok()?.status().await.ok()?;
-                s.operations
-                    .iter()
-                    .find(|o| {
-                        o.shoot() == "m2"
-                            && o.id != first.id
-                            && o.step == ringd::state::OperationStep::Done
-                    })
-                    .cloned()
-            }
+        || async {
+            let s = b.status().await?;
+            s.operations
+                .iter()
+                .find(|o| {
+                    o.shoot() == "m2"
+                        && o.id != first.id
+                        && o.step == ringd::state::OperationStep::Done
+                })
+                .cloned()
         },
     )
     .await;
