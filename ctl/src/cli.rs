@@ -440,9 +440,13 @@ pub(crate) struct FailoverBenchArgs {
     #[arg(long)]
     pub(crate) failure_window_ms: Option<u64>,
     /// The rings' lease on each control plane in ms (renewed every third;
-    /// default: the ring's default).
+    /// default: the ring's default). At least 4 x the election timeout + 1 s.
     #[arg(long)]
     pub(crate) lease_ms: Option<u64>,
+    /// The rings' Raft election timeout in ms (default: the ring's default);
+    /// a shorter one allows a shorter lease.
+    #[arg(long)]
+    pub(crate) election_timeout_ms: Option<u64>,
     /// Keep each ring's dir when the benchmark ends (ringd logs, the nodes'
     /// pod logs, the bucket), to find out where a slow run's time went;
     /// the path is printed. Remove it by hand afterwards.

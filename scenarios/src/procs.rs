@@ -59,24 +59,59 @@ fn is_control_plane(comm: &str) -> bool {
     matches!(comm, "etcd" | "kube-apiserver")
 }
 
+/// Whether `port` is one of the hot standbys' (etcd client and peer ports,
+/// warm kube-apiservers' secure ports).
+fn standby_port(port: u16) -> bool {
+    let etcd = seed::endpoint::STANDBY_PORT_BASE;
+    let api = seed::endpoint::STANDBY_API_PORT_BASE;
+    (etcd..etcd + 2000).contains(&port) || (api..api + 1000).contains(&port)
+}
+
+/// The port of `host:port` or `https://host:port`.
+fn port_of(addr: &str) -> Option<u16> {
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
 /// Whether a process is part of a hot standby: its etcd
 /// (`--name=standby-<id>`), a voting member of the serving control plane's
-/// etcd, which serves nothing by itself; or the warm kube-apiserver next to
-/// it (its secure port among the standbys' API ports), a second
-/// kube-apiserver of that same etcd, reachable at the shoot's address only
-/// once the standby is promoted (then the promoted etcd, under the shoot's
-/// own name, counts for that member). The blind spot: a warm
-/// kube-apiserver left running after its etcd was fenced is not counted
-/// (it can serve no write without that etcd).
+/// etcd, which serves nothing by itself; the warm kube-apiserver next to it
+/// (its secure port among the standbys' API ports), a second
+/// kube-apiserver of that same etcd; or a promoted etcd still on the
+/// standby's client port. Those are reachable at the shoot's address only
+/// through a promoted standby's relay, which counts instead (see
+/// [`promoted_relay`]). The blind spot: a warm kube-apiserver left running
+/// after its etcd was fenced is not counted (it can serve no write without
+/// that etcd).
 fn is_standby(cmdline: &str) -> bool {
-    let base = seed::endpoint::STANDBY_API_PORT_BASE;
-    let warm_port = |p: u16| (base..base + 1000).contains(&p);
     cmdline.split(' ').any(|a| {
         a.starts_with("--name=standby-")
             || a.strip_prefix("--secure-port=")
                 .and_then(|p| p.parse().ok())
-                .is_some_and(warm_port)
+                .is_some_and(standby_port)
+            || a.strip_prefix("--listen-client-urls=")
+                .is_some_and(|urls| urls.split(',').filter_map(port_of).all(standby_port))
     })
+}
+
+/// Whether a lease guard's command line (`ring-agent guard ... --
+/// ring-agent forward --listen A --to B ...`) is a promoted standby's relay:
+/// it leads the shoot's address to a standby's ports.
+fn promoted_relay(cmdline: &str) -> bool {
+    let args: Vec<&str> = cmdline.split(' ').collect();
+    args.contains(&"forward")
+        && args
+            .windows(2)
+            .any(|w| w[0] == "--to" && port_of(w[1]).is_some_and(standby_port))
+}
+
+/// Whether process `pid` has a live child (a guard whose lease ended waits
+/// without one).
+fn has_live_child(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .any(seed::process::pid_alive)
 }
 
 /// The prefix every process of member `m` of the ring in `ring_dir` names.
@@ -89,8 +124,13 @@ pub fn member_needle(ring_dir: &Path, member: &str) -> String {
 pub fn control_planes(ring_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let needle = format!("{}/members/", ring_dir.display());
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (_, comm, cmdline) in processes_mentioning(&needle) {
-        if !is_control_plane(&comm) || is_standby(&cmdline) {
+    for (pid, comm, cmdline) in processes_mentioning(&needle) {
+        let serves = match is_control_plane(&comm) {
+            true => !is_standby(&cmdline),
+            // through its relay a promoted standby serves the shoot's address
+            false => comm == "ring-agent" && promoted_relay(&cmdline) && has_live_child(pid),
+        };
+        if !serves {
             continue;
         }
         if let Some((member, shoot)) = parse_member_shoot(&cmdline, &needle) {
@@ -396,6 +436,27 @@ mod tests {
             "kube-apiserver --bind-address=127.1.2.3 --secure-port=6443"
         ));
         assert!(!is_standby("kube-apiserver --secure-port=15400"));
+        // a promoted etcd on the standby's client port, not yet relayed
+        assert!(is_standby(
+            "etcd --name=ks2 --listen-client-urls=https://127.1.2.3:12406 --x"
+        ));
+        assert!(!is_standby(
+            "etcd --name=ks2 --listen-client-urls=https://127.1.2.3:2379,https://127.1.2.3:12406"
+        ));
+        // a promoted standby's relays count; a Kubernetes seed's does not
+        let guard = "ring-agent guard --lease-file /r/members/ks3/seed/shoots/ks2/fence-at-ms -- /bin/ring-agent forward";
+        assert!(promoted_relay(&format!(
+            "{guard} --listen 127.1.2.3:6443 --to 127.1.2.3:14403"
+        )));
+        assert!(promoted_relay(&format!(
+            "{guard} --listen 127.1.2.3:2379 --to 127.1.2.3:12406 --listen 127.1.2.3:2380 --to 127.1.2.3:12407"
+        )));
+        assert!(!promoted_relay(&format!(
+            "{guard} --listen 127.1.2.3:6443 --to 10.0.0.7:31443"
+        )));
+        assert!(!promoted_relay(
+            "ring-agent guard -- etcd --listen-client-urls=https://127.1.2.3:12406"
+        ));
     }
 
     #[test]

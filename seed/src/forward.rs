@@ -14,8 +14,8 @@ use crate::local::ShootLayout;
 use crate::process::{Component, ComponentSpec};
 use crate::ControlPlaneSpec;
 
-/// The relay's command: `ring-agent forward` from `listen` to `target`,
-/// under the guard of the lease file of `layout`.
+/// The relay's command: `ring-agent forward` from the shoot's API address
+/// to `target`, under the guard of the lease file of `layout`.
 pub fn relay_spec(
     agent: &Path,
     layout: &ShootLayout,
@@ -23,17 +23,33 @@ pub fn relay_spec(
     target: &str,
 ) -> ComponentSpec {
     let listen = std::net::SocketAddr::new(spec.endpoint.address.into(), spec.endpoint.api_port);
-    let forward = ComponentSpec {
-        component: Component::ApiForwarder,
-        program: agent.to_path_buf(),
-        args: vec![
-            "forward".into(),
+    let pairs = [(listen, target.to_string())];
+    relays_spec(agent, layout, Component::ApiForwarder, &pairs)
+}
+
+/// The command of `component`, one `ring-agent forward` relaying each
+/// address of `pairs` to its target, under the guard of the lease file of
+/// `layout`.
+pub fn relays_spec(
+    agent: &Path,
+    layout: &ShootLayout,
+    component: Component,
+    pairs: &[(std::net::SocketAddr, String)],
+) -> ComponentSpec {
+    let mut args = vec!["forward".to_string()];
+    for (listen, to) in pairs {
+        args.extend([
             "--listen".into(),
             listen.to_string(),
             "--to".into(),
-            target.to_string(),
-        ],
-        log: layout.log(Component::ApiForwarder),
+            to.clone(),
+        ]);
+    }
+    let forward = ComponentSpec {
+        component,
+        program: agent.to_path_buf(),
+        args,
+        log: layout.log(component),
         netns: None,
     };
     crate::lease_file::guarded(agent, &crate::lease_file::path(layout), forward, None)

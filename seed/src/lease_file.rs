@@ -19,9 +19,17 @@ use crate::error::Result;
 use crate::process::{Component, ComponentSpec};
 use crate::ShootLayout;
 
-/// Components that run under the guard: the ones that serve (the others only
-/// talk to kube-apiserver).
-pub const GUARDED: [Component; 2] = [Component::Etcd, Component::KubeApiserver];
+/// Components that run under the guard: the ones that serve, and the
+/// controllers, which only talk to kube-apiserver but hold ports of the
+/// shoot's address: a host whose ringd stalls must free every one of them
+/// at its fence time, or a replacement on the same machine could not start
+/// before that ringd ran again.
+pub const GUARDED: [Component; 4] = [
+    Component::Etcd,
+    Component::KubeApiserver,
+    Component::KubeControllerManager,
+    Component::KubeScheduler,
+];
 
 /// Where the fence time of `layout`'s shoot is kept.
 pub fn path(layout: &ShootLayout) -> PathBuf {

@@ -344,13 +344,12 @@ fn p(path: PathBuf) -> String {
 impl Seed for LocalSeed {
     async fn start(&self, spec: &ControlPlaneSpec) -> Result<()> {
         if self.promoted_warm(&spec.shoot).await.is_some() {
-            // the promotion's start: nothing else may hold the shoot's
-            // sockets (etcd's start only waits for a connection)
-            if !self
-                .running_components(&spec.shoot)
-                .await
-                .contains(&Component::Etcd)
-            {
+            // the promotion's start (its etcd may run already, on the
+            // standby's ports): nothing else may hold the shoot's sockets,
+            // which the relays take (a relay that cannot listen only exits)
+            let running = self.running_components(&spec.shoot).await;
+            let relays = [Component::EtcdForwarder, Component::ApiForwarder];
+            if !relays.iter().any(|c| running.contains(c)) {
                 check_ports(spec)?;
             }
             return self.start_missing(spec, &supervision::SHOOT_ORDER).await;
@@ -574,7 +573,8 @@ mod tests {
 
     /// Under the lease guard, etcd's guard also watches etcd's data dir (a
     /// member that never committed is set aside before a start); the other
-    /// guarded component does not get it, and the rest run bare.
+    /// components run guarded too (the controllers hold ports of the
+    /// shoot's address a replacement on the same machine needs), without it.
     #[test]
     fn guarded_etcd_names_its_data_dir_to_the_guard() {
         let dir = tempfile::tempdir().unwrap();
@@ -592,8 +592,7 @@ mod tests {
                 (guarded, names_data),
                 match s.component {
                     Component::Etcd => (true, true),
-                    Component::KubeApiserver => (true, false),
-                    _ => (false, false),
+                    _ => (true, false),
                 },
                 "{:?}: {:?}",
                 s.component,

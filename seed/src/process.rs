@@ -30,8 +30,14 @@ pub enum Component {
     /// A node's Service proxy (iptables).
     KubeProxy,
     /// A Kubernetes seed's relay from a shoot's stable API address to its
-    /// Service (see `kubernetes::forwarder`).
+    /// Service (see `kubernetes::forwarder`); a local seed's from the
+    /// shoot's API address to a promoted standby's warm kube-apiserver (see
+    /// `local::warm`).
     ApiForwarder,
+    /// A local seed's relay from the shoot's etcd client and peer ports to
+    /// a promoted standby's etcd, which listens on the standby's (see
+    /// `local::warm`).
+    EtcdForwarder,
     /// A member's ringd, supervised by `ringd --supervise` (see
     /// `ringd::supervisor`).
     Ringd,
@@ -77,6 +83,7 @@ impl Component {
             Component::Kubelet
             | Component::KubeProxy
             | Component::ApiForwarder
+            | Component::EtcdForwarder
             | Component::Ringd => 0,
         }
     }
@@ -92,6 +99,7 @@ impl Component {
             Component::Kubelet => "kubelet",
             Component::KubeProxy => "kube-proxy",
             Component::ApiForwarder => "api-forwarder",
+            Component::EtcdForwarder => "etcd-forwarder",
             Component::Ringd => "ringd",
         }
     }

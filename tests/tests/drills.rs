@@ -9,6 +9,8 @@
 //! `full-ring-dr` (the whole self-hosted ring lost, machines and nodes;
 //! `ringctl restore --from-bucket`, then the pivot back into pods),
 //! `kill-seed-standby` (a hot standby promoted: no acknowledged write lost),
+//! `stall-ringd-standby` (the hot standby's host frozen: fenced by its
+//! guards, the standby promoted before the stalled ringd resumes),
 //! `double-failover` (one shoot fails over twice, the second time onto the
 //! member holding its stale data), `verify-partition` (the failover
 //! target cut off mid-restore; ignored by default, slow) and `clock-skew`
@@ -191,6 +193,52 @@ fn kill_seed_standby_drill_promotes_the_standby_and_loses_no_write() {
             && o["to"] == "sb1"
             && o["step"] == "Done"),
         "moved home: {ops:?}"
+    );
+}
+
+/// Hot standby with the timing sized for it (750 ms election timeout, 2 s
+/// failure window, 4 s lease), control planes as processes: ss1's ringd,
+/// hosting ss2, frozen (SIGSTOP) for 15 s. Its guards fence every process
+/// of ss2 there by themselves within the lease, the ring promotes ss2's
+/// standby and ss2 serves again while the stalled ringd is still frozen
+/// (until kube-controller-manager and kube-scheduler ran under the guard,
+/// their ports on the shoot's address held the replacement off until the
+/// resume), never on two members, and not one acknowledged write is lost.
+/// About a minute.
+#[test]
+fn stall_ringd_standby_drill_promotes_while_the_stalled_host_is_frozen() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill("stall-ringd-standby", sandbox.path());
+    check_common(&r, &html);
+    assert_eq!(shoot(&r, "ss2")["lostWrites"], 0, "{}", shoot(&r, "ss2"));
+    let faults = events(&r, "fault");
+    let stall = faults[0];
+    let detail = stall["detail"].as_str().unwrap();
+    let fenced_after: f64 = detail
+        .split("it stopped serving ")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("the stalled host never stopped serving: {detail}"));
+    assert!(fenced_after < 4.0, "fenced within the 4 s lease: {detail}");
+    let stalled_at = stall["t"].as_f64().unwrap();
+    let ops = events(&r, "operation");
+    let done = ops
+        .iter()
+        .find(|o| o["kind"] == "failover" && o["shoot"] == "ss2" && o["step"] == "Done")
+        .unwrap_or_else(|| panic!("ss2 never failed over: {ops:?}"));
+    assert!(
+        done["detail"]
+            .as_str()
+            .unwrap()
+            .contains("from its hot standby"),
+        "{done}"
+    );
+    let took = done["t"].as_f64().unwrap() - stalled_at;
+    assert!(
+        took < 15.0,
+        "ss2 served again {took:.1} s after the stall, not before the stalled ringd resumed (15 s)"
     );
 }
 

@@ -27,11 +27,12 @@ pub fn render(b: &FailoverBench) -> String {
     let t = &b.timing;
     let mut out = format!(
         "failover ({seeds}) of a control plane with {} extra ConfigMaps, {} creates/s: kill -9 of {kill} -> first successful read\n\
-         timing: heartbeat {} ms, failure window {} ms, lease {} ms (margin {} ms)\n\
+         timing: heartbeat {} ms, election timeout {} ms, failure window {} ms, lease {} ms (margin {} ms)\n\
          median RTO {:.2} s, p95 {:.2} s over {} runs (goal <= {goal} s); RPO median {:.2} s, worst {:.2} s (goal <= 1 s)\n",
         b.objects,
         b.rate,
         t.heartbeat_ms,
+        t.election_timeout_ms,
         t.failure_window_ms,
         t.lease_ms,
         t.lease_margin_ms,

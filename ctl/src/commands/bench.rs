@@ -85,12 +85,16 @@ fn bench_timing(args: &FailoverBenchArgs) -> anyhow::Result<ringd::config::Timin
         t.failure_window_ms = window;
         t.heartbeat_ms = t.heartbeat_ms.min(window / 3);
     }
+    if let Some(election) = args.election_timeout_ms {
+        t.election_timeout_ms = election;
+    }
     if let Some(lease) = args.lease_ms {
         t.lease_ms = lease;
         t.lease_margin_ms = t.lease_margin_ms.min(lease / 4);
     }
-    t.validate()
-        .map_err(|e| anyhow::anyhow!("--failure-window-ms / --lease-ms: {e}"))?;
+    t.validate().map_err(|e| {
+        anyhow::anyhow!("--failure-window-ms / --lease-ms / --election-timeout-ms: {e}")
+    })?;
     Ok(t)
 }
 

@@ -45,15 +45,17 @@ enum Command {
         #[arg(last = true, required = true)]
         program: Vec<String>,
     },
-    /// Relays a shoot's stable API address to its kube-apiserver Service
+    /// Relays a shoot's stable addresses to where its control plane answers
     /// (run by ringd under the guard and the shoot's lease file).
     Forward {
-        /// The stable address (`ADDR:PORT`) to listen on.
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        /// Where the Service answers (`HOST:PORT`).
-        #[arg(long)]
-        to: String,
+        /// A stable address (`ADDR:PORT`) to listen on; repeated, paired in
+        /// order with `--to`.
+        #[arg(long, required = true)]
+        listen: Vec<std::net::SocketAddr>,
+        /// Where the connections to the `--listen` of the same place go
+        /// (`HOST:PORT`).
+        #[arg(long, required = true)]
+        to: Vec<String>,
     },
     /// Backs up the pod's etcd into the ring's bucket while the lease is valid.
     Backup {

@@ -213,6 +213,7 @@ impl StandbyOps for LocalExecutor {
         &self,
         shoot: &str,
         op: u64,
+        hold_until_ms: u64,
     ) -> Result<backup::restore::RestoreReport, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;
@@ -235,6 +236,7 @@ impl StandbyOps for LocalExecutor {
             }
         };
         let _ = std::fs::remove_file(marker(&layout));
+        self.start_promoted_etcd(shoot, &spec, hold_until_ms).await;
         let report = backup::restore::RestoreReport {
             data_dir: data,
             target_revision: p.revision,
@@ -311,6 +313,35 @@ impl StandbyOps for LocalExecutor {
 }
 
 impl LocalExecutor {
+    /// The promoted etcd of `shoot` started again at once next to its warm
+    /// kube-apiserver, fenced at `hold_until_ms` unless the new epoch's
+    /// lease renews it. A failure is only logged: the start after the lease
+    /// starts what does not run.
+    async fn start_promoted_etcd(
+        &self,
+        shoot: &str,
+        spec: &seed::ControlPlaneSpec,
+        hold_until_ms: u64,
+    ) {
+        let started = match self.guard_until(shoot, hold_until_ms) {
+            Ok(()) => self
+                .seed
+                .start_promoted_etcd(spec)
+                .await
+                .map_err(RingError::from),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(true) => {
+                tracing::info!(%shoot, "the promoted etcd serves its warm kube-apiserver while the old lease runs out")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(%shoot, error = %e, "cannot start the promoted etcd before the lease; the start will")
+            }
+        }
+    }
+
     /// The standby is gone with the quorum: etcd is re-formed alone; the
     /// rest of the control plane keeps running and reconnects.
     async fn reform_alone(

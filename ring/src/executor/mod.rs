@@ -140,11 +140,15 @@ pub trait StandbyOps: Send + Sync {
     async fn leave_standby(&self, shoot: &str, keep: bool) -> Result<(), RingError>;
     /// Promotes the standby of `shoot` for failover `op` (stopped, re-formed
     /// alone with everything its log holds) and records the report as a
-    /// restore's.
+    /// restore's. Where a warm kube-apiserver waits, the promoted etcd starts
+    /// again at once, out of the shoot's address, under the lease guard with
+    /// `hold_until_ms` (wall clock) as its fence time until the new epoch's
+    /// lease renews it.
     async fn promote_standby(
         &self,
         shoot: &str,
         op: u64,
+        hold_until_ms: u64,
     ) -> Result<backup::restore::RestoreReport, RingError>;
     /// On the host: the other members of `shoot`'s etcd, each by the member
     /// id its standby ports name (`None`: not a standby's).

@@ -400,7 +400,11 @@ async fn target_step(
                 .ok_or_else(|| RingError::Unsupported(format!("{} has no seed", shared.name())))?
                 .standby()
                 .map_err(RingError::Unsupported)?;
-            let report = ops.promote_standby(shoot, op.id).await?;
+            // the promoted etcd may serve its warm kube-apiserver (out of
+            // the shoot's address) until the old lease has ended and the new
+            // one renews it: two leases from now bound that
+            let hold_until = now_ms() + 2 * shared.timing().lease_ms;
+            let report = ops.promote_standby(shoot, op.id, hold_until).await?;
             lock(&shared.standbys).remove(shoot);
             let detail = format!(
                 "promoted the hot standby at revision {}",

@@ -194,7 +194,7 @@ impl LocalSeed {
             return self.served_apis(specs);
         };
         if let Some(w) = &warm {
-            let relay = warm::relay(agent, &layout, spec, w);
+            let relay = warm::relays(agent, &layout, spec, w);
             let api = warm::warm_apiserver(&layout, spec, advertise, &self.bins, w);
             specs = warm::promoted(specs, relay, api, spec, w);
         }

@@ -36,8 +36,9 @@ const API_START_WAIT: Duration = Duration::from_secs(60);
 /// a promoted standby's warm kube-apiserver ([`super::WarmApi`]), which
 /// comes before it (kube-apiserver's start waits for `/readyz` at the
 /// shoot's address, which only the relay serves).
-pub(super) const SHOOT_ORDER: [Component; 5] = [
+pub(super) const SHOOT_ORDER: [Component; 6] = [
     Component::Etcd,
+    Component::EtcdForwarder,
     Component::ApiForwarder,
     Component::KubeApiserver,
     Component::KubeControllerManager,
@@ -213,6 +214,27 @@ impl LocalSeed {
     /// components are completed around its warm kube-apiserver). With
     /// nothing running, a start of just those.
     pub async fn start_missing(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
+        // a relay comes with what it leads to, as it stops with it
+        let mut with_relays = only.to_vec();
+        for (relay, to) in [
+            (Component::EtcdForwarder, Component::Etcd),
+            (Component::ApiForwarder, Component::KubeApiserver),
+        ] {
+            if only.contains(&to) && !only.contains(&relay) {
+                with_relays.push(relay);
+            }
+        }
+        self.start_missing_of(spec, &with_relays).await
+    }
+
+    /// [`LocalSeed::start_missing`] of exactly `only` (no relay unless
+    /// named): a promoted etcd starts before its relay may take the shoot's
+    /// address.
+    pub(super) async fn start_missing_of(
+        &self,
+        spec: &ControlPlaneSpec,
+        only: &[Component],
+    ) -> Result<()> {
         let supervised = {
             let running = self.running.lock().await;
             running.get(&spec.shoot).map(|r| {
@@ -224,7 +246,9 @@ impl LocalSeed {
             return self.start_only(spec, only).await;
         };
         let specs = self.specs_of(spec, warm, |c| only.contains(&c) && !present.contains(&c));
-        self.run_components(&spec.shoot, generation, specs, etcd_addr(spec))
+        // a promoted etcd answers on the standby's client port
+        let etcd = warm.map_or_else(|| etcd_addr(spec), |w| w.etcd_addr(&spec.endpoint));
+        self.run_components(&spec.shoot, generation, specs, etcd)
             .await
     }
 
@@ -378,8 +402,8 @@ impl LocalSeed {
     }
 
     /// Stops only the given components (in reverse start order), keeping the
-    /// others running (kube-apiserver's relay goes with it); stopping the
-    /// last one ends the supervision.
+    /// others running (kube-apiserver's relay goes with it, etcd's with
+    /// etcd); stopping the last one ends the supervision.
     pub async fn stop_only(&self, shoot: &str, only: &[Component]) -> Result<()> {
         let mut running = self.running.lock().await;
         let Some(r) = running.get_mut(shoot) else {
@@ -388,6 +412,7 @@ impl LocalSeed {
         let stops = |c: &Component| {
             only.contains(c)
                 || (*c == Component::ApiForwarder && only.contains(&Component::KubeApiserver))
+                || (*c == Component::EtcdForwarder && only.contains(&Component::Etcd))
         };
         for c in SHOOT_ORDER.iter().rev().filter(|c| stops(c)) {
             if let Some(t) = r.tokens.remove(c) {

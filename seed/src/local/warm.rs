@@ -10,12 +10,16 @@
 //! gone it can neither read nor write (etcd has no quorum), and it is not
 //! reachable at the shoot's address.
 //!
-//! At promotion only etcd stops; re-formed alone, it listens on the shoot's
-//! client port and on the standby's, so the warm kube-apiserver finds it
-//! again where it was. The shoot's address (`ADDR:6443`, in every kubeconfig)
-//! reaches the warm kube-apiserver through a relay under the lease guard
-//! (`ring-agent guard -- ring-agent forward`), which holds new connections
-//! while the API is away; etcd is guarded as always, so a lapsed lease
+//! At promotion only etcd stops; re-formed alone, it starts again at once,
+//! while the old host's lease still runs out, on the standby's ports only
+//! (the old host may hold the shoot's own until its guard fences it), so
+//! the warm kube-apiserver finds it again where it was and is ready when the
+//! lease ends. The shoot's addresses then reach them through one relay under
+//! the lease guard (`ring-agent guard -- ring-agent forward`): `ADDR:6443`
+//! (in every kubeconfig) to the warm kube-apiserver, which holds new
+//! connections while the API is away, and etcd's client and peer ports to
+//! the promoted etcd's. etcd runs under the lease guard too, fenced at a
+//! provisional time until the new epoch's lease renews it, so a lapsed lease
 //! stops the control plane whatever ringd does.
 
 use std::net::SocketAddr;
@@ -32,16 +36,21 @@ pub struct WarmApi {
     /// kube-apiserver's secure port on the shoot's address.
     pub api_port: u16,
     /// The standby etcd's client port on the shoot's address; the promoted
-    /// etcd listens there too.
+    /// etcd listens there.
     pub etcd_client_port: u16,
+    /// The standby etcd's peer port on the shoot's address; the promoted
+    /// etcd listens there (the shoot's peer port is relayed to it).
+    pub etcd_peer_port: u16,
 }
 
 impl WarmApi {
     /// The warm kube-apiserver next to the standby on the seed of member `slot`.
     pub fn for_standby(endpoint: &ShootEndpoint, slot: u64) -> Self {
+        let (etcd_client_port, etcd_peer_port) = endpoint.standby_ports(slot);
         WarmApi {
             api_port: endpoint.standby_api_port(slot),
-            etcd_client_port: endpoint.standby_ports(slot).0,
+            etcd_client_port,
+            etcd_peer_port,
         }
     }
 
@@ -56,6 +65,15 @@ impl WarmApi {
 
     fn etcd_url(&self, endpoint: &ShootEndpoint) -> String {
         format!("https://{}:{}", endpoint.address, self.etcd_client_port)
+    }
+
+    fn etcd_peer_url(&self, endpoint: &ShootEndpoint) -> String {
+        format!("https://{}:{}", endpoint.address, self.etcd_peer_port)
+    }
+
+    /// Where the promoted etcd takes client connections.
+    pub fn etcd_addr(&self, endpoint: &ShootEndpoint) -> SocketAddr {
+        SocketAddr::from((endpoint.address, self.etcd_client_port))
     }
 }
 
@@ -82,44 +100,59 @@ pub(super) fn warm_apiserver(
     }
 }
 
-/// The relay from the shoot's address to the warm kube-apiserver, under
-/// the lease guard of `ring-agent` at `agent`.
-pub(super) fn relay(
+/// The relays from the shoot's addresses, under the lease guard of
+/// `ring-agent` at `agent`: its API address to the warm kube-apiserver, and
+/// (a second relay, which stops with etcd: a move's final snapshot reads
+/// etcd after kube-apiserver stopped) its etcd client and peer ports to the
+/// promoted etcd's.
+pub(super) fn relays(
     agent: &std::path::Path,
     layout: &ShootLayout,
     spec: &ControlPlaneSpec,
     warm: &WarmApi,
-) -> ComponentSpec {
-    let to = warm.api_addr(&spec.endpoint).to_string();
-    crate::forward::relay_spec(agent, layout, spec, &to)
+) -> [ComponentSpec; 2] {
+    let e = &spec.endpoint;
+    let at = |port| SocketAddr::from((e.address, port));
+    let api = crate::forward::relay_spec(agent, layout, spec, &warm.api_addr(e).to_string());
+    let pairs = [
+        (at(e.etcd_client_port), warm.etcd_addr(e).to_string()),
+        (at(e.etcd_peer_port), at(warm.etcd_peer_port).to_string()),
+    ];
+    let etcd = crate::forward::relays_spec(agent, layout, Component::EtcdForwarder, &pairs);
+    [api, etcd]
 }
 
 /// A promoted standby's components (pure): `specs` (the usual four, not yet
-/// guarded) with etcd listening on the standby's client port too, and in
-/// place of the usual kube-apiserver the `relay` (it comes first:
+/// guarded) with etcd listening on the standby's ports instead of the
+/// shoot's (it starts while the old host may still hold those), followed by
+/// the relay of the shoot's etcd ports, and in place of the usual
+/// kube-apiserver the relay of the shoot's API address (it comes first:
 /// kube-apiserver's start waits for `/readyz` at the shoot's address) and
 /// the warm kube-apiserver.
 pub(super) fn promoted(
     specs: Vec<ComponentSpec>,
-    relay: ComponentSpec,
+    [api_relay, etcd_relay]: [ComponentSpec; 2],
     warm_api: ComponentSpec,
     spec: &ControlPlaneSpec,
     warm: &WarmApi,
 ) -> Vec<ComponentSpec> {
     let e = &spec.endpoint;
-    let listen = format!("--listen-client-urls={},{}", e.etcd_url(), warm.etcd_url(e));
-    let mut out = Vec::with_capacity(specs.len() + 1);
+    let clients = format!("--listen-client-urls={}", warm.etcd_url(e));
+    let peers = format!("--listen-peer-urls={}", warm.etcd_peer_url(e));
+    let mut out = Vec::with_capacity(specs.len() + 2);
     for mut cs in specs {
         match cs.component {
             Component::Etcd => {
                 for a in cs.args.iter_mut() {
                     if a.starts_with("--listen-client-urls=") {
-                        a.clone_from(&listen);
+                        a.clone_from(&clients);
+                    } else if a.starts_with("--listen-peer-urls=") {
+                        a.clone_from(&peers);
                     }
                 }
-                out.push(cs);
+                out.extend([cs, etcd_relay.clone()]);
             }
-            Component::KubeApiserver => out.extend([relay.clone(), warm_api.clone()]),
+            Component::KubeApiserver => out.extend([api_relay.clone(), warm_api.clone()]),
             _ => out.push(cs),
         }
     }
@@ -217,6 +250,21 @@ impl LocalSeed {
         crate::kubeconfig::readyz_at(&spec.shoot, &layout.admin_kubeconfig(), Some(&url)).await
     }
 
+    /// Starts a promoted standby's etcd at once (re-formed alone, still
+    /// before the old host's lease ends) on the standby's ports, where its
+    /// warm kube-apiserver finds it: the API is ready when the lease ends
+    /// and the start only adds the relay and the controllers. Guarded by the
+    /// shoot's lease file, which the caller set to a provisional fence time.
+    /// False (nothing started) when no warm kube-apiserver runs here: the
+    /// start after the lease starts a control plane as usual.
+    pub async fn start_promoted_etcd(&self, spec: &ControlPlaneSpec) -> Result<bool> {
+        if self.promoted_warm(&spec.shoot).await.is_none() {
+            return Ok(false);
+        }
+        self.start_missing_of(spec, &[Component::Etcd]).await?;
+        Ok(true)
+    }
+
     /// The warm kube-apiserver of a promoted standby that still runs here,
     /// if any: the control plane is completed around it.
     pub(super) async fn promoted_warm(&self, shoot: &str) -> Option<WarmApi> {
@@ -245,10 +293,11 @@ mod tests {
         cs.args.iter().find_map(|a| a.strip_prefix(flag))
     }
 
-    /// Promoted: etcd serves the shoot's client port and the standby's (the
-    /// warm kube-apiserver reads there), kube-apiserver is the warm one, the
-    /// relay from the shoot's address leads to it under the lease guard, and
-    /// the warm kube-apiserver itself runs outside the guard.
+    /// Promoted: etcd serves on the standby's ports only (the warm
+    /// kube-apiserver reads there; the old host may hold the shoot's),
+    /// kube-apiserver is the warm one, one relay under the lease guard leads
+    /// the shoot's API, etcd client and etcd peer ports to them, and the warm
+    /// kube-apiserver itself runs outside the guard.
     #[test]
     fn a_promoted_standby_serves_through_its_warm_apiserver() {
         let dir = tempfile::tempdir().unwrap();
@@ -264,6 +313,7 @@ mod tests {
             order,
             [
                 Component::Etcd,
+                Component::EtcdForwarder,
                 Component::ApiForwarder,
                 Component::KubeApiserver,
                 Component::KubeControllerManager,
@@ -272,20 +322,41 @@ mod tests {
         );
         let by = |c| specs.iter().find(|s| s.component == c).unwrap();
         let standby_client = format!("https://{}:{}", e.address, warm.etcd_client_port);
-        let listen = arg(by(Component::Etcd), "--listen-client-urls=").unwrap();
-        assert_eq!(listen, format!("{},{standby_client}", e.etcd_url()));
+        let etcd = by(Component::Etcd);
+        assert_eq!(
+            arg(etcd, "--listen-client-urls="),
+            Some(standby_client.as_str())
+        );
+        let standby_peer = format!("https://{}:{}", e.address, e.standby_ports(7).1);
+        assert_eq!(
+            arg(etcd, "--listen-peer-urls="),
+            Some(standby_peer.as_str())
+        );
+        assert_eq!(
+            arg(etcd, "--advertise-client-urls="),
+            Some(e.etcd_url().as_str())
+        );
         let api = by(Component::KubeApiserver);
         assert_eq!(api.program, std::path::Path::new("/bin/kas"), "not guarded");
         let port = warm.api_port.to_string();
         assert_eq!(arg(api, "--secure-port="), Some(port.as_str()));
         assert_eq!(arg(api, "--etcd-servers="), Some(standby_client.as_str()));
         assert_eq!(arg(api, "--endpoint-reconciler-type="), Some("none"));
-        let relay = by(Component::ApiForwarder);
-        assert_eq!(relay.args[0], "guard", "{:?}", relay.args);
-        let to = relay.args.windows(2).find(|w| w[0] == "--to").unwrap();
-        assert_eq!(to[1], format!("{}:{}", e.address, warm.api_port));
-        let listen = relay.args.windows(2).find(|w| w[0] == "--listen").unwrap();
-        assert_eq!(listen[1], format!("{}:{}", e.address, e.api_port));
+        let values = |c: Component, flag: &str| -> Vec<String> {
+            let relay = by(c);
+            assert_eq!(relay.args[0], "guard", "{:?}", relay.args);
+            let w = relay.args.windows(2).filter(|w| w[0] == flag);
+            w.map(|w| w[1].clone()).collect()
+        };
+        let at = |port: u16| format!("{}:{port}", e.address);
+        let (client, peer) = e.standby_ports(7);
+        let api = Component::ApiForwarder;
+        assert_eq!(values(api, "--listen"), [at(e.api_port)]);
+        assert_eq!(values(api, "--to"), [at(warm.api_port)]);
+        let etcd = Component::EtcdForwarder;
+        let shoot_etcd = [at(e.etcd_client_port), at(e.etcd_peer_port)];
+        assert_eq!(values(etcd, "--listen"), shoot_etcd);
+        assert_eq!(values(etcd, "--to"), [at(client), at(peer)]);
         assert_eq!(by(Component::Etcd).args[0], "guard", "etcd is guarded");
         // without a warm kube-apiserver, the usual four
         let plain = seed.specs_for(&spec, None);

@@ -1,9 +1,11 @@
 //! A hot standby of a hosted control plane's etcd on a second local seed:
 //! joined while the host serves, with a warm kube-apiserver next to it; the
-//! host killed, the standby promoted and the control plane completed there
-//! around the warm kube-apiserver (the same process serves the shoot's
-//! address through the relay); the shoot's kubeconfig then shows every
-//! object, the last one written just before the kill.
+//! standby promoted while the host still holds the shoot's address (its
+//! etcd serves the warm kube-apiserver again at once, on the standby's
+//! ports), the host killed and the control plane completed there around the
+//! warm kube-apiserver (the same etcd and kube-apiserver processes serve the
+//! shoot's address through the relay); the shoot's kubeconfig then shows
+//! every object, the last one written just before the kill.
 
 use std::path::Path;
 
@@ -74,24 +76,18 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
         .start_warm_api(&spec, warm)
         .await
         .expect("starting the warm kube-apiserver");
-    wait_ok("the warm kube-apiserver is ready", READY, || {
-        let (standby_seed, spec) = (&standby_seed, &spec);
-        async move {
-            match standby_seed.warm_api_health(spec, warm).await {
-                Ok(h) if h.ready => Ok(()),
-                Ok(h) => Err(h.detail),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
+    wait_warm_ready(
+        "the warm kube-apiserver is ready",
+        &standby_seed,
+        &spec,
+        warm,
+    )
     .await;
     let warm_pid = component_pid(&standby_seed, shoot, Component::KubeApiserver).await;
     renew_the_standby_s_etcd_certificate(&standby_seed, &spec, client_port).await;
 
-    // the host dies; the standby is promoted and serves the shoot
-    host.fence(shoot)
-        .await
-        .expect("killing the host's control plane");
+    // the standby is promoted while the host's lease runs out (its
+    // processes still hold the shoot's address, without a quorum)
     standby_seed
         .stop_only(shoot, &[Component::Etcd])
         .await
@@ -111,6 +107,21 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     .await
     .expect("promotion");
     assert!(promoted.revision > 0, "{promoted:?}");
+    let early = standby_seed.start_promoted_etcd(&spec).await;
+    assert_eq!(early.ok(), Some(true), "the promoted etcd starts at once");
+    let why = "the warm kube-apiserver reads the promoted etcd";
+    wait_warm_ready(why, &standby_seed, &spec, warm).await;
+    let etcd_pid = component_pid(&standby_seed, shoot, Component::Etcd).await;
+    let taken = standby_seed.start(&spec).await;
+    assert!(
+        matches!(taken, Err(seed::SeedError::PortInUse { .. })),
+        "the shoot's address is not taken while the host holds it: {taken:?}"
+    );
+
+    // the host dies; the promoted standby serves the shoot
+    host.fence(shoot)
+        .await
+        .expect("killing the host's control plane");
     standby_seed
         .start(&spec)
         .await
@@ -126,11 +137,60 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
         warm_pid,
         "the warm kube-apiserver serves the shoot: it was not started again"
     );
+    assert_eq!(
+        component_pid(&standby_seed, shoot, Component::Etcd).await,
+        etcd_pid,
+        "the etcd started before the lease ended serves: it was not started again"
+    );
     let running = standby_seed.running_components(shoot).await;
     assert!(running.contains(&Component::ApiForwarder), "{running:?}");
+    // etcd started again (as when the host re-forms it alone after losing a
+    // new standby) comes back with the relay of the shoot's etcd ports
+    standby_seed
+        .stop_only(shoot, &[Component::Etcd])
+        .await
+        .expect("stopping etcd");
+    let running = standby_seed.running_components(shoot).await;
+    assert!(!running.contains(&Component::EtcdForwarder), "{running:?}");
+    standby_seed
+        .start_missing(&spec, &Component::ALL)
+        .await
+        .expect("starting etcd again");
+    let running = standby_seed.running_components(shoot).await;
+    assert!(running.contains(&Component::EtcdForwarder), "{running:?}");
+    // the shoot's etcd address leads to the promoted etcd, also once the
+    // writers stopped (as for a move's final snapshot)
+    standby_seed
+        .stop_only(shoot, &[Component::KubeApiserver])
+        .await
+        .expect("stopping the writers");
+    let at_shoot_address = backup::EtcdConfig::for_local_shoot(&layout, &spec);
+    assert!(
+        standby::has_quorum(&at_shoot_address, Duration::from_secs(10)).await,
+        "etcd answers at {:?} after kube-apiserver stopped",
+        at_shoot_address.endpoints
+    );
     standby_seed.stop(shoot).await.expect("stop");
     let left = standby_box.wait_no_processes(Duration::from_secs(10));
     assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+/// Waits (for `why`, at most [`READY`]) until the warm kube-apiserver `warm`
+/// answers ready: it reads an etcd that serves.
+async fn wait_warm_ready(
+    why: &str,
+    seed: &seed::LocalSeed,
+    spec: &ControlPlaneSpec,
+    warm: seed::local::WarmApi,
+) {
+    wait_ok(why, READY, || async move {
+        match seed.warm_api_health(spec, warm).await {
+            Ok(h) if h.ready => Ok(()),
+            Ok(h) => Err(h.detail),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
 }
 
 /// A standby's etcd server certificate about to expire (29 days left) is
