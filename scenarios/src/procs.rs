@@ -88,8 +88,10 @@ fn is_standby(cmdline: &str) -> bool {
             || a.strip_prefix("--secure-port=")
                 .and_then(|p| p.parse().ok())
                 .is_some_and(standby_port)
-            || a.strip_prefix("--listen-client-urls=")
-                .is_some_and(|urls| urls.split(',').filter_map(port_of).all(standby_port))
+            || a.strip_prefix("--listen-client-urls=").is_some_and(|urls| {
+                let ports: Vec<u16> = urls.split(',').filter_map(port_of).collect();
+                !ports.is_empty() && ports.into_iter().all(standby_port)
+            })
     })
 }
 
@@ -105,13 +107,25 @@ fn promoted_relay(cmdline: &str) -> bool {
 }
 
 /// Whether process `pid` has a live child (a guard whose lease ended waits
-/// without one).
+/// without one): any process whose parent, in `/proc/<child>/stat`, it is.
 fn has_live_child(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse::<u32>().ok())
-        .any(seed::process::pid_alive)
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Some(child) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            return false;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        parent_of(&stat) == Some(pid) && seed::process::pid_alive(child)
+    })
+}
+
+/// The parent pid in a `/proc/<pid>/stat` line (its fourth field; the
+/// command name before it is in parentheses and may hold spaces).
+fn parent_of(stat: &str) -> Option<u32> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The prefix every process of member `m` of the ring in `ring_dir` names.
@@ -457,6 +471,12 @@ mod tests {
         assert!(!promoted_relay(
             "ring-agent guard -- etcd --listen-client-urls=https://127.1.2.3:12406"
         ));
+        // no port to tell by: counted
+        assert!(!is_standby(
+            "etcd --name=ks2 --listen-client-urls=unix:///x/"
+        ));
+        assert_eq!(parent_of("412 (ring agent) S 377 412 9 0"), Some(377));
+        assert_eq!(parent_of("garbage"), None);
     }
 
     #[test]

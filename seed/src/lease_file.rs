@@ -1,7 +1,8 @@
 //! The lease file of a local seed's control plane: ringd writes the fence time
 //! (unix ms) at every renewal of the ring lease, and `ring-agent guard
-//! --lease-file` runs etcd and kube-apiserver only while that time lies ahead,
-//! by its own clock. A ringd that is stopped (SIGSTOP), hangs or is cut off
+//! --lease-file` runs the control plane's processes (etcd, kube-apiserver,
+//! the controllers, a promoted standby's relays) only while that time lies
+//! ahead, by its own clock. A ringd that is stopped (SIGSTOP), hangs or is cut off
 //! renews nothing, so its control plane stops at the fence time without it,
 //! as in a Kubernetes seed's pods.
 //!

@@ -59,7 +59,7 @@ pub struct LocalSeed {
     /// Shoot → the address its kube-apiserver advertises (the `kubernetes`
     /// Service's endpoint, which pods use); default: the shoot's loopback address.
     advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
-    /// `ring-agent`, when etcd and kube-apiserver run under its lease guard.
+    /// `ring-agent`, when the control plane runs under its lease guard.
     guard: Option<PathBuf>,
     /// Whether kube-apiservers serve the deprecated beta API versions.
     apis: crate::DeprecatedApis,
@@ -401,6 +401,7 @@ impl Seed for LocalSeed {
                 Component::KubeApiserver,
                 Component::KubeControllerManager,
                 Component::KubeScheduler,
+                Component::EtcdForwarder,
                 Component::Etcd,
             ],
             nix::sys::signal::Signal::SIGKILL,

@@ -14,7 +14,8 @@ use crate::RingError;
 /// target of the same place in `to` (`host:port`) until `stop`. Every
 /// address is bound before any connection is relayed: one that another
 /// process holds fails the whole relay (the guard's supervisor starts it
-/// again).
+/// again), and so does one relay ending before `stop` (the others stop
+/// with it rather than leave an address unserved).
 pub async fn run(
     listen: Vec<SocketAddr>,
     to: Vec<String>,
@@ -43,12 +44,22 @@ pub async fn run(
             })?;
         listeners.push(listener);
     }
+    // one relay ending (before `stop`: it failed) ends them all
+    let all = stop.child_token();
     for (listener, target) in listeners.into_iter().zip(to) {
         tracing::info!(listen = ?listener.local_addr().ok(), %target, "relaying the shoot's stable endpoint");
-        relays.spawn(seed::forward::relay(listener, target, stop.clone()));
+        relays.spawn(seed::forward::relay(listener, target, all.clone()));
     }
+    let ended = relays.join_next().await;
+    all.cancel();
     while relays.join_next().await.is_some() {}
-    Ok(())
+    match ended {
+        Some(Err(e)) if !e.is_cancelled() => Err(RingError::Io {
+            what: "relaying the shoot's stable endpoint (a relay task failed; the guard starts the relay again)".into(),
+            source: std::io::Error::other(e.to_string()),
+        }),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

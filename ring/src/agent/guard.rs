@@ -3,7 +3,7 @@
 //! the guard's own clock: when ringd is killed, stopped (SIGSTOP) or cut off,
 //! no renewal comes and the child is killed at the fence time; reading the
 //! Lease is needed to start or keep serving, never to stop. The same guard
-//! runs a local seed's etcd and kube-apiserver under its lease file.
+//! runs each process of a local seed's control plane under its lease file.
 
 use std::time::Duration;
 

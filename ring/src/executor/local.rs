@@ -115,8 +115,8 @@ impl Executor for LocalExecutor {
         Ok(()) // local processes died with the ringd that supervised them
     }
 
-    /// etcd and kube-apiserver run under `ring-agent guard`, which stops them
-    /// at this fence time by itself unless it is renewed again.
+    /// The control plane runs under `ring-agent guard`, which stops it at
+    /// this fence time by itself unless it is renewed again.
     async fn lease_renewed(&self, shoot: &str, epoch: u64, fence_at_ms: u64, _lease: Duration) {
         if let Err(e) = self.guard_until(shoot, fence_at_ms) {
             tracing::warn!(%shoot, epoch, error = %e, "cannot write the lease file; the guards fence at the last fence time");

@@ -195,9 +195,11 @@ impl StandbyOps for LocalExecutor {
                 tracing::warn!(%shoot, error = %e, "the standby could not leave the shoot's etcd; stopping it anyway (the host re-forms its etcd)");
             }
             self.seed.stop(shoot).await?;
-        } else if self.seed.running_components(shoot).await == [Component::KubeApiserver] {
-            // the warm kube-apiserver of a promotion that never finished
-            // (its step timed out): nothing else of the shoot runs here
+        } else if never_served(&self.seed.running_components(shoot).await) {
+            // what a promotion that never served started here (its step timed
+            // out, or its operation failed before the start): the warm
+            // kube-apiserver, maybe the promoted etcd, nothing at the shoot's
+            // address
             self.seed.stop(shoot).await?;
         }
         let _ = std::fs::remove_file(self.layout(shoot).dir.join("standby-leaving"));
@@ -213,7 +215,7 @@ impl StandbyOps for LocalExecutor {
         &self,
         shoot: &str,
         op: u64,
-        hold_until_ms: u64,
+        hold: Duration,
     ) -> Result<backup::restore::RestoreReport, RingError> {
         let layout = self.layout(shoot);
         let spec = self.spec(shoot)?;
@@ -236,7 +238,6 @@ impl StandbyOps for LocalExecutor {
             }
         };
         let _ = std::fs::remove_file(marker(&layout));
-        self.start_promoted_etcd(shoot, &spec, hold_until_ms).await;
         let report = backup::restore::RestoreReport {
             data_dir: data,
             target_revision: p.revision,
@@ -259,6 +260,7 @@ impl StandbyOps for LocalExecutor {
             hash_kv_at_reached: None,
         };
         record::write(&record::path(&layout), op, &report, None)?;
+        self.start_promoted_etcd(shoot, &spec, hold).await;
         Ok(report)
     }
 
@@ -314,24 +316,17 @@ impl StandbyOps for LocalExecutor {
 
 impl LocalExecutor {
     /// The promoted etcd of `shoot` started again at once next to its warm
-    /// kube-apiserver, fenced at `hold_until_ms` unless the new epoch's
-    /// lease renews it. A failure is only logged: the start after the lease
-    /// starts what does not run.
+    /// kube-apiserver, fenced `hold` from now unless the new epoch's lease
+    /// renews it. A failure is only logged: the start after the lease starts
+    /// what does not run.
     async fn start_promoted_etcd(
         &self,
         shoot: &str,
         spec: &seed::ControlPlaneSpec,
-        hold_until_ms: u64,
+        hold: Duration,
     ) {
-        let started = match self.guard_until(shoot, hold_until_ms) {
-            Ok(()) => self
-                .seed
-                .start_promoted_etcd(spec)
-                .await
-                .map_err(RingError::from),
-            Err(e) => Err(e),
-        };
-        match started {
+        let fence_at = crate::now_ms() + hold.as_millis() as u64;
+        match self.seed.start_promoted_etcd(spec, fence_at).await {
             Ok(true) => {
                 tracing::info!(%shoot, "the promoted etcd serves its warm kube-apiserver while the old lease runs out")
             }
@@ -362,6 +357,16 @@ impl LocalExecutor {
     }
 }
 
+/// Whether `running` is what a promotion leaves before its start: the warm
+/// kube-apiserver, maybe the promoted etcd, and nothing else.
+fn never_served(running: &[Component]) -> bool {
+    !running.is_empty()
+        && running.contains(&Component::KubeApiserver)
+        && running
+            .iter()
+            .all(|c| matches!(c, Component::Etcd | Component::KubeApiserver))
+}
+
 /// The member id a standby's peer URL names (its ports, see
 /// [`seed::ShootEndpoint::standby_ports`]).
 fn standby_slot(spec: &seed::ControlPlaneSpec, url: &str) -> Option<u64> {
@@ -374,6 +379,20 @@ fn standby_slot(spec: &seed::ControlPlaneSpec, url: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_promotion_leaves_before_its_start_is_told_from_a_control_plane() {
+        use seed::Component::*;
+        assert!(never_served(&[KubeApiserver]));
+        assert!(never_served(&[Etcd, KubeApiserver]));
+        assert!(!never_served(&[]));
+        assert!(!never_served(&[Etcd]), "a standby's etcd leaves by itself");
+        let serving = [Etcd, EtcdForwarder, ApiForwarder, KubeApiserver];
+        assert!(!never_served(&serving));
+        assert!(!never_served(&[Etcd, KubeApiserver, KubeControllerManager]));
+    }
+
     #[test]
     fn a_standby_is_known_by_its_peer_port() {
         let spec = seed::ControlPlaneSpec::new("b");

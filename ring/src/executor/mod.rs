@@ -142,13 +142,13 @@ pub trait StandbyOps: Send + Sync {
     /// alone with everything its log holds) and records the report as a
     /// restore's. Where a warm kube-apiserver waits, the promoted etcd starts
     /// again at once, out of the shoot's address, under the lease guard with
-    /// `hold_until_ms` (wall clock) as its fence time until the new epoch's
-    /// lease renews it.
+    /// a fence time `hold` after the promotion until the new epoch's lease
+    /// renews it.
     async fn promote_standby(
         &self,
         shoot: &str,
         op: u64,
-        hold_until_ms: u64,
+        hold: Duration,
     ) -> Result<backup::restore::RestoreReport, RingError>;
     /// On the host: the other members of `shoot`'s etcd, each by the member
     /// id its standby ports name (`None`: not a standby's).

@@ -402,10 +402,12 @@ async fn target_step(
                 .map_err(RingError::Unsupported)?;
             // the promoted etcd may serve its warm kube-apiserver (out of
             // the shoot's address) until the old lease has ended and the new
-            // one renews it: two leases from now bound that
-            let hold_until = now_ms() + 2 * shared.timing().lease_ms;
-            let report = ops.promote_standby(shoot, op.id, hold_until).await?;
-            lock(&shared.standbys).remove(shoot);
+            // one renews it: two leases after the promotion bound that
+            let hold = Duration::from_millis(2 * shared.timing().lease_ms);
+            let report = ops.promote_standby(shoot, op.id, hold).await?;
+            // still listed as a standby here until the start: an operation
+            // that fails before it leaves what the promotion started to the
+            // standby's leave duty
             let detail = format!(
                 "promoted the hot standby at revision {}",
                 report.reached_revision
@@ -438,6 +440,9 @@ async fn target_step(
                 .ok_or_else(|| RingError::Unsupported(format!("{} has no seed", shared.name())))?
                 .start(shoot)
                 .await?;
+            if op.promotes() {
+                lock(&shared.standbys).remove(shoot);
+            }
             let from = if from_bucket { " from the bucket" } else { "" };
             let detail = format!("restored{from}; verifying (epoch {epoch})");
             shared.set_hosted(shoot, true, detail);

@@ -180,7 +180,7 @@ impl LocalSeed {
 
     /// The command lines of the shoot's components, in start order: the
     /// usual four, or with `warm` a promoted standby's (see [`WarmApi`]).
-    /// Under the lease guard, etcd and kube-apiserver run guarded (a warm
+    /// Under the lease guard, every component runs guarded (a warm
     /// kube-apiserver does not: its relay does).
     pub(super) fn specs_for(
         &self,

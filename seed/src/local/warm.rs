@@ -253,14 +253,21 @@ impl LocalSeed {
     /// Starts a promoted standby's etcd at once (re-formed alone, still
     /// before the old host's lease ends) on the standby's ports, where its
     /// warm kube-apiserver finds it: the API is ready when the lease ends
-    /// and the start only adds the relay and the controllers. Guarded by the
-    /// shoot's lease file, which the caller set to a provisional fence time.
-    /// False (nothing started) when no warm kube-apiserver runs here: the
-    /// start after the lease starts a control plane as usual.
-    pub async fn start_promoted_etcd(&self, spec: &ControlPlaneSpec) -> Result<bool> {
+    /// and the start only adds the relays and the controllers. Guarded by the
+    /// shoot's lease file, set here to the provisional fence time
+    /// `fence_at_ms` (wall clock) that only the new epoch's lease extends.
+    /// False (nothing started, the lease file untouched) when no warm
+    /// kube-apiserver runs here: the start after the lease starts a control
+    /// plane as usual.
+    pub async fn start_promoted_etcd(
+        &self,
+        spec: &ControlPlaneSpec,
+        fence_at_ms: u64,
+    ) -> Result<bool> {
         if self.promoted_warm(&spec.shoot).await.is_none() {
             return Ok(false);
         }
+        crate::lease_file::record(&self.layout(&spec.shoot), fence_at_ms, None)?;
         self.start_missing_of(spec, &[Component::Etcd]).await?;
         Ok(true)
     }

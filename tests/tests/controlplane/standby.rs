@@ -37,86 +37,12 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     let kubeconfig = host.layout(shoot).admin_kubeconfig();
     create_config_map(&kubeconfig, "before", "marker", "1").await;
 
-    // the standby joins as a learner on its own ports of the shoot's address
-    copy_identity(&host.layout(shoot).dir, &standby_seed.layout(shoot).dir);
-    let (client_port, peer_port) = spec.endpoint.standby_ports(2);
-    let peer_url = format!("https://{}:{peer_port}", spec.endpoint.address);
-    let etcd = backup::EtcdConfig::for_local_shoot(&host.layout(shoot), &spec);
-    let joined = standby::add_learner(&etcd, "standby-2", &peer_url)
-        .await
-        .expect("adding the standby");
-    standby_seed
-        .start_standby(
-            &spec,
-            "standby-2",
-            (client_port, peer_port),
-            &joined.initial_cluster,
-        )
-        .await
-        .expect("starting the standby");
-    let taken = standby_seed.start_standby(&spec, "standby-2", (client_port, peer_port), "x");
-    assert!(
-        taken.await.is_err(),
-        "a second standby of the shoot is refused"
-    );
-    wait_ok("the standby votes", Duration::from_secs(60), || {
-        let etcd = etcd.clone();
-        async move {
-            match standby::promote_learner(&etcd, joined.id).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("still a learner".to_string()),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await;
+    let warm = join_with_a_warm_apiserver(&host, &standby_seed, &spec).await;
     create_config_map(&kubeconfig, "after-join", "marker", "2").await;
-    let warm = seed::local::WarmApi::for_standby(&spec.endpoint, 2);
-    standby_seed
-        .start_warm_api(&spec, warm)
-        .await
-        .expect("starting the warm kube-apiserver");
-    wait_warm_ready(
-        "the warm kube-apiserver is ready",
-        &standby_seed,
-        &spec,
-        warm,
-    )
-    .await;
     let warm_pid = component_pid(&standby_seed, shoot, Component::KubeApiserver).await;
+    let client_port = spec.endpoint.standby_ports(2).0;
     renew_the_standby_s_etcd_certificate(&standby_seed, &spec, client_port).await;
-
-    // the standby is promoted while the host's lease runs out (its
-    // processes still hold the shoot's address, without a quorum)
-    standby_seed
-        .stop_only(shoot, &[Component::Etcd])
-        .await
-        .expect("stopping the standby's etcd");
-    standby_seed.end_standby(shoot).await;
-    let layout = standby_seed.layout(shoot);
-    // the guard lets etcd and the relay serve until then
-    let fence_at = ring_tests::now_ms() + 600_000;
-    seed::lease_file::record(&layout, fence_at, Some(2)).expect("lease file");
-    let promoted = standby::promote(
-        &ring_tests::etcd::etcd_bin(),
-        &layout.etcd_data(),
-        "standby-2",
-        &spec.endpoint.etcd_peer_url(),
-        &layout.dir.join("promote.log"),
-    )
-    .await
-    .expect("promotion");
-    assert!(promoted.revision > 0, "{promoted:?}");
-    let early = standby_seed.start_promoted_etcd(&spec).await;
-    assert_eq!(early.ok(), Some(true), "the promoted etcd starts at once");
-    let why = "the warm kube-apiserver reads the promoted etcd";
-    wait_warm_ready(why, &standby_seed, &spec, warm).await;
-    let etcd_pid = component_pid(&standby_seed, shoot, Component::Etcd).await;
-    let taken = standby_seed.start(&spec).await;
-    assert!(
-        matches!(taken, Err(seed::SeedError::PortInUse { .. })),
-        "the shoot's address is not taken while the host holds it: {taken:?}"
-    );
+    let etcd_pid = promote_while_the_host_serves(&standby_seed, &spec, warm).await;
 
     // the host dies; the promoted standby serves the shoot
     host.fence(shoot)
@@ -144,8 +70,106 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     );
     let running = standby_seed.running_components(shoot).await;
     assert!(running.contains(&Component::ApiForwarder), "{running:?}");
-    // etcd started again (as when the host re-forms it alone after losing a
-    // new standby) comes back with the relay of the shoot's etcd ports
+    etcd_stays_relayed(&standby_seed, &spec).await;
+    standby_seed.stop(shoot).await.expect("stop");
+    let left = standby_box.wait_no_processes(Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+/// The standby joins `host`'s etcd as a learner on its own ports of the
+/// shoot's address (member 2's), votes, and a warm kube-apiserver answers
+/// ready next to it.
+async fn join_with_a_warm_apiserver(
+    host: &seed::LocalSeed,
+    standby_seed: &seed::LocalSeed,
+    spec: &ControlPlaneSpec,
+) -> seed::local::WarmApi {
+    let shoot = spec.shoot.as_str();
+    copy_identity(&host.layout(shoot).dir, &standby_seed.layout(shoot).dir);
+    let (client_port, peer_port) = spec.endpoint.standby_ports(2);
+    let peer_url = format!("https://{}:{peer_port}", spec.endpoint.address);
+    let etcd = backup::EtcdConfig::for_local_shoot(&host.layout(shoot), spec);
+    let joined = standby::add_learner(&etcd, "standby-2", &peer_url)
+        .await
+        .expect("adding the standby");
+    let ports = (client_port, peer_port);
+    standby_seed
+        .start_standby(spec, "standby-2", ports, &joined.initial_cluster)
+        .await
+        .expect("starting the standby");
+    let taken = standby_seed.start_standby(spec, "standby-2", ports, "x");
+    assert!(
+        taken.await.is_err(),
+        "a second standby of the shoot is refused"
+    );
+    wait_ok("the standby votes", Duration::from_secs(60), || {
+        let etcd = etcd.clone();
+        async move {
+            match standby::promote_learner(&etcd, joined.id).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("still a learner".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    let warm = seed::local::WarmApi::for_standby(&spec.endpoint, 2);
+    standby_seed
+        .start_warm_api(spec, warm)
+        .await
+        .expect("starting the warm kube-apiserver");
+    let why = "the warm kube-apiserver is ready";
+    wait_warm_ready(why, standby_seed, spec, warm).await;
+    warm
+}
+
+/// The standby is promoted while the host's lease runs out (its processes
+/// still hold the shoot's address, without a quorum): the promoted etcd
+/// starts at once on the standby's ports and the warm kube-apiserver reads
+/// it, while a start (the relays at the shoot's address) is refused. The
+/// promoted etcd's pid.
+async fn promote_while_the_host_serves(
+    standby_seed: &seed::LocalSeed,
+    spec: &ControlPlaneSpec,
+    warm: seed::local::WarmApi,
+) -> u32 {
+    let shoot = spec.shoot.as_str();
+    standby_seed
+        .stop_only(shoot, &[Component::Etcd])
+        .await
+        .expect("stopping the standby's etcd");
+    standby_seed.end_standby(shoot).await;
+    let layout = standby_seed.layout(shoot);
+    let promoted = standby::promote(
+        &ring_tests::etcd::etcd_bin(),
+        &layout.etcd_data(),
+        "standby-2",
+        &spec.endpoint.etcd_peer_url(),
+        &layout.dir.join("promote.log"),
+    )
+    .await
+    .expect("promotion");
+    assert!(promoted.revision > 0, "{promoted:?}");
+    // the guards let etcd, the relays and the controllers serve until then
+    let fence_at = ring_tests::now_ms() + 600_000;
+    let early = standby_seed.start_promoted_etcd(spec, fence_at).await;
+    assert_eq!(early.ok(), Some(true), "the promoted etcd starts at once");
+    let why = "the warm kube-apiserver reads the promoted etcd";
+    wait_warm_ready(why, standby_seed, spec, warm).await;
+    let taken = standby_seed.start(spec).await;
+    assert!(
+        matches!(taken, Err(seed::SeedError::PortInUse { .. })),
+        "the shoot's address is not taken while the host holds it: {taken:?}"
+    );
+    component_pid(standby_seed, shoot, Component::Etcd).await
+}
+
+/// etcd of a promoted control plane started again (as when the host
+/// re-forms it alone after losing a new standby) comes back with the relay
+/// of the shoot's etcd ports, and the shoot's etcd address leads to it also
+/// once the writers stopped (as for a move's final snapshot).
+async fn etcd_stays_relayed(standby_seed: &seed::LocalSeed, spec: &ControlPlaneSpec) {
+    let shoot = spec.shoot.as_str();
     standby_seed
         .stop_only(shoot, &[Component::Etcd])
         .await
@@ -153,26 +177,22 @@ async fn a_standby_on_another_seed_takes_over_with_every_object() {
     let running = standby_seed.running_components(shoot).await;
     assert!(!running.contains(&Component::EtcdForwarder), "{running:?}");
     standby_seed
-        .start_missing(&spec, &Component::ALL)
+        .start_missing(spec, &Component::ALL)
         .await
         .expect("starting etcd again");
     let running = standby_seed.running_components(shoot).await;
     assert!(running.contains(&Component::EtcdForwarder), "{running:?}");
-    // the shoot's etcd address leads to the promoted etcd, also once the
-    // writers stopped (as for a move's final snapshot)
     standby_seed
         .stop_only(shoot, &[Component::KubeApiserver])
         .await
         .expect("stopping the writers");
-    let at_shoot_address = backup::EtcdConfig::for_local_shoot(&layout, &spec);
+    let layout = standby_seed.layout(shoot);
+    let at_shoot_address = backup::EtcdConfig::for_local_shoot(&layout, spec);
     assert!(
         standby::has_quorum(&at_shoot_address, Duration::from_secs(10)).await,
         "etcd answers at {:?} after kube-apiserver stopped",
         at_shoot_address.endpoints
     );
-    standby_seed.stop(shoot).await.expect("stop");
-    let left = standby_box.wait_no_processes(Duration::from_secs(10));
-    assert!(left.is_empty(), "processes left: {left:?}");
 }
 
 /// Waits (for `why`, at most [`READY`]) until the warm kube-apiserver `warm`
