@@ -11,6 +11,7 @@
 //! bucket: file:///var/lib/ring/bucket   # optional
 //! ports: { address: 127.0.0.1, base: 17100 }
 //! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000, relinkAfterMs: 60000 }
+//!          # the defaults; `protection: standby` without it: 750, 2000, 4000
 //! deprecatedApis: off      # or `served`: kube-apiservers also serve 1.20's deprecated betas
 //! ```
 
@@ -156,8 +157,11 @@ pub struct RingConfig {
     pub bucket_encryption: Option<backup::config::EncryptionConfig>,
     #[serde(default)]
     pub ports: Ports,
-    #[serde(default)]
-    pub timing: Timing,
+    /// Detection and leases [default: [`Timing::default`], or
+    /// [`Timing::standby`] with `protection: standby`]; see
+    /// [`RingConfig::timing`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<Timing>,
     /// Kubernetes nodes for the shoots [default: one per member].
     #[serde(default)]
     pub nodes: Nodes,
@@ -216,7 +220,7 @@ impl Default for RingConfig {
             bucket: None,
             bucket_encryption: None,
             ports: Ports::default(),
-            timing: Timing::default(),
+            timing: None,
             nodes: Nodes::default(),
             release_grace_seconds: ringd::config::default_release_grace_secs(),
             certificate_check_seconds: ringd::config::default_certificate_check_secs(),
@@ -235,6 +239,18 @@ impl RingConfig {
         let mut c = RingConfig::default();
         c.self_hosting.members = c.members.iter().map(|m| m.name.clone()).collect();
         c
+    }
+
+    /// The ring's timing: the config's `timing`, else the one sized for its
+    /// protection ([`Timing::standby`] for `standby`: a standby failover is
+    /// the old lease's rest plus a few tenths of a second; the ring's
+    /// defaults for `backup`). A `timing` given in part fills in from the
+    /// ring's defaults.
+    pub fn timing(&self) -> Timing {
+        self.timing.unwrap_or(match self.protection {
+            ringd::config::Protection::Standby => Timing::standby(),
+            ringd::config::Protection::Backup => Timing::default(),
+        })
     }
 }
 
@@ -354,7 +370,7 @@ impl RingConfig {
         self.validate_nodes()?;
         self.validate_self_hosting()?;
         self.validate_protection()?;
-        self.timing
+        self.timing()
             .validate()
             .map_err(|e| bad("timing", e.to_string()))?;
         if let Some(url) = &self.bucket {

@@ -338,3 +338,31 @@ fn standby_is_refused_where_a_member_hosts_on_kubernetes() {
     closed.protection = ringd::config::Protection::Standby;
     assert!(closed.validate().is_err(), "the default ring with standby");
 }
+
+/// Without a `timing` section a standby ring takes the timing sized for a
+/// standby and a backup ring the ring's defaults; a section given (even in
+/// part) is taken as written, the rest from the defaults, and survives the
+/// ring dir's copy of the config.
+#[test]
+fn the_timing_follows_the_protection_unless_given() {
+    use ringd::config::Timing;
+    let three = "members: [{name: a}, {name: b}, {name: c}]\n";
+    let parse = |body: &str| RingConfig::parse(&yaml(body), "r").unwrap();
+    assert_eq!(parse(three).timing(), Timing::default());
+    let standby = parse(&format!("{three}protection: standby\n"));
+    assert_eq!(standby.timing(), Timing::standby());
+    assert_eq!(standby.timing().lease_ms, 4000);
+    let given = parse(&format!(
+        "{three}protection: standby\ntiming: {{leaseMs: 20000}}\n"
+    ));
+    let want = Timing {
+        lease_ms: 20000,
+        ..Timing::default()
+    };
+    assert_eq!(given.timing(), want);
+    let copy = serde_yaml::to_string(&standby).unwrap();
+    assert!(!copy.contains("timing"), "{copy}");
+    let again: RingConfig = serde_yaml::from_str(&copy).unwrap();
+    assert_eq!(again.timing(), Timing::standby());
+    Timing::standby().validate().unwrap();
+}

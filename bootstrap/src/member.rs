@@ -69,7 +69,7 @@ pub(crate) fn write_member_config(
         },
         members,
         join,
-        timing: config.timing,
+        timing: config.timing(),
         seed: Some(SeedConfig {
             state_dir: layout.seed_dir(&m.name),
             bin_dir: None,

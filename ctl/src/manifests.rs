@@ -198,7 +198,7 @@ fn ringd_config(
         },
         members: members.to_vec(),
         join: false,
-        timing: ring.timing,
+        timing: ring.timing(),
         // In its own cluster, ringd hosts control planes there with its service account.
         seed: Some(SeedConfig {
             state_dir: format!("{DATA_DIR}/seed").into(),

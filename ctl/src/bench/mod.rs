@@ -111,7 +111,7 @@ impl BenchRing {
 
     /// The ring's timing (detection and leases).
     pub fn with_timing(mut self, timing: ringd::config::Timing) -> BenchRing {
-        self.config.timing = timing;
+        self.config.timing = Some(timing);
         self.opts.config = Some(self.config.clone());
         self
     }

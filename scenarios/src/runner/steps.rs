@@ -96,7 +96,7 @@ pub(super) fn ring_config(
         },
         ports,
         protection: drill.ring.protection,
-        timing: drill.ring.timing.unwrap_or_default(),
+        timing: drill.ring.timing,
         ..RingConfig::default()
     }
 }
