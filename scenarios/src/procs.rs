@@ -59,14 +59,6 @@ fn is_control_plane(comm: &str) -> bool {
     matches!(comm, "etcd" | "kube-apiserver")
 }
 
-/// Whether `port` is one of the hot standbys' (etcd client and peer ports,
-/// warm kube-apiservers' secure ports).
-fn standby_port(port: u16) -> bool {
-    let etcd = seed::endpoint::STANDBY_PORT_BASE;
-    let api = seed::endpoint::STANDBY_API_PORT_BASE;
-    (etcd..etcd + 2000).contains(&port) || (api..api + 1000).contains(&port)
-}
-
 /// The port of `host:port` or `https://host:port`.
 fn port_of(addr: &str) -> Option<u16> {
     addr.rsplit_once(':')?.1.parse().ok()
@@ -87,10 +79,10 @@ fn is_standby(cmdline: &str) -> bool {
         a.starts_with("--name=standby-")
             || a.strip_prefix("--secure-port=")
                 .and_then(|p| p.parse().ok())
-                .is_some_and(standby_port)
+                .is_some_and(seed::endpoint::is_standby_port)
             || a.strip_prefix("--listen-client-urls=").is_some_and(|urls| {
                 let ports: Vec<u16> = urls.split(',').filter_map(port_of).collect();
-                !ports.is_empty() && ports.into_iter().all(standby_port)
+                !ports.is_empty() && ports.into_iter().all(seed::endpoint::is_standby_port)
             })
     })
 }
@@ -103,7 +95,7 @@ fn promoted_relay(cmdline: &str) -> bool {
     args.contains(&"forward")
         && args
             .windows(2)
-            .any(|w| w[0] == "--to" && port_of(w[1]).is_some_and(standby_port))
+            .any(|w| w[0] == "--to" && port_of(w[1]).is_some_and(seed::endpoint::is_standby_port))
 }
 
 /// Whether process `pid` has a live child (a guard whose lease ended waits

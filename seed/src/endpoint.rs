@@ -16,6 +16,17 @@ pub const STANDBY_PORT_BASE: u16 = 12400;
 /// The first port of the warm kube-apiservers next to hot standbys
 /// ([`ShootEndpoint::standby_api_port`]), above every standby etcd port.
 pub const STANDBY_API_PORT_BASE: u16 = 14400;
+/// Every hot standby's etcd (client, peer) port: two per member id below 1000.
+pub const STANDBY_ETCD_PORTS: std::ops::Range<u16> = STANDBY_PORT_BASE..STANDBY_PORT_BASE + 2000;
+/// Every warm kube-apiserver's secure port: one per member id below 1000.
+pub const STANDBY_API_PORTS: std::ops::Range<u16> =
+    STANDBY_API_PORT_BASE..STANDBY_API_PORT_BASE + 1000;
+
+/// Whether `port` is one of the hot standbys' on a shoot's address (etcd
+/// client and peer ports, warm kube-apiservers' secure ports).
+pub fn is_standby_port(port: u16) -> bool {
+    STANDBY_ETCD_PORTS.contains(&port) || STANDBY_API_PORTS.contains(&port)
+}
 
 /// Where a shoot's control plane listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,12 +129,12 @@ impl ShootEndpoint {
         }
         let ports = self.sockets().map(|(_, s)| s.port());
         for (i, p) in ports.iter().enumerate() {
-            if (STANDBY_PORT_BASE..STANDBY_PORT_BASE + 2000).contains(p) {
+            if STANDBY_ETCD_PORTS.contains(p) {
                 return Err(SeedError::InvalidSpec {
                     field: "endpoint ports".into(),
                     reason: format!(
                         "port {p} is among the hot standbys' etcd ports {STANDBY_PORT_BASE}-{}; choose another",
-                        STANDBY_PORT_BASE + 1999
+                        STANDBY_ETCD_PORTS.end - 1
                     ),
                 });
             }

@@ -348,8 +348,7 @@ impl Seed for LocalSeed {
             // standby's ports): nothing else may hold the shoot's sockets,
             // which the relays take (a relay that cannot listen only exits)
             let running = self.running_components(&spec.shoot).await;
-            let relays = [Component::EtcdForwarder, Component::ApiForwarder];
-            if !relays.iter().any(|c| running.contains(c)) {
+            if !supervision::RELAYS.iter().any(|(r, _)| running.contains(r)) {
                 check_ports(spec)?;
             }
             return self.start_missing(spec, &supervision::SHOOT_ORDER).await;

@@ -59,7 +59,7 @@ impl LocalExecutor {
     }
 
     /// Lets the guards run their program until `fence_at_ms` (0: stop now).
-    pub(super) fn guard_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
+    fn guard_until(&self, shoot: &str, fence_at_ms: u64) -> Result<(), RingError> {
         Ok(seed::lease_file::record(
             &self.layout(shoot),
             fence_at_ms,

@@ -371,9 +371,9 @@ fn never_served(running: &[Component]) -> bool {
 /// [`seed::ShootEndpoint::standby_ports`]).
 fn standby_slot(spec: &seed::ControlPlaneSpec, url: &str) -> Option<u64> {
     let port: u16 = url.rsplit_once(':')?.1.trim_end_matches('/').parse().ok()?;
-    let base = seed::endpoint::STANDBY_PORT_BASE;
-    let off = port.checked_sub(base)?;
-    (off < 2000 && off % 2 == 1 && url.contains(&spec.endpoint.address.to_string()))
+    let ports = seed::endpoint::STANDBY_ETCD_PORTS;
+    let off = port.checked_sub(ports.start)?;
+    (ports.contains(&port) && off % 2 == 1 && url.contains(&spec.endpoint.address.to_string()))
         .then_some(u64::from(off / 2))
 }
 

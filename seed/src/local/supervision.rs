@@ -45,6 +45,24 @@ pub(super) const SHOOT_ORDER: [Component; 6] = [
     Component::KubeScheduler,
 ];
 
+/// Each relay of a promoted standby with the component it leads the shoot's
+/// address to: it starts and stops with that component.
+pub(super) const RELAYS: [(Component, Component); 2] = [
+    (Component::EtcdForwarder, Component::Etcd),
+    (Component::ApiForwarder, Component::KubeApiserver),
+];
+
+/// `only` with the relays of the components it names (see [`RELAYS`]).
+fn with_relays(only: &[Component]) -> Vec<Component> {
+    let mut out = only.to_vec();
+    for (relay, to) in RELAYS {
+        if only.contains(&to) && !out.contains(&relay) {
+            out.push(relay);
+        }
+    }
+    out
+}
+
 /// Tells the starts of this process apart (see [`Running::generation`]).
 static GENERATIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -215,16 +233,7 @@ impl LocalSeed {
     /// nothing running, a start of just those.
     pub async fn start_missing(&self, spec: &ControlPlaneSpec, only: &[Component]) -> Result<()> {
         // a relay comes with what it leads to, as it stops with it
-        let mut with_relays = only.to_vec();
-        for (relay, to) in [
-            (Component::EtcdForwarder, Component::Etcd),
-            (Component::ApiForwarder, Component::KubeApiserver),
-        ] {
-            if only.contains(&to) && !only.contains(&relay) {
-                with_relays.push(relay);
-            }
-        }
-        self.start_missing_of(spec, &with_relays).await
+        self.start_missing_of(spec, &with_relays(only)).await
     }
 
     /// [`LocalSeed::start_missing`] of exactly `only` (no relay unless
@@ -409,12 +418,8 @@ impl LocalSeed {
         let Some(r) = running.get_mut(shoot) else {
             return Ok(());
         };
-        let stops = |c: &Component| {
-            only.contains(c)
-                || (*c == Component::ApiForwarder && only.contains(&Component::KubeApiserver))
-                || (*c == Component::EtcdForwarder && only.contains(&Component::Etcd))
-        };
-        for c in SHOOT_ORDER.iter().rev().filter(|c| stops(c)) {
+        let stops = with_relays(only);
+        for c in SHOOT_ORDER.iter().rev().filter(|c| stops.contains(c)) {
             if let Some(t) = r.tokens.remove(c) {
                 t.cancel();
             }

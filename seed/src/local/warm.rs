@@ -14,11 +14,11 @@
 //! while the old host's lease still runs out, on the standby's ports only
 //! (the old host may hold the shoot's own until its guard fences it), so
 //! the warm kube-apiserver finds it again where it was and is ready when the
-//! lease ends. The shoot's addresses then reach them through one relay under
-//! the lease guard (`ring-agent guard -- ring-agent forward`): `ADDR:6443`
-//! (in every kubeconfig) to the warm kube-apiserver, which holds new
-//! connections while the API is away, and etcd's client and peer ports to
-//! the promoted etcd's. etcd runs under the lease guard too, fenced at a
+//! lease ends. The shoot's addresses then reach them through two relays
+//! under the lease guard (`ring-agent guard -- ring-agent forward`):
+//! `ADDR:6443` (in every kubeconfig) to the warm kube-apiserver, which holds
+//! new connections while the API is away, and etcd's client and peer ports
+//! to the promoted etcd's (a relay of its own, which stops with etcd). etcd runs under the lease guard too, fenced at a
 //! provisional time until the new epoch's lease renews it, so a lapsed lease
 //! stops the control plane whatever ringd does.
 
@@ -302,9 +302,9 @@ mod tests {
 
     /// Promoted: etcd serves on the standby's ports only (the warm
     /// kube-apiserver reads there; the old host may hold the shoot's),
-    /// kube-apiserver is the warm one, one relay under the lease guard leads
-    /// the shoot's API, etcd client and etcd peer ports to them, and the warm
-    /// kube-apiserver itself runs outside the guard.
+    /// kube-apiserver is the warm one, two relays under the lease guard lead
+    /// the shoot's API address and its etcd client and peer ports to them,
+    /// and the warm kube-apiserver itself runs outside the guard.
     #[test]
     fn a_promoted_standby_serves_through_its_warm_apiserver() {
         let dir = tempfile::tempdir().unwrap();
