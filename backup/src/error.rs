@@ -91,11 +91,11 @@ pub enum BackupError {
         source: std::io::Error,
     },
 
-    /// A program (etcd, etcdctl) is not installed.
+    /// A program (etcd, etcdutl) is not installed.
     #[error("{binary} not found (searched {searched}): run scripts/setup")]
     MissingBinary { binary: String, searched: String },
 
-    /// A program (etcd, etcdctl) failed.
+    /// A program (etcd, etcdutl) failed.
     #[error("{program} failed: {message}")]
     Tool { program: String, message: String },
 

@@ -1,5 +1,5 @@
-//! etcd: client connections (TLS), `etcdctl snapshot restore`, and the
-//! temporary etcd a restore replays deltas into.
+//! etcd: client connections (TLS), `etcdutl snapshot restore`, and the
+//! temporary etcd a restore replays deltas into ([`TempEtcd`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -184,19 +184,25 @@ impl Member {
     }
 }
 
-/// `etcdctl snapshot restore` of `snapshot` into the fresh `data_dir`.
-/// etcdctl does not hash the snapshot again (`--skip-hash-check`, ~2 s for
+/// `etcdutl snapshot restore` of `snapshot` into the fresh `data_dir`, a
+/// one-member cluster of `member`.
+///
+/// etcdutl does not hash the snapshot again (`--skip-hash-check`, ~2 s for
 /// 600 MiB on a machine without SHA instructions): the caller has checked
 /// it, its object's SHA-256 and etcd's own hash at its end, while it
 /// downloaded it (`restore::download::download_full`).
+///
+/// The revision is not bumped (`--bump-revision`, `--mark-compacted`): the
+/// deltas replayed next must get their recorded revisions, which the replay
+/// and its verification (revision, key count, `HashKV` at recorded
+/// revisions) check one by one; a bump here would shift them all.
 pub async fn restore_snapshot(
-    etcdctl: &Path,
+    etcdutl: &Path,
     snapshot: &Path,
     data_dir: &Path,
     member: &Member,
 ) -> Result<()> {
-    let out = tokio::process::Command::new(etcdctl)
-        .env("ETCDCTL_API", "3")
+    let out = tokio::process::Command::new(etcdutl)
         .arg("snapshot")
         .arg("restore")
         .arg(snapshot)
@@ -212,14 +218,60 @@ pub async fn restore_snapshot(
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(io_at("running", etcdctl))?;
+        .map_err(io_at("running", etcdutl))?;
     if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
         return Err(BackupError::Tool {
-            program: "etcdctl snapshot restore".into(),
-            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            program: "etcdutl snapshot restore".into(),
+            message: reason(&stderr).unwrap_or_else(|| stderr.trim().to_string()),
         });
     }
     Ok(())
+}
+
+/// Why an etcd program gave up, from what it wrote (etcd's JSON log, or
+/// etcdutl's console log and its `Error:` line): the last error it returned,
+/// else its last fatal or panic entry with that entry's error. `None` when
+/// it wrote neither. A panic's stack trace, the bulk of such output, says
+/// where and not why.
+pub fn reason(output: &str) -> Option<String> {
+    let lines: Vec<&str> = output.lines().collect();
+    if let Some(err) = lines.iter().rev().find_map(|l| l.strip_prefix("Error: ")) {
+        return Some(err.trim().to_string());
+    }
+    lines.iter().rev().find_map(|l| fatal_entry(l))
+}
+
+/// A fatal or panic entry of etcd's log (`{"level":"fatal","msg":...}`) or of
+/// etcdutl's (tab-separated: time, level, the logger's name if it has one,
+/// caller, message, fields as JSON): its message and the fields that say why.
+fn fatal_entry(line: &str) -> Option<String> {
+    let is_fatal = |level: &str| level == "fatal" || level == "panic";
+    let (msg, fields) = match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(v) if v["level"].as_str().is_some_and(is_fatal) => (v["msg"].as_str()?.to_string(), v),
+        Ok(_) => return None,
+        Err(_) => {
+            let parts: Vec<&str> = line.split('\t').collect();
+            if !parts.get(1).is_some_and(|l| is_fatal(l)) {
+                return None;
+            }
+            // the caller is the first column after the level naming a Go file
+            let caller = 2 + parts[2..].iter().position(|p| p.contains(".go:"))?;
+            let fields = parts
+                .get(caller + 2)
+                .and_then(|f| serde_json::from_str(f).ok())
+                .unwrap_or(serde_json::Value::Null);
+            (parts.get(caller + 1)?.to_string(), fields)
+        }
+    };
+    let why: Vec<&str> = ["error", "panic"]
+        .iter()
+        .filter_map(|k| fields[*k].as_str())
+        .collect();
+    Some(match why[..] {
+        [] => msg,
+        _ => format!("{msg}: {}", why.join(": ")),
+    })
 }
 
 /// A free TCP port on 127.0.0.1 (the kernel's choice).
@@ -268,309 +320,6 @@ pub fn single_member_args(
     ]
 }
 
-/// An etcd process on loopback ports, killed on drop and when the process
-/// that started it dies (parent-death signal). It speaks only TLS with client
-/// certificates, to clients and peers, from a CA made for it alone (files in
-/// a private dir next to its log, removed when it stops): another local user
-/// cannot read or write the restored data while it runs.
-pub struct TempEtcd {
-    child: Option<tokio::process::Child>,
-    /// `https://127.0.0.1:PORT`.
-    pub url: String,
-    /// Its data dir.
-    pub data_dir: PathBuf,
-    log: PathBuf,
-    tls: TempTls,
-}
-
-/// The throwaway PKI of a [`TempEtcd`].
-struct TempTls {
-    dir: PathBuf,
-}
-
-impl TempTls {
-    /// A CA, a serving (and peer) certificate for 127.0.0.1 and a client
-    /// certificate, in the private dir `dir` (made anew).
-    fn create(dir: &Path) -> Result<Self> {
-        let pki = |e: seed::SeedError| BackupError::config("temporary etcd TLS", e.to_string());
-        let _ = std::fs::remove_dir_all(dir);
-        seed::pki::create_private_dir(dir).map_err(pki)?;
-        let (ca, ca_key) = seed::pki::new_ca("ring temporary etcd").map_err(pki)?;
-        let leaf = |name: &str, server: bool| {
-            let spec = seed::pki::LeafSpec {
-                common_name: name,
-                organizations: &[],
-                ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
-                dns_names: Vec::new(),
-                server,
-                client: true,
-            };
-            seed::pki::issue(&ca, &ca_key, &spec).map_err(pki)
-        };
-        let (server, server_key) = leaf("temporary etcd", true)?;
-        let (client, client_key) = leaf("restore", false)?;
-        let files = [
-            ("ca.crt", &ca),
-            ("server.crt", &server),
-            ("server.key", &server_key),
-            ("client.crt", &client),
-            ("client.key", &client_key),
-        ];
-        for (name, pem) in files {
-            seed::pki::write_scratch(&dir.join(name), pem.as_bytes()).map_err(pki)?;
-        }
-        Ok(TempTls {
-            dir: dir.to_path_buf(),
-        })
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// etcd's flags: TLS and client certificates for clients and peers.
-    fn args(&self) -> Vec<String> {
-        let f = |n: &str| self.file(n).display().to_string();
-        vec![
-            format!("--cert-file={}", f("server.crt")),
-            format!("--key-file={}", f("server.key")),
-            "--client-cert-auth=true".into(),
-            format!("--trusted-ca-file={}", f("ca.crt")),
-            format!("--peer-cert-file={}", f("server.crt")),
-            format!("--peer-key-file={}", f("server.key")),
-            "--peer-client-cert-auth=true".into(),
-            format!("--peer-trusted-ca-file={}", f("ca.crt")),
-        ]
-    }
-
-    /// How a client reaches `url` with the client certificate.
-    fn client_config(&self, url: &str) -> EtcdConfig {
-        EtcdConfig {
-            endpoints: vec![url.to_string()],
-            ca_file: Some(self.file("ca.crt")),
-            cert_file: Some(self.file("client.crt")),
-            key_file: Some(self.file("client.key")),
-            server_name: None,
-        }
-    }
-}
-
-impl Drop for TempTls {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl TempEtcd {
-    /// Starts etcd on `data_dir` (existing data is kept; a new one gets `name`),
-    /// logging to `log`, and waits until it answers.
-    pub async fn start(etcd: &Path, data_dir: &Path, name: &str, log: &Path) -> Result<Self> {
-        Self::start_with(etcd, data_dir, name, log, &[], &[]).await
-    }
-
-    /// [`TempEtcd::start`] for a replay: etcd does not fsync (`--unsafe-no-fsync`;
-    /// a crash loses what it wrote, so [`sync_tree`] the data dir once it has
-    /// stopped before anything relies on it), a transaction may carry as
-    /// many operations as one recorded revision holds, and it applies a long
-    /// log in small backend batches. With `snapshot_at` (the last entry of
-    /// the log handed to it), etcd takes one raft snapshot once it has
-    /// applied that far, if it starts from the log's first entry (the restore
-    /// removed etcdctl's snapshot file): the next etcd on this data learns
-    /// its membership from it and elects itself at once (restarted on a log
-    /// alone, etcd 3.4 waits out a whole election timeout, 1–2 s, before it
-    /// serves).
-    pub async fn start_unsynced(
-        etcd: &Path,
-        data_dir: &Path,
-        name: &str,
-        log: &Path,
-        snapshot_at: Option<u64>,
-    ) -> Result<Self> {
-        let mut extra = vec![
-            "--unsafe-no-fsync".to_string(),
-            "--max-txn-ops=100000".to_string(),
-            // etcd commits its backend every 1,000 applied entries instead of
-            // 10,000: it starts and applies a log of 100,000 revisions in ~5 s
-            // instead of ~9 s (a large uncommitted bbolt transaction makes every
-            // insert slower; 100,000 made it 80 s)
-            "--backend-batch-limit=1000".to_string(),
-            // alone, it elects itself at once instead of after ~0.6 s
-            "--heartbeat-interval=10".to_string(),
-            "--election-timeout=100".to_string(),
-        ];
-        if let Some(last) = snapshot_at {
-            // etcd snapshots when it applied more than this many entries
-            // since its last snapshot (none: index 0)
-            extra.push(format!(
-                "--snapshot-count={}",
-                last.saturating_sub(1).max(1)
-            ));
-        }
-        // Go's collector runs a quarter as often: applying a log of 100,000
-        // revisions took ~1.3 s less (8.3 s to 6.9 s from start to serving,
-        // peak RSS 1.1 to 1.6 GiB with a 646 MiB database); a short log, as a
-        // failover's, keeps a small heap either way
-        let env = [("GOGC", "400")];
-        Self::start_with(etcd, data_dir, name, log, &extra, &env).await
-    }
-
-    /// [`TempEtcd::start`] on a member's existing data with
-    /// `--force-new-cluster`: every other member is removed and this one
-    /// serves alone (a standby's promotion, [`crate::standby::promote`]).
-    pub async fn start_alone(etcd: &Path, data_dir: &Path, name: &str, log: &Path) -> Result<Self> {
-        Self::start_with(
-            etcd,
-            data_dir,
-            name,
-            log,
-            &[
-                "--force-new-cluster".to_string(),
-                // alone, it need not wait a second or two for its election
-                "--heartbeat-interval=20".to_string(),
-                "--election-timeout=100".to_string(),
-                // a snapshot of the one-member configuration: the member it
-                // leaves starts as the only voter and campaigns at once
-                "--snapshot-count=1".to_string(),
-            ],
-            &[],
-        )
-        .await
-    }
-
-    async fn start_with(
-        etcd: &Path,
-        data_dir: &Path,
-        name: &str,
-        log: &Path,
-        extra: &[String],
-        env: &[(&str, &str)],
-    ) -> Result<Self> {
-        let mut last = String::new();
-        let tls_dir = log.with_file_name(format!(
-            ".{}.tls",
-            log.file_name()
-                .map_or("etcd".into(), |n| n.to_string_lossy())
-        ));
-        for _attempt in 0..3 {
-            let tls = TempTls::create(&tls_dir)?;
-            let ports = free_ports(2)?;
-            let (client_port, peer_port) = (ports[0], ports[1]);
-            let url = format!("https://127.0.0.1:{client_port}");
-            let peer = format!("https://127.0.0.1:{peer_port}");
-            let logfile = std::fs::File::create(log).map_err(io_at("creating", log))?;
-            let mut cmd = tokio::process::Command::new(etcd);
-            cmd.args(single_member_args(name, data_dir, &url, &peer))
-                .args(tls.args())
-                .args(extra)
-                .envs(env.iter().copied())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(logfile))
-                .kill_on_drop(true);
-            // a killed restore (ringd, ringctl, an init container) takes its
-            // etcd with it: nothing else would ever stop it
-            let parent = std::process::id();
-            // SAFETY: die_with_parent makes only async-signal-safe calls.
-            unsafe {
-                cmd.pre_exec(move || seed::process::die_with_parent(parent));
-            }
-            let child = cmd.spawn().map_err(io_at("starting", etcd))?;
-            let mut me = TempEtcd {
-                child: Some(child),
-                url,
-                data_dir: data_dir.to_path_buf(),
-                log: log.to_path_buf(),
-                tls,
-            };
-            match me.wait_ready(Duration::from_secs(30)).await {
-                Ok(()) => return Ok(me),
-                Err(e) => {
-                    last = e;
-                    me.stop().await;
-                }
-            }
-        }
-        Err(BackupError::Tool {
-            program: "etcd".into(),
-            message: last,
-        })
-    }
-
-    async fn wait_ready(&mut self, timeout: Duration) -> std::result::Result<(), String> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(child) = &mut self.child {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!(
-                        "etcd exited ({status}); last lines of {}:\n{}",
-                        self.log.display(),
-                        seed::ShootLayout::tail(&self.log, 10)
-                    ));
-                }
-            }
-            if let Ok(mut c) = connect(&self.config()).await {
-                if tokio::time::timeout(Duration::from_secs(2), c.status())
-                    .await
-                    .is_ok_and(|r| r.is_ok())
-                {
-                    return Ok(());
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "etcd did not answer on {} within {timeout:?}; last lines of {}:\n{}",
-                    self.url,
-                    self.log.display(),
-                    seed::ShootLayout::tail(&self.log, 10)
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// A client of this etcd.
-    pub async fn client(&self) -> Result<Client> {
-        connect(&self.config()).await
-    }
-
-    /// How to reach this etcd (its URL, CA and client certificate).
-    pub fn config(&self) -> EtcdConfig {
-        self.tls.client_config(&self.url)
-    }
-
-    /// The process id while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
-    }
-
-    /// Stops etcd: SIGTERM, then SIGKILL after 10 s.
-    pub async fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Some(pid) = child.id() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        if tokio::time::timeout(Duration::from_secs(10), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.kill().await;
-        }
-    }
-}
-
-impl Drop for TempEtcd {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.start_kill();
-        }
-    }
-}
-
 /// Flushes every file and directory under `dir` to disk (after an etcd
 /// that did not fsync has stopped).
 pub fn sync_tree(dir: &Path) -> std::io::Result<()> {
@@ -591,6 +340,10 @@ pub fn sync_tree(dir: &Path) -> std::io::Result<()> {
 pub fn is_lease_taken(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::FailedPrecondition)
 }
+
+#[path = "etcd_temp.rs"]
+mod temp;
+pub use temp::TempEtcd;
 
 #[cfg(test)]
 #[path = "etcd_tests.rs"]

@@ -45,3 +45,36 @@ fn only_out_of_range_means_compacted() {
     assert!(is_lease_taken(&taken) && !is_compacted(&taken));
     assert!(!is_lease_taken(&compacted));
 }
+
+/// What etcd and etcdutl write when they give up, as they write it.
+#[test]
+fn the_reason_is_the_error_or_the_last_fatal_entry_not_the_stack() {
+    let etcd = concat!(
+        r#"{"level":"info","ts":"2026-01-01T00:00:00Z","caller":"etcdserver/server.go:1","msg":"starting"}"#,
+        "\n",
+        r#"{"level":"panic","ts":"2026-01-01T00:00:00Z","caller":"schedule/schedule.go:202","msg":"execute job failed","job":"server_applyAll","panic":"unmarshal should never fail (proto: cannot parse invalid wire-format data)","stacktrace":"go.etcd.io/etcd/pkg/v3/schedule.(*fifo).executeJob.func1"}"#,
+        "\npanic: execute job failed [recovered]\n\ngoroutine 190 [running]:\nmain.main()\n",
+    );
+    assert_eq!(
+        reason(etcd).as_deref(),
+        Some("execute job failed: unmarshal should never fail (proto: cannot parse invalid wire-format data)")
+    );
+    let etcdutl = concat!(
+        "2026-01-01T00:00:00Z\tinfo\tsnapshot/v3_snapshot.go:306\trestoring snapshot\t{\"path\": \"bad.db\"}\n",
+        "2026-01-01T00:00:00Z\terror\tbbolt\tbbolt@v1.5.0/db.go:297\tboth meta pages are invalid\n",
+        "2026-01-01T00:00:00Z\tpanic\tbackend/backend.go:215\tfailed to open database\t{\"path\": \"db\", \"error\": \"invalid database\"}\n",
+        "go.etcd.io/etcd/server/v3/storage/backend.newBackend\n\tbackend.go:215\npanic: failed to open database\n\ngoroutine 1 [running]:\n",
+    );
+    assert_eq!(
+        reason(etcdutl).as_deref(),
+        Some("failed to open database: invalid database")
+    );
+    let named = "2026-01-01T00:00:00Z\tfatal\tbbolt\tbbolt@v1.5.0/db.go:1\tno room\n";
+    assert_eq!(reason(named).as_deref(), Some("no room"));
+    let returned = "2026-01-01T00:00:00Z\tinfo\tsnapshot/v3_snapshot.go:306\trestoring snapshot\nError: expected sha256 [1 2], got [3 4]\n";
+    assert_eq!(
+        reason(returned).as_deref(),
+        Some("expected sha256 [1 2], got [3 4]")
+    );
+    assert_eq!(reason("no structure here\nat all\n"), None);
+}

@@ -1,6 +1,6 @@
-//! etcd 3.4's write-ahead log format (`wal/encoder.go`, `wal/decoder.go`):
-//! the records, their frames and the CRC chain, and a checked scan of one
-//! log file. Two users: a restore appends recorded revisions to a fresh log
+//! etcd's write-ahead log format (`server/storage/wal/encoder.go`,
+//! `decoder.go`, `wal.go`): the records, their frames and the CRC chain, and
+//! a checked scan of one log file. Two users: a restore appends recorded revisions to a fresh log
 //! ([`crate::restore`]), a standby's promotion raises the log's commit to its
 //! last entry ([`crate::standby`]).
 //!
@@ -9,6 +9,8 @@
 //! bytes; a record's CRC is CRC-32C over its data, chained from the previous
 //! record's; a CRC record starts a file (carrying the chain from the file
 //! before) and a zero length ends the data (the rest is preallocated).
+//! A snapshot record marks the raft snapshot etcd starts from: etcd reads
+//! the entries after the newest one whose index is committed.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +23,7 @@ use crate::{BackupError, Result};
 pub(crate) const ENTRY: i64 = 2;
 pub(crate) const STATE: i64 = 3;
 pub(crate) const CRC: i64 = 4;
+pub(crate) const SNAPSHOT: i64 = 5;
 
 /// `walpb.Record`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -57,6 +60,15 @@ pub(crate) struct HardState {
     pub commit: u64,
 }
 
+/// `walpb.Snapshot` (its `ConfState` left out: only its position is read).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Snapshot {
+    #[prost(uint64, tag = "1")]
+    pub index: u64,
+    #[prost(uint64, tag = "2")]
+    pub term: u64,
+}
+
 /// One framed record (8-byte length, record, padding).
 pub(crate) fn frame(out: &mut Vec<u8>, rec: &Record) {
     let data = rec.encode_to_vec();
@@ -86,7 +98,7 @@ pub(crate) fn chained(out: &mut Vec<u8>, crc: &mut u32, r#type: i64, data: Vec<u
 /// A damaged log file.
 pub(crate) fn corrupt(file: &Path, why: impl std::fmt::Display) -> BackupError {
     BackupError::Restore(format!(
-        "the write-ahead log {} is damaged or not etcd 3.4's: {why}",
+        "the write-ahead log {} is damaged or not in etcd's format: {why}",
         file.display()
     ))
 }
@@ -98,14 +110,14 @@ pub(crate) struct Scan {
     pub end: usize,
     /// The CRC of the last record (the next one chains from it).
     pub crc: u32,
-    /// The index of the first entry record, if the file holds any.
-    pub first_index: Option<u64>,
     /// The index of the last entry record, if the file holds any.
     pub last_index: Option<u64>,
     /// The file holds a normal entry with data (a request).
     pub requests: bool,
     /// The last raft state record, if any.
     pub state: Option<HardState>,
+    /// The index of the last snapshot record, if any.
+    pub snapshot_index: Option<u64>,
 }
 
 /// Reads the records of one log file, checking the CRC chain from the file's
@@ -114,10 +126,10 @@ pub(crate) fn scan(file: &Path, bytes: &[u8]) -> Result<Scan> {
     let mut s = Scan {
         end: 0,
         crc: 0,
-        first_index: None,
         last_index: None,
         requests: false,
         state: None,
+        snapshot_index: None,
     };
     while let Some(head) = bytes.get(s.end..s.end + 8) {
         let len_field = u64::from_le_bytes(head.try_into().unwrap_or_default());
@@ -147,12 +159,15 @@ pub(crate) fn scan(file: &Path, bytes: &[u8]) -> Result<Scan> {
             ENTRY => {
                 let e = Entry::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?;
                 s.requests |= e.r#type == 0 && !e.data.is_empty();
-                s.first_index.get_or_insert(e.index);
                 s.last_index = Some(e.index);
             }
             STATE => {
                 s.state =
                     Some(HardState::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?)
+            }
+            SNAPSHOT => {
+                let snap = Snapshot::decode(rec.data.as_slice()).map_err(|e| corrupt(file, e))?;
+                s.snapshot_index = Some(snap.index);
             }
             _ => {}
         }
@@ -245,6 +260,11 @@ pub(crate) mod tests {
         .encode_to_vec()
     }
 
+    /// A snapshot record's data at `index` (term 1).
+    pub(crate) fn snapshot(index: u64) -> Vec<u8> {
+        Snapshot { index, term: 1 }.encode_to_vec()
+    }
+
     pub(crate) fn state(commit: u64) -> Vec<u8> {
         HardState {
             term: 1,
@@ -303,10 +323,12 @@ pub(crate) mod tests {
                 (ENTRY, entry(1, vec![1])),
                 (ENTRY, entry(2, b"put".to_vec())),
                 (STATE, state(1)),
+                (SNAPSHOT, snapshot(1)),
             ],
         );
         let s = scan(file, &bytes).unwrap();
         assert_eq!(s.last_index, Some(2));
+        assert_eq!(s.snapshot_index, Some(1));
         assert!(s.requests);
         assert_eq!(s.state.map(|st| st.commit), Some(1));
         assert_eq!(s.end, bytes.len() - 64);

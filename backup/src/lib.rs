@@ -9,7 +9,7 @@
 //! - Objects live under one prefix per shoot with self-describing names, so the
 //!   [`catalog`] is rebuilt from a bucket listing alone ([`bucket`]).
 //! - [`restore`] picks the newest full snapshot at or before the target,
-//!   restores it with `etcdctl snapshot restore`, replays the deltas into a
+//!   restores it with `etcdutl snapshot restore`, replays the deltas into a
 //!   temporary etcd revision by revision and verifies revision, key count and
 //!   `HashKV`; it is an explicit state machine with a pure `step`, so a rerun
 //!   resumes.

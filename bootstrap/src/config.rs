@@ -12,7 +12,7 @@
 //! ports: { address: 127.0.0.1, base: 17100 }
 //! timing: { electionTimeoutMs: 1000, failureWindowMs: 3000, leaseMs: 6000, relinkAfterMs: 60000 }
 //!          # the defaults; `protection: standby` without it: 750, 2000, 4000
-//! deprecatedApis: off      # or `served`: kube-apiservers also serve 1.20's deprecated betas
+//! deprecatedApis: off      # or `served`: kube-apiservers also serve their release's betas
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -181,11 +181,12 @@ pub struct RingConfig {
     /// (a hot standby on the seed that would take it over; local seeds).
     #[serde(default)]
     pub protection: ringd::config::Protection,
-    /// Whether the shoots' kube-apiservers serve the beta API versions that
-    /// Kubernetes 1.20 deprecated and 1.22 removes (`rbac.../v1beta1`,
-    /// `extensions/v1beta1` Ingress, ...): `off` (default; every control
-    /// plane starts faster and smaller) or `served`, for manifests that still
-    /// use them.
+    /// Whether the shoots' kube-apiservers serve the beta API versions
+    /// their release still has besides the GA ones
+    /// (`seed::apis::DEPRECATED_BETA_VERSIONS`: `resource.k8s.io/v1beta2`,
+    /// `coordination.k8s.io/v1beta1`, ...): `off` (default, as
+    /// kube-apiserver's own; every control plane starts faster and smaller)
+    /// or `served`, for manifests that still use them.
     #[serde(default)]
     pub deprecated_apis: seed::DeprecatedApis,
 }

@@ -373,6 +373,12 @@ pub struct NodeReport {
     /// Every containerd shim of the node (one per pod), summed.
     pub shims_rss_mib: f64,
     pub shims: usize,
+    /// The kubelet's version, as the shoot's Node object reports it.
+    pub kubelet_version: Option<String>,
+    /// The container runtime's (`containerd://v2.4.2`), likewise.
+    pub runtime_version: Option<String>,
+    /// The machine's cgroups, as the node's status says.
+    pub cgroups: Option<String>,
 }
 
 /// The nodes of a local ring, with their state and memory.
@@ -415,6 +421,13 @@ pub fn report(layout: &RingLayout, config: &RingConfig) -> Vec<NodeReport> {
                 containerd_rss_mib: mib(pid_rss(Component::Containerd)),
                 shims_rss_mib: mib(shims_kib),
                 shims: shims.len(),
+                kubelet_version: status
+                    .as_ref()
+                    .and_then(|s| s.registration.kubelet_version.clone()),
+                runtime_version: status
+                    .as_ref()
+                    .and_then(|s| s.registration.container_runtime_version.clone()),
+                cgroups: status.as_ref().and_then(|s| s.cgroups.clone()),
             })
         })
         .collect()
@@ -453,6 +466,37 @@ pub fn render(reports: &[NodeReport]) -> String {
         if let Some(p) = &r.problem {
             out.push_str(&format!("    {}: {p}\n", r.node));
         }
+    }
+    out
+}
+
+/// The nodes' kubelet and runtime versions, one line per combination, and
+/// the machine's cgroups once (the same for every node of a local ring).
+pub fn render_versions(reports: &[NodeReport]) -> String {
+    let mut by_versions: std::collections::BTreeMap<(String, String), Vec<&str>> =
+        Default::default();
+    for r in reports {
+        let kubelet = r.kubelet_version.clone().unwrap_or_else(|| "-".into());
+        let runtime = r.runtime_version.clone().unwrap_or_else(|| "-".into());
+        by_versions
+            .entry((kubelet, runtime))
+            .or_default()
+            .push(&r.node);
+    }
+    let mut out = String::from(
+        "
+node versions (kubelet, runtime: nodes):
+",
+    );
+    for ((kubelet, runtime), nodes) in by_versions {
+        out += &format!(
+            "  {kubelet}, {runtime}: {}
+",
+            nodes.join(", ")
+        );
+    }
+    if let Some(c) = reports.iter().find_map(|r| r.cgroups.as_deref()) {
+        out += &format!("  cgroups {c}\n");
     }
     out
 }

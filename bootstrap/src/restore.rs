@@ -216,11 +216,11 @@ async fn restore_shoot(
     let search = seed::BinarySearch::standard(None);
     let bins = search.control_plane().map_err(RingError::from)?;
     let etcd = search.find("etcd").map_err(RingError::from)?;
-    let etcdctl = search.find("etcdctl").map_err(RingError::from)?;
+    let etcdutl = search.find("etcdutl").map_err(RingError::from)?;
     let seed = seed::LocalSeed::new(layout.seed_dir(host), bins);
     let cancel = tokio_util::sync::CancellationToken::new();
     let report =
-        ringd::executor::restore_from_bucket(bucket, &seed, shoot, &etcd, &etcdctl, &cancel)
+        ringd::executor::restore_from_bucket(bucket, &seed, shoot, &etcd, &etcdutl, &cancel)
             .await?;
     let done = ShootRestore {
         shoot: shoot.to_string(),

@@ -63,6 +63,9 @@ pub(crate) enum Command {
     /// import into a containerd.
     #[command(subcommand)]
     Images(images::ImagesCommand),
+    /// Versions: ringctl's, the pinned Kubernetes, etcd and containerd, what the programs on
+    /// this machine say, and each shoot's and node's of the local ring in --ring-dir.
+    Version(RingDirArgs),
 }
 
 #[derive(Subcommand)]
@@ -268,6 +271,9 @@ pub(crate) struct StatusView {
     /// Where each control plane runs (pods or processes), for a local ring.
     #[serde(rename = "controlPlanes", skip_serializing_if = "Vec::is_empty")]
     pub(crate) control_planes: Vec<bootstrap::selfhost::Hosting>,
+    /// Each shoot's Kubernetes version (its kube-apiserver's `/version`), for a local ring.
+    #[serde(rename = "shootVersions", skip_serializing_if = "Vec::is_empty")]
+    pub(crate) shoot_versions: Vec<crate::commands::version::ShootVersion>,
 }
 
 #[derive(Subcommand)]
@@ -397,9 +403,9 @@ pub(crate) enum BenchCommand {
     Migrate(MigrateBenchArgs),
     /// Failover RTO: kill -9 of a seed until the restored control plane answers (median of N).
     Failover(FailoverBenchArgs),
-    /// Full snapshot speed and memory vs etcdctl, restore of full + deltas vs etcdctl, backup lag.
+    /// Full snapshot speed and memory vs etcdctl, restore of full + deltas vs etcdutl, backup lag.
     Backup(crate::backup::BenchArgs),
-    /// Restore of a large full snapshot + many delta events, verified, vs etcdctl restoring the full.
+    /// Restore of a large full snapshot + many delta events, verified, vs etcdutl restoring the full.
     Restore(crate::backup::RestoreBenchArgs),
 }
 

@@ -164,11 +164,12 @@ fn ringd_next_to_ringctl() -> anyhow::Result<PathBuf> {
 
 /// The images as a table: image, reference, digest, size, archive.
 fn render(built: &[BuiltImage]) -> String {
-    let mut t = table(&["IMAGE", "REF", "DIGEST", "SIZE", "ARCHIVE"]);
+    let mut t = table(&["IMAGE", "REF", "VERSIONS", "DIGEST", "SIZE", "ARCHIVE"]);
     for b in built {
         t.add_row(vec![
             b.name.clone(),
             b.reference.clone(),
+            seed::images::versions_text(&b.versions),
             b.digest.clone(),
             format!("{:.1} MiB", b.size as f64 / (1024.0 * 1024.0)),
             b.archive.display().to_string(),

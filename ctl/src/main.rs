@@ -44,6 +44,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Leave(args) => ring::leave(args, format).await,
         Command::Migrate(args) => ring::migrate(args, format).await,
         Command::Restore(args) => ring::restore(args, format).await,
+        Command::Version(args) => commands::version::version(args, format).await,
     }
 }
 

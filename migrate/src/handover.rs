@@ -205,8 +205,11 @@ pub fn restored(layout: &ShootLayout) -> bool {
 }
 
 /// Restores the fetched snapshot into a fresh etcd data dir (an old one is kept
-/// aside) with `etcdctl snapshot restore`, which also checks the snapshot's hash.
-pub async fn restore(layout: &ShootLayout, spec: &ControlPlaneSpec, etcdctl: &Path) -> Result<()> {
+/// aside) with `etcdutl snapshot restore`, which also checks the snapshot's
+/// hash. The revision stays the source's (no `--bump-revision`): the source
+/// took the snapshot after its writers stopped, so no client saw a later
+/// revision, and [`verify`] reads `HashKV` at exactly that revision.
+pub async fn restore(layout: &ShootLayout, spec: &ControlPlaneSpec, etcdutl: &Path) -> Result<()> {
     let err = |message: String| MigrateError::Restore {
         shoot: spec.shoot.clone(),
         message,
@@ -222,8 +225,7 @@ pub async fn restore(layout: &ShootLayout, spec: &ControlPlaneSpec, etcdctl: &Pa
         std::fs::rename(&data, &aside).map_err(io(format!("moving {} aside", data.display())))?;
     }
     let peer = spec.endpoint.etcd_peer_url();
-    let out = tokio::process::Command::new(etcdctl)
-        .env("ETCDCTL_API", "3")
+    let out = tokio::process::Command::new(etcdutl)
         .arg("snapshot")
         .arg("restore")
         .arg(snapshot_path(layout))
@@ -234,12 +236,11 @@ pub async fn restore(layout: &ShootLayout, spec: &ControlPlaneSpec, etcdctl: &Pa
         .arg(format!("--initial-advertise-peer-urls={peer}"))
         .output()
         .await
-        .map_err(io(format!("running {}", etcdctl.display())))?;
+        .map_err(io(format!("running {}", etcdutl.display())))?;
     if !out.status.success() {
-        return Err(err(format!(
-            "etcdctl snapshot restore: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let why = backup::etcd::reason(&stderr).unwrap_or_else(|| stderr.trim().to_string());
+        return Err(err(format!("etcdutl snapshot restore: {why}")));
     }
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700));

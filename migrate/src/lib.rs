@@ -7,7 +7,7 @@
 //!   scheduler) while etcd keeps running, takes the final snapshot at etcd's
 //!   final revision (with its `HashKV`), stops etcd, and reports the handover;
 //! - the **target** fetches the shoot's PKI, spec and snapshot, restores the
-//!   snapshot into a fresh data dir with `etcdctl snapshot restore`, starts the
+//!   snapshot into a fresh data dir with `etcdutl snapshot restore`, starts the
 //!   control plane on the shoot's unchanged endpoint, and verifies that etcd's
 //!   `HashKV` at the snapshot's revision is the source's.
 
@@ -30,7 +30,7 @@ pub enum MigrateError {
         #[source]
         source: std::io::Error,
     },
-    /// `etcdctl snapshot restore` failed.
+    /// `etcdutl snapshot restore` failed.
     #[error("restoring shoot {shoot}: {message}")]
     Restore { shoot: String, message: String },
     /// The restored data is not what the source had.

@@ -192,7 +192,7 @@ pub struct SeedConfig {
     /// each shoot's first node address). Default: the shoot's loopback address.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub api_advertise: std::collections::BTreeMap<String, std::net::Ipv4Addr>,
-    /// Whether the kube-apiservers this member hosts serve the deprecated
+    /// Whether the kube-apiservers this member hosts serve their release's
     /// beta API versions [default: off]. The same on every member of a ring
     /// (a shoot's API must not change when its control plane moves).
     #[serde(default)]

@@ -148,6 +148,8 @@ pub(crate) async fn report_health(shared: Arc<Shared>, stop: CancellationToken) 
                 ready: h.ready,
                 detail: h.detail.clone(),
                 revision: shared.backups.seen_revision(s).unwrap_or(0),
+                kubernetes_version: h.versions.kubernetes.clone().unwrap_or_default(),
+                etcd_version: h.versions.etcd.clone().unwrap_or_default(),
             })
             .collect();
         if v.leader_id == v.id {

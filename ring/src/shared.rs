@@ -53,6 +53,8 @@ pub struct Hosted {
     pub etcd_peers: Option<Vec<Option<u64>>>,
     /// Whether the shoot's etcd had a quorum when it had peers (last health check).
     pub etcd_quorum: Option<bool>,
+    /// What its control plane runs, as the last health check found.
+    pub versions: seed::Versions,
 }
 
 /// State shared by the daemon's tasks and gRPC services.
@@ -316,6 +318,9 @@ impl Shared {
             .values()
             .map(|p| {
                 let backup = v.state.backups.get(&p.shoot);
+                let reported = reports
+                    .get(&p.host)
+                    .and_then(|(_, shoots)| shoots.iter().find(|s| s.shoot == p.shoot));
                 PlacementStatus {
                     shoot: p.shoot.clone(),
                     host: p.host.clone(),
@@ -326,10 +331,8 @@ impl Shared {
                         .map(|l| l.expires_at_ms as i64 - now as i64),
                     last_backup_age_ms: backup.map(|b| now.saturating_sub(b.at_ms)),
                     last_backup_revision: backup.map(|b| b.revision),
-                    ready: reports
-                        .get(&p.host)
-                        .and_then(|(_, shoots)| shoots.iter().find(|s| s.shoot == p.shoot))
-                        .map(|s| s.ready),
+                    ready: reported.map(|s| s.ready),
+                    versions: reported.map(reported_versions).unwrap_or_default(),
                     standby: p.standby.clone(),
                 }
             })
@@ -354,7 +357,17 @@ impl Shared {
                     }
                 }),
                 detail: h.detail.clone(),
+                versions: h.versions.clone(),
             })
             .collect()
+    }
+}
+
+/// The versions a host reported with a shoot's health (empty: unknown).
+fn reported_versions(s: &ShootHealth) -> seed::Versions {
+    let known = |v: &str| (!v.is_empty()).then(|| v.to_string());
+    seed::Versions {
+        kubernetes: known(&s.kubernetes_version),
+        etcd: known(&s.etcd_version),
     }
 }

@@ -42,6 +42,9 @@ pub struct PlacementStatus {
     pub last_backup_revision: Option<u64>,
     /// Health reported by the host (leader's view only).
     pub ready: Option<bool>,
+    /// What its control plane runs, as the host reported (leader's view only).
+    #[serde(default)]
+    pub versions: seed::Versions,
     /// The hot standby (protection `standby`): its member and whether it votes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<crate::state::Standby>,
@@ -61,6 +64,9 @@ pub struct HostedStatus {
     pub lease_valid_for_ms: Option<i64>,
     /// Why it is not serving, when it is not.
     pub detail: String,
+    /// What its control plane runs, as the last health check found.
+    #[serde(default)]
+    pub versions: seed::Versions,
 }
 
 /// The answering member's view.
@@ -170,6 +176,8 @@ pub fn render(s: &RingStatus) -> String {
         "EPOCH",
         "LEASE ENDS IN",
         "READY",
+        "KUBERNETES",
+        "ETCD",
         "LAST BACKUP",
         "STANDBY",
     ]);
@@ -181,6 +189,8 @@ pub fn render(s: &RingStatus) -> String {
             ms(p.lease_expires_in_ms),
             p.ready
                 .map_or("-".into(), |r| if r { "yes".into() } else { "no".into() }),
+            p.versions.kubernetes.clone().unwrap_or_else(|| "-".into()),
+            p.versions.etcd.clone().unwrap_or_else(|| "-".into()),
             p.last_backup_age_ms
                 .map_or("-".into(), |v| format!("{:.1}s ago", v as f64 / 1000.0)),
             standby_cell(s.protection, p.standby.as_ref()),
@@ -299,6 +309,10 @@ mod tests {
             last_backup_age_ms: None,
             last_backup_revision: None,
             ready: Some(true),
+            versions: seed::Versions {
+                kubernetes: Some("v1.37.2".into()),
+                etcd: Some("3.7.3".into()),
+            },
             standby: standby.map(|(member, ready)| Standby {
                 member: member.into(),
                 ready,
@@ -359,6 +373,9 @@ mod tests {
         assert_eq!(s.degraded(), vec!["b", "c"]);
         let out = render(&s);
         assert!(out.contains("m2 (votes)"), "{out}");
+        // what each control plane runs, as its host reported
+        let row = out.lines().find(|l| l.contains("m2 (votes)")).unwrap();
+        assert!(row.contains("v1.37.2") && row.contains("3.7.3"), "{row}");
         assert!(out.contains("m3 (joining: backup only)"), "{out}");
         assert!(out.contains("none: backup only"), "{out}");
         let mut warm = placements.clone();

@@ -1,45 +1,38 @@
 //! Which API versions a shoot's kube-apiserver serves.
 //!
-//! Kubernetes 1.20 serves, next to each GA API, the beta versions that it
-//! deprecated and that 1.22 removes. Building their OpenAPI spec is a large
-//! part of every kube-apiserver start, and so of every failover and move of a
-//! control plane (`ringctl bench controlplane` prints both variants side by
-//! side). Ring serves only the current versions unless a ring asks for the
-//! deprecated ones (`deprecatedApis: served` in the Ring config), for
-//! manifests that still use them.
+//! Kubernetes 1.37 serves its GA versions and, by default, no beta: the betas
+//! it still has are off until `--runtime-config` turns them on. Building
+//! their OpenAPI spec is part of every kube-apiserver start, and so of every
+//! failover and move of a control plane (`ringctl bench controlplane` prints
+//! both variants side by side). Ring serves only the GA versions unless a
+//! ring asks for the betas too (`deprecatedApis: served` in the Ring config),
+//! for manifests that still use them.
 
 use serde::{Deserialize, Serialize};
 
-/// The beta group-versions of Kubernetes 1.20 that have a GA (or, for
-/// `autoscaling/v2beta1`, a newer) twin serving the same resources. The betas
-/// without one (CronJob, PodDisruptionBudget, PodSecurityPolicy,
-/// EndpointSlice, API priority and fairness) are always served.
-pub const DEPRECATED_BETA_VERSIONS: [&str; 15] = [
+/// The beta group-versions with resources that Kubernetes 1.37 can serve
+/// (each has a GA twin or is a feature still in beta); kube-apiserver serves
+/// none of them unless `--runtime-config` asks. The betas 1.20 served by
+/// default (`rbac.../v1beta1`, `extensions/v1beta1`, `policy/v1beta1`, ...)
+/// are gone: asking for them would make kube-apiserver refuse to start.
+pub const DEPRECATED_BETA_VERSIONS: [&str; 6] = [
     "admissionregistration.k8s.io/v1beta1",
-    "apiextensions.k8s.io/v1beta1",
-    "apiregistration.k8s.io/v1beta1",
-    "authentication.k8s.io/v1beta1",
-    "authorization.k8s.io/v1beta1",
-    "autoscaling/v2beta1",
     "certificates.k8s.io/v1beta1",
     "coordination.k8s.io/v1beta1",
-    "events.k8s.io/v1beta1",
-    "extensions/v1beta1",
-    "networking.k8s.io/v1beta1",
-    "node.k8s.io/v1beta1",
-    "rbac.authorization.k8s.io/v1beta1",
-    "scheduling.k8s.io/v1beta1",
-    "storage.k8s.io/v1beta1",
+    "resource.k8s.io/v1beta1",
+    "resource.k8s.io/v1beta2",
+    "storagemigration.k8s.io/v1beta1",
 ];
 
-/// Whether the deprecated beta versions ([`DEPRECATED_BETA_VERSIONS`]) are served.
+/// Whether the beta versions ([`DEPRECATED_BETA_VERSIONS`]) are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum DeprecatedApis {
-    /// Not served (the default): kube-apiserver starts faster and smaller.
+    /// Not served (the default, as kube-apiserver's own): it starts faster
+    /// and smaller.
     #[default]
     Off,
-    /// Served, as kube-apiserver 1.20 does by default.
+    /// Served besides the GA versions.
     Served,
 }
 
@@ -47,13 +40,13 @@ impl DeprecatedApis {
     /// kube-apiserver's flags for this choice.
     pub fn apiserver_args(self) -> Vec<String> {
         match self {
-            DeprecatedApis::Served => Vec::new(),
-            DeprecatedApis::Off => {
-                let off: Vec<String> = DEPRECATED_BETA_VERSIONS
+            DeprecatedApis::Off => Vec::new(),
+            DeprecatedApis::Served => {
+                let on: Vec<String> = DEPRECATED_BETA_VERSIONS
                     .iter()
-                    .map(|gv| format!("{gv}=false"))
+                    .map(|gv| format!("{gv}=true"))
                     .collect();
-                vec![format!("--runtime-config={}", off.join(","))]
+                vec![format!("--runtime-config={}", on.join(","))]
             }
         }
     }
@@ -73,20 +66,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn off_turns_every_deprecated_beta_off_and_served_adds_nothing() {
-        let args = DeprecatedApis::Off.apiserver_args();
+    fn served_turns_every_beta_on_and_off_adds_nothing() {
+        let args = DeprecatedApis::Served.apiserver_args();
         assert_eq!(args.len(), 1);
         let value = args[0].strip_prefix("--runtime-config=").unwrap();
-        let off: Vec<&str> = value.split(',').collect();
-        assert_eq!(off.len(), DEPRECATED_BETA_VERSIONS.len());
-        assert!(off.iter().all(|gv| gv.ends_with("=false")), "{off:?}");
-        assert!(off.contains(&"rbac.authorization.k8s.io/v1beta1=false"));
-        assert!(!value.contains("batch/"), "CronJob's beta stays: {value}");
+        let on: Vec<&str> = value.split(',').collect();
+        assert_eq!(on.len(), DEPRECATED_BETA_VERSIONS.len());
+        assert!(on.iter().all(|gv| gv.ends_with("=true")), "{on:?}");
+        assert!(on.contains(&"resource.k8s.io/v1beta2=true"));
         assert!(
             !value.contains("policy/"),
-            "PodDisruptionBudget's beta stays"
+            "removed in 1.25: asking for it fails the start"
         );
-        assert!(DeprecatedApis::Served.apiserver_args().is_empty());
+        assert!(DeprecatedApis::Off.apiserver_args().is_empty());
         assert_eq!(DeprecatedApis::default(), DeprecatedApis::Off);
     }
 }

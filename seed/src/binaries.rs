@@ -4,8 +4,15 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Result, SeedError};
 
-/// The Kubernetes version whose binaries `scripts/setup` builds and caches.
-pub const K8S_VERSION: &str = "v1.20.2";
+/// The Kubernetes version whose binaries `scripts/setup` builds and caches
+/// (pinned in `deps/kubernetes/go.mod`; a test checks the two agree).
+pub const K8S_VERSION: &str = "v1.37.2";
+
+/// The etcd version `scripts/setup` builds (pinned in `deps/etcd/go.mod`).
+pub const ETCD_VERSION: &str = "v3.7.3";
+
+/// The containerd version `scripts/setup` builds (pinned in `deps/containerd/go.mod`).
+pub const CONTAINERD_VERSION: &str = "v2.4.2";
 
 /// Paths of the four programs of a hosted control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +31,7 @@ pub struct BinarySearch {
 
 impl BinarySearch {
     /// The standard order: the configured directory, `RING_BIN_DIR`, the setup cache
-    /// (`$RING_CACHE` or `~/.cache/ring`, then `k8s-v1.20.2/bin`), then `PATH`.
+    /// (`$RING_CACHE` or `~/.cache/ring`, then `bin`), then `PATH`.
     pub fn standard(configured: Option<&Path>) -> Self {
         let mut dirs = Vec::new();
         if let Some(dir) = configured {
@@ -33,7 +40,7 @@ impl BinarySearch {
         if let Some(dir) = std::env::var_os("RING_BIN_DIR").filter(|d| !d.is_empty()) {
             dirs.push(PathBuf::from(dir));
         }
-        dirs.push(cache_dir().join(format!("k8s-{K8S_VERSION}")).join("bin"));
+        dirs.push(cache_bin_dir());
         if let Some(path) = std::env::var_os("PATH") {
             dirs.extend(std::env::split_paths(&path));
         }
@@ -88,6 +95,17 @@ impl BinarySearch {
     }
 }
 
+/// The first word of `text` that reads as a version (`v1.37.2`, `3.7.3`):
+/// what a program's `--version` says of itself.
+pub fn version_word(text: &str) -> Option<&str> {
+    text.split_whitespace().find(|w| {
+        let mut parts = w.trim_start_matches('v').split('.');
+        let numeric =
+            |p: Option<&str>| p.is_some_and(|p| p.starts_with(|c: char| c.is_ascii_digit()));
+        numeric(parts.next()) && numeric(parts.next())
+    })
+}
+
 /// `$RING_CACHE`, else `~/.cache/ring`: where `scripts/setup` keeps what it builds.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("RING_CACHE").filter(|d| !d.is_empty()) {
@@ -95,6 +113,16 @@ pub fn cache_dir() -> PathBuf {
     }
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     PathBuf::from(home).join(".cache").join("ring")
+}
+
+/// Where `scripts/setup` links the programs it builds from `deps/`.
+pub fn cache_bin_dir() -> PathBuf {
+    cache_dir().join("bin")
+}
+
+/// Where `scripts/setup` links the CNI plugins it builds.
+pub fn cache_cni_dir() -> PathBuf {
+    cache_dir().join("cni").join("bin")
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -118,6 +146,60 @@ mod tests {
         assert!(msg.starts_with("etcd not found"), "{msg}");
         assert!(msg.contains("scripts/setup"), "{msg}");
         assert!(msg.contains(&empty.path().display().to_string()), "{msg}");
+    }
+
+    /// The version a committed pin (`deps/NAME/go.mod`) requires of `module`.
+    fn pinned(go_mod: &str, module: &str) -> Option<String> {
+        go_mod.lines().find_map(|l| {
+            let mut words = l.split_whitespace();
+            let first = words.next()?;
+            let (m, v) = match first {
+                "require" => (words.next()?, words.next()?),
+                _ => (first, words.next()?),
+            };
+            (m == module).then(|| v.to_string())
+        })
+    }
+
+    #[test]
+    fn the_versions_ring_names_are_the_pinned_ones() {
+        let pins = [
+            (
+                K8S_VERSION,
+                include_str!("../../deps/kubernetes/go.mod"),
+                "k8s.io/kubernetes",
+            ),
+            (
+                ETCD_VERSION,
+                include_str!("../../deps/etcd/go.mod"),
+                "go.etcd.io/etcd/server/v3",
+            ),
+            (
+                CONTAINERD_VERSION,
+                include_str!("../../deps/containerd/go.mod"),
+                "github.com/containerd/containerd/v2",
+            ),
+        ];
+        for (named, go_mod, module) in pins {
+            assert_eq!(pinned(go_mod, module).as_deref(), Some(named), "{module}");
+        }
+    }
+
+    #[test]
+    fn the_version_is_the_first_version_like_word() {
+        for (text, want) in [
+            ("Kubernetes v1.37.2", Some("v1.37.2")),
+            ("etcd Version: 3.7.3\nGit SHA: x", Some("3.7.3")),
+            (
+                "containerd github.com/containerd/containerd/v2 v2.4.2 ",
+                Some("v2.4.2"),
+            ),
+            ("runc version 1.5.3\nspec: 1.3.0", Some("1.5.3")),
+            ("iptables v1.8.9 (nf_tables)", Some("v1.8.9")),
+            ("no version here v2", None),
+        ] {
+            assert_eq!(version_word(text), want, "{text}");
+        }
     }
 
     #[test]

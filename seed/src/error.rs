@@ -86,6 +86,10 @@ pub enum SeedError {
     #[error("`{command}` failed: {reason}")]
     Network { command: String, reason: String },
 
+    /// The seed cluster runs a Kubernetes release older than Ring supports.
+    #[error("the seed cluster runs Kubernetes {found}, older than {oldest}, the oldest release Ring hosts control planes on; upgrade the seed cluster or choose another")]
+    UnsupportedSeedCluster { found: String, oldest: String },
+
     /// A node (containerd + kubelet + kube-proxy) cannot be set up or run.
     #[error("node {node}: {reason}")]
     Node { node: String, reason: String },

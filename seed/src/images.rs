@@ -7,7 +7,7 @@
 //! `manifest.json`, so `ctr -n k8s.io images import`, `docker load`,
 //! `podman load` and `skopeo copy oci-archive:...` all take it. The index's
 //! manifest carries the annotations `io.containerd.image.name` (the full name,
-//! e.g. `docker.io/ring/etcd:v3.4.23`) and `org.opencontainers.image.ref.name`
+//! e.g. `docker.io/ring/etcd:v3.7.3`) and `org.opencontainers.image.ref.name`
 //! (the tag), so containerd imports it under its full name.
 //!
 //! Builds are deterministic: tar entries sorted, with mtime 0 and uid/gid 0,
@@ -32,11 +32,12 @@ pub use archive::{
     blob_path, Descriptor, DockerManifest, ImageConfig, Index, Manifest, ANNOTATION_IMAGE_NAME,
     ANNOTATION_REF_NAME, CREATED,
 };
+pub use archive::{versions_text, VERSIONS_LABEL};
 pub use catalog::{catalog, ImageInputs, PAUSE_SOURCE};
 pub use ctr::{import, listed, present, NAMESPACE};
 pub use spec::{Content, ImageSpec, PATH_ENV};
 
-use crate::binaries::K8S_VERSION;
+use crate::binaries::{ETCD_VERSION, K8S_VERSION};
 use crate::error::{Result, SeedError};
 
 /// The registry every image's full name starts with (nothing is pulled from it).
@@ -49,7 +50,7 @@ pub const REPOSITORY: &str = "ring";
 pub struct ImageName {
     /// The image's name (`etcd`) and the binary it runs.
     pub name: &'static str,
-    /// Its tag (`v3.4.23`).
+    /// Its tag (`v3.7.3`).
     pub tag: &'static str,
 }
 
@@ -70,10 +71,10 @@ pub const PAUSE: ImageName = ImageName {
     name: "pause",
     tag: "3.2",
 };
-/// etcd and etcdctl; the tag is what `etcd --version` must print.
+/// etcd, etcdctl and etcdutl (restores); the tag is what `etcd --version` must print.
 pub const ETCD: ImageName = ImageName {
     name: "etcd",
-    tag: "v3.4.23",
+    tag: ETCD_VERSION,
 };
 /// kube-apiserver from the setup cache.
 pub const KUBE_APISERVER: ImageName = ImageName {
@@ -141,7 +142,7 @@ pub fn default_dir() -> PathBuf {
 pub struct BuiltImage {
     /// The image's name (`etcd`).
     pub name: String,
-    /// Its full name (`docker.io/ring/etcd:v3.4.23`).
+    /// Its full name (`docker.io/ring/etcd:v3.7.3`).
     pub reference: String,
     /// The archive (`<dir>/<name>.tar`).
     pub archive: PathBuf,
@@ -152,6 +153,9 @@ pub struct BuiltImage {
     /// Whether this build wrote the archive (false: it was up to date).
     #[serde(default)]
     pub rebuilt: bool,
+    /// Program → the version it printed when the image was built.
+    #[serde(default)]
+    pub versions: std::collections::BTreeMap<String, String>,
 }
 
 /// Builds every image of [`catalog`] into `out_dir` (skipping archives already
@@ -175,6 +179,7 @@ pub fn build(out_dir: &Path, spec: &ImageSpec) -> Result<BuiltImage> {
         digest: docs.manifest_digest(),
         size: 0,
         rebuilt: false,
+        versions: spec.versions.clone(),
     };
     if let Some(previous) = read_built(out_dir, name) {
         if previous.digest == built.digest && previous.reference == built.reference {

@@ -194,20 +194,29 @@ pub async fn readyz_within(
             message: e.to_string(),
         })?;
     let answer = tokio::time::timeout(timeout, client.request_text(req)).await;
-    Ok(match answer {
+    let mut health = match answer {
         Ok(Ok(text)) => crate::Health {
             ready: text.trim() == "ok",
             detail: text.trim().to_string(),
+            ..Default::default()
         },
         Ok(Err(e)) => crate::Health {
             ready: false,
             detail: e.to_string(),
+            ..Default::default()
         },
         Err(_) => crate::Health {
             ready: false,
             detail: format!("/readyz did not answer within {:?}", timeout),
+            ..Default::default()
         },
-    })
+    };
+    if health.ready {
+        // a ready API answers at once; one that does not is reported without
+        let version = tokio::time::timeout(timeout, client.apiserver_version()).await;
+        health.versions.kubernetes = version.ok().and_then(Result::ok).map(|v| v.git_version);
+    }
+    Ok(health)
 }
 
 #[cfg(test)]

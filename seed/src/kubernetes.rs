@@ -35,6 +35,7 @@ mod records;
 pub mod render;
 mod shoot_pki;
 mod status;
+pub mod version;
 pub mod volumes;
 
 pub use agent::{LeaseRecord, PodBackup, Wiring};
@@ -75,6 +76,8 @@ pub struct KubernetesSeed {
     forwarders: Option<forwarder::Forwarders>,
     /// Whether kube-apiservers serve the deprecated beta API versions.
     apis: crate::DeprecatedApis,
+    /// Set once the seed cluster's release was found supported.
+    version_checked: tokio::sync::OnceCell<()>,
 }
 
 impl KubernetesSeed {
@@ -136,7 +139,27 @@ impl KubernetesSeed {
             wiring: Wiring::default(),
             forwarders: None,
             apis: Default::default(),
+            version_checked: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Refuses a seed cluster older than [`version::MIN_SEED_VERSION`]
+    /// (once it answered; an unreachable one is asked again next time).
+    pub async fn check_version(&self) -> Result<()> {
+        self.version_checked
+            .get_or_try_init(|| async {
+                let info = self
+                    .client
+                    .apiserver_version()
+                    .await
+                    .map_err(|e| SeedError::Kube {
+                        shoot: "(seed cluster)".into(),
+                        message: format!("asking its version: {e}"),
+                    })?;
+                version::check(&info.major, &info.minor, &info.git_version)
+            })
+            .await
+            .map(|_| ())
     }
 
     /// Whether kube-apiservers serve the deprecated beta API versions
@@ -434,7 +457,7 @@ impl KubernetesSeed {
                 .await
                 .map_err(self.kube_err(shoot, &what))?
                 .map(|s| {
-                    let desired = s.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    let desired = s.spec.replicas.unwrap_or(1);
                     (
                         desired,
                         s.status.and_then(|s| s.ready_replicas).unwrap_or(0),
@@ -446,7 +469,7 @@ impl KubernetesSeed {
                 .await
                 .map_err(self.kube_err(shoot, &what))?
                 .map(|d| {
-                    let desired = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    let desired = d.spec.replicas.unwrap_or(1);
                     (
                         desired,
                         d.status.and_then(|s| s.ready_replicas).unwrap_or(0),
@@ -504,6 +527,7 @@ impl Seed for KubernetesSeed {
                 reason: format!("namespace {ns} would be longer than 63 characters; use a shorter shoot or ring name"),
             });
         }
+        self.check_version().await?;
         let _one_at_a_time = self.starting.lock().await;
         self.ensure_namespace(spec).await?;
         let anchor = self

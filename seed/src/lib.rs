@@ -109,12 +109,38 @@ pub struct ControlPlaneStatus {
 }
 
 /// The answer of a health check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
     /// `/readyz` answered `ok`.
     pub ready: bool,
     /// The answer, or the error.
     pub detail: String,
+    /// What the control plane runs, as far as this check found out.
+    #[serde(default)]
+    pub versions: Versions,
+}
+
+impl Health {
+    /// This answer, with etcd's version `etcd` if the control plane is ready.
+    pub fn with_etcd(mut self, etcd: impl Into<String>) -> Self {
+        if self.ready {
+            self.versions.etcd = Some(etcd.into());
+        }
+        self
+    }
+}
+
+/// The versions a control plane runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Versions {
+    /// kube-apiserver's `/version` (`v1.37.2`), asked once it is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<String>,
+    /// etcd's: what its program printed (a local seed) or its image's tag,
+    /// which the image build checked against the program (a Kubernetes seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<String>,
 }
 
 /// A seed: something that can host shoots' control planes.

@@ -68,6 +68,8 @@ pub struct LocalSeed {
     /// renewal reissuing one leaf at once could pair one's key with the
     /// other's certificate).
     files: std::sync::Mutex<()>,
+    /// What the etcd program says its version is (asked once).
+    etcd_version: tokio::sync::OnceCell<Option<String>>,
 }
 
 /// Dropping the seed stops supervising every control plane it started in
@@ -95,6 +97,7 @@ impl LocalSeed {
             apis: Default::default(),
             running: Mutex::new(HashMap::new()),
             files: std::sync::Mutex::new(()),
+            etcd_version: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -470,11 +473,36 @@ impl Seed for LocalSeed {
                 path: layout.dir,
             });
         }
-        kubeconfig::readyz(shoot, &path).await
+        let health = kubeconfig::readyz(shoot, &path).await?;
+        match self.etcd_version().await {
+            Some(v) => Ok(health.with_etcd(v)),
+            None => Ok(health),
+        }
     }
 
     async fn renew_certificates(&self, shoot: &str) -> Result<Vec<Leaf>> {
         self.renew(shoot).await
+    }
+}
+
+impl LocalSeed {
+    /// The version the etcd program this seed runs prints (`3.7.3`).
+    async fn etcd_version(&self) -> Option<String> {
+        let program = self.bins.etcd.clone();
+        self.etcd_version
+            .get_or_init(|| async move {
+                let run = tokio::process::Command::new(&program)
+                    .arg("--version")
+                    .stdin(std::process::Stdio::null())
+                    .kill_on_drop(true)
+                    .output();
+                let out = tokio::time::timeout(std::time::Duration::from_secs(5), run).await;
+                let out = out.ok()?.ok()?;
+                crate::binaries::version_word(&String::from_utf8_lossy(&out.stdout))
+                    .map(String::from)
+            })
+            .await
+            .clone()
     }
 }
 
@@ -538,10 +566,29 @@ mod tests {
             }
             assert!(s.log.starts_with(dir.path()));
         }
-        // the insecure ports are off
-        assert!(specs[1].args.contains(&"--insecure-port=0".to_string()));
-        assert!(specs[2].args.contains(&"--port=0".to_string()));
-        assert!(specs[3].args.contains(&"--port=0".to_string()));
+        // no flag the current release removed (it would refuse to start)
+        for s in &specs {
+            let removed = s.args.iter().find(|a| crate::process::is_removed_flag(a));
+            assert_eq!(removed, None, "{:?}", s.component);
+        }
+    }
+
+    /// kube-apiserver refuses a loopback address as the `kubernetes`
+    /// Service's endpoint: a shoot without nodes (loopback) publishes none,
+    /// one whose pods reach its API at a node address publishes that.
+    #[test]
+    fn only_a_routable_advertised_address_becomes_the_kubernetes_endpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ControlPlaneSpec::new("alpha");
+        let none = "--endpoint-reconciler-type=none".to_string();
+        let api = |seed: &LocalSeed| seed.component_specs(&spec)[1].args.clone();
+        let bare = LocalSeed::new(dir.path(), bins());
+        assert!(api(&bare).contains(&none));
+        let node_address = [("alpha".to_string(), "198.19.0.1".parse().unwrap())];
+        let with_nodes = LocalSeed::new(dir.path(), bins()).with_advertise(node_address.into());
+        let args = api(&with_nodes);
+        assert!(!args.contains(&none), "{args:?}");
+        assert!(args.contains(&"--advertise-address=198.19.0.1".to_string()));
     }
 
     #[test]
@@ -560,15 +607,16 @@ mod tests {
             rc.cloned().collect::<Vec<_>>()
         };
         let off = api_args(LocalSeed::new(dir.path(), bins()));
-        let off_rc = runtime_config(&off);
-        assert_eq!(off_rc, crate::DeprecatedApis::Off.apiserver_args());
-        let served = LocalSeed::new(dir.path(), bins())
+        assert!(runtime_config(&off).is_empty(), "{off:?}");
+        let on = crate::DeprecatedApis::Served.apiserver_args();
+        let served =
+            LocalSeed::new(dir.path(), bins()).with_deprecated_apis(crate::DeprecatedApis::Served);
+        assert_eq!(runtime_config(&api_args(served)), on);
+        // under the guard too (its child's arguments follow `--`)
+        let guarded = LocalSeed::new(dir.path(), bins())
             .with_guard("/bin/ring-agent".into())
             .with_deprecated_apis(crate::DeprecatedApis::Served);
-        assert!(runtime_config(&api_args(served)).is_empty());
-        // under the guard too (its child's arguments follow `--`)
-        let guarded = LocalSeed::new(dir.path(), bins()).with_guard("/bin/ring-agent".into());
-        assert_eq!(runtime_config(&api_args(guarded)), off_rc);
+        assert_eq!(runtime_config(&api_args(guarded)), on);
     }
 
     /// Under the lease guard, etcd's guard also watches etcd's data dir (a

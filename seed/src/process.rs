@@ -54,7 +54,7 @@ impl Component {
 
     /// How long the component may take to exit after SIGTERM, given the
     /// supervisor's `grace`. kube-apiserver gets at most
-    /// [`API_STOP_GRACE`]: on SIGTERM v1.20 drains until every watch ends
+    /// [`API_STOP_GRACE`]: on SIGTERM it may drain until every watch ends
     /// (kubelets and controllers keep theirs open for minutes), so a graceful
     /// stop nearly always ran into the grace, and while it drains the API is
     /// already closed: a planned migration stood still for it. Killing it
@@ -118,7 +118,7 @@ impl std::fmt::Display for Component {
 ///
 /// Both may start before their API serves (a control plane's pods start
 /// together; a moved API comes back later than its managers). With an
-/// authentication kubeconfig, kube-controller-manager v1.20 then exits at
+/// authentication kubeconfig, kube-controller-manager then exits at
 /// once ("unable to load configmap based request-header-client-ca-file"),
 /// and a pod's restarts back off 10 s, then 20 s, so a move waited up to
 /// half a minute for it. Tolerating the failed lookup, it waits in leader
@@ -131,11 +131,35 @@ pub fn manager_args(kubeconfig: &str, bind: &str, port: u16, cert_dir: &str) -> 
         "--authentication-tolerate-lookup-failure=true".into(),
         format!("--bind-address={bind}"),
         format!("--secure-port={port}"),
-        "--port=0".into(),
         format!("--cert-dir={cert_dir}"),
         "--leader-elect=true".into(),
         "--profiling=false".into(),
     ]
+}
+
+/// Flags that current Kubernetes components no longer accept (each makes the
+/// component refuse to start): the insecure ports, klog's file flags, the
+/// dockershim-era kubelet flags and the kubelet's sandbox image flag (the
+/// sandbox image is pinned in containerd's config).
+pub const REMOVED_FLAGS: [&str; 12] = [
+    "--insecure-port",
+    "--insecure-bind-address",
+    "--port",
+    "--address",
+    "--logtostderr",
+    "--alsologtostderr",
+    "--log-dir",
+    "--log-file",
+    "--container-runtime",
+    "--pod-infra-container-image",
+    "--network-plugin",
+    "--cni-bin-dir",
+];
+
+/// Whether `arg` (`--name` or `--name=value`) is one of [`REMOVED_FLAGS`].
+pub fn is_removed_flag(arg: &str) -> bool {
+    let name = arg.split('=').next().unwrap_or(arg);
+    REMOVED_FLAGS.contains(&name)
 }
 
 /// How to run one component.

@@ -44,6 +44,13 @@ pub fn etcdctl_bin() -> PathBuf {
         .unwrap_or_else(|e| panic!("{e}\nThe tests need a real etcdctl: run scripts/setup first."))
 }
 
+/// The etcdutl binary (snapshot restores), or a panic telling how to install it.
+pub fn etcdutl_bin() -> PathBuf {
+    seed::BinarySearch::standard(None)
+        .find("etcdutl")
+        .unwrap_or_else(|e| panic!("{e}\nThe tests need a real etcdutl: run scripts/setup first."))
+}
+
 impl EtcdServer {
     /// A plain-HTTP etcd.
     pub fn plain() -> Self {
@@ -184,8 +191,7 @@ impl Drop for EtcdServer {
 /// `etcdctl --endpoints URL` with the TLS flags.
 pub fn etcdctl_for(url: &str, tls: Option<&EtcdTls>) -> Command {
     let mut cmd = Command::new(etcdctl_bin());
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={url}"));
+    cmd.arg(format!("--endpoints={url}"));
     if let Some(t) = tls {
         cmd.arg(format!("--cacert={}", t.ca.display()))
             .arg(format!("--cert={}", t.cert.display()))

@@ -14,7 +14,7 @@ use backup::etcd::{Member, TempEtcd};
 use backup::restore::{RestoreOptions, RestoreReport, RestoreTarget};
 use backup::{BackupConfig, BackupError, Bucket, BucketConfig, Progress};
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
-use ring_tests::etcd::{etcd_bin, etcdctl_bin, EtcdServer};
+use ring_tests::etcd::{etcd_bin, etcdutl_bin, EtcdServer};
 use ring_tests::s3::S3Server;
 use ring_tests::*;
 use tokio::sync::watch;
@@ -29,6 +29,8 @@ mod epochs;
 mod faults;
 #[path = "backup/hosted.rs"]
 mod hosted;
+#[path = "backup/old_bucket.rs"]
+mod old_bucket;
 #[path = "backup/standby.rs"]
 mod standby;
 
@@ -160,7 +162,7 @@ fn restore_opts(
             cluster_token: format!("ring-{shoot}"),
         },
         etcd: etcd_bin(),
-        etcdctl: etcdctl_bin(),
+        etcdutl: etcdutl_bin(),
         work_dir: None,
         count_objects: false,
     }
@@ -236,17 +238,28 @@ async fn assert_counted_like_the_source(
 }
 
 /// Revisions went to etcd's log, and the restored data holds a raft
-/// snapshot (the membership) again: etcd restarted on a log alone waits out
-/// a whole election timeout before it serves.
-fn assert_starts_with_its_membership(report: &RestoreReport, data_dir: &Path) {
+/// snapshot past them: etcd reads every entry after its newest snapshot
+/// whenever it starts, so the etcd that serves the data reads none of the
+/// replayed ones again.
+fn assert_snapshot_past_the_replayed_log(report: &RestoreReport, data_dir: &Path) {
     assert!(report.revisions_from_log > 0, "{report:?}");
     let snap = data_dir.join("member").join("snap");
-    let snapshots = std::fs::read_dir(&snap)
+    // raft snapshot files are named <term>-<index>.snap, in hex
+    let newest = std::fs::read_dir(&snap)
         .expect("member/snap")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
-        .count();
-    assert!(snapshots > 0, "no raft snapshot in {}", snap.display());
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| {
+            let (_, index) = n.strip_suffix(".snap")?.split_once('-')?;
+            u64::from_str_radix(index, 16).ok()
+        })
+        .max();
+    // etcdutl's membership entry, then at least one entry per revision
+    let past = 1 + report.revisions_from_log;
+    assert!(
+        newest.is_some_and(|i| i >= past),
+        "the newest raft snapshot in {} is at {newest:?}, before the log's end (>= {past})",
+        snap.display()
+    );
 }
 
 /// The shoot's catalog, from the bucket listing.
@@ -391,7 +404,7 @@ async fn full_and_deltas_round_trip_through_s3_with_tls_and_encryption() {
         report.revisions_from_log, report.revisions_replayed,
         "{report:?}"
     );
-    assert_starts_with_its_membership(&report, &opts.data_dir);
+    assert_snapshot_past_the_replayed_log(&report, &opts.data_dir);
 
     // A wrong key and a missing key are named, never garbage.
     let mut wrong = restore_opts(

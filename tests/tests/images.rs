@@ -45,34 +45,34 @@ impl Containerd {
             assert!(seeded, "no preload of the images in {}", images.display());
         }
         let d = dir.path().display().to_string();
-        let cri = r#"plugins."io.containerd.grpc.v1.cri""#;
+        let (images, runtime) = (
+            "plugins.'io.containerd.cri.v1.images'",
+            "plugins.'io.containerd.cri.v1.runtime'",
+        );
         let config = format!(
-            r#"version = 2
+            r#"version = 4
 root = "{d}/root"
 state = "{d}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+imports = []
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
 
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "{d}/containerd.sock"
 
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "{d}/containerd.sock.ttrpc"
 
-[debug]
-  address = ""
-
-[metrics]
-  address = ""
-
-[{cri}]
-  sandbox_image = "{pause}"
-  restrict_oom_score_adj = true
-
-[{cri}.containerd]
+[{images}]
   snapshotter = "overlayfs"
 
-[{cri}.cni]
-  bin_dir = "{d}/cni/bin"
+[{images}.pinned_images]
+  sandbox = "{pause}"
+
+[{runtime}]
+  restrict_oom_score_adj = true
+
+[{runtime}.cni]
+  bin_dirs = ["{d}/cni/bin"]
   conf_dir = "{d}/cni/conf"
 
 [plugins."io.containerd.internal.v1.opt"]
@@ -84,9 +84,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         std::fs::write(&config_path, config).expect("write containerd config");
         let log = std::fs::File::create(dir.path().join("containerd.log")).expect("log file");
         let err = log.try_clone().expect("log file");
+        // `ctr run`'s shim runs the `runc` on containerd's PATH
+        let path = format!(
+            "{}:{}",
+            seed::binaries::cache_bin_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
         let child = Command::new(binary("containerd"))
             .arg("--config")
             .arg(&config_path)
+            .env("PATH", path)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -296,9 +303,11 @@ fn images_build_deterministically_import_and_run() {
         "{out}"
     );
     let out = containerd.run(&full("etcd"), "etcd", &["etcd", "--version"]);
-    assert!(out.contains("etcd Version: 3.4.23"), "{out}");
+    assert!(out.contains("etcd Version: 3.7.3"), "{out}");
     let out = containerd.run(&full("etcd"), "etcdctl", &["etcdctl", "version"]);
-    assert!(out.contains("etcdctl version: 3.4.23"), "{out}");
+    assert!(out.contains("etcdctl version: 3.7.3"), "{out}");
+    let out = containerd.run(&full("etcd"), "etcdutl", &["etcdutl", "version"]);
+    assert!(out.contains("etcdutl version: 3.7.3"), "{out}");
     let out = containerd.run(&full("kube-proxy"), "iptables", &["iptables", "--version"]);
     assert!(out.contains("nf_tables"), "{out}");
     let out = containerd.run(
@@ -306,7 +315,7 @@ fn images_build_deterministically_import_and_run() {
         "apiserver",
         &["kube-apiserver", "--version"],
     );
-    assert!(out.contains("Kubernetes v1.20.2"), "{out}");
+    assert!(out.contains("Kubernetes v1.37.2"), "{out}");
     let out = containerd.run(&full("pause"), "pause", &["pause", "-v"]);
     assert!(out.contains("pause (ring) 3.2"), "{out}");
 
@@ -331,7 +340,7 @@ fn images_build_deterministically_import_and_run() {
     }
     assert!(!listed.contains_key(&full("ringd")), "{listed:?}");
     let out = seeded.run(&full("etcd"), "preloaded", &["etcd", "--version"]);
-    assert!(out.contains("etcd Version: 3.4.23"), "{out}");
+    assert!(out.contains("etcd Version: 3.7.3"), "{out}");
     eprintln!(
         "built 7 images in {:.1}s; whole test {:.1}s",
         build_time.as_secs_f64(),

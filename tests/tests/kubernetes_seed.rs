@@ -89,7 +89,7 @@ async fn replicas(client: &kube::Client, ns: &str) -> [Option<i32>; 4] {
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let mut out = [None; 4];
-    out[0] = sts.get("etcd").await.unwrap().spec.unwrap().replicas;
+    out[0] = sts.get("etcd").await.unwrap().spec.replicas;
     for (i, name) in [
         "kube-apiserver",
         "kube-controller-manager",
@@ -98,7 +98,7 @@ async fn replicas(client: &kube::Client, ns: &str) -> [Option<i32>; 4] {
     .iter()
     .enumerate()
     {
-        out[i + 1] = deployments.get(name).await.unwrap().spec.unwrap().replicas;
+        out[i + 1] = deployments.get(name).await.unwrap().spec.replicas;
     }
     out
 }
@@ -192,7 +192,7 @@ async fn control_plane_objects_are_applied_owned_updated_scaled_and_deleted() {
     ] {
         let d = deployments.get(name).await.expect(name);
         owned_by_anchor(&d.metadata);
-        let spec = d.spec.unwrap();
+        let spec = d.spec;
         assert_eq!(spec.replicas, Some(1));
         let c = &spec.template.spec.unwrap().containers[0];
         let requests = c.resources.clone().unwrap().requests.unwrap();
@@ -203,7 +203,7 @@ async fn control_plane_objects_are_applied_owned_updated_scaled_and_deleted() {
     }
     let etcd = statefulsets.get("etcd").await.expect("etcd");
     owned_by_anchor(&etcd.metadata);
-    let claims = etcd.spec.unwrap().volume_claim_templates.unwrap();
+    let claims = etcd.spec.volume_claim_templates.unwrap();
     assert_eq!(claims[0].metadata.name.as_deref(), Some("data"));
     for name in ["etcd", "etcd-client", "kube-apiserver"] {
         owned_by_anchor(&services.get(name).await.expect(name).metadata);
@@ -226,13 +226,7 @@ async fn control_plane_objects_are_applied_owned_updated_scaled_and_deleted() {
     }
     let pdb = kubectl_json(
         &kc,
-        &[
-            "get",
-            "poddisruptionbudgets.v1beta1.policy",
-            "etcd",
-            "-n",
-            ns,
-        ],
+        &["get", "poddisruptionbudgets.v1.policy", "etcd", "-n", ns],
     );
     assert_eq!(pdb["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
@@ -284,7 +278,7 @@ async fn control_plane_objects_are_applied_owned_updated_scaled_and_deleted() {
     updated.start(&spec).await.expect("update");
     let sched = deployments.get("kube-scheduler").await.unwrap();
     assert_eq!(
-        sched.spec.unwrap().template.spec.unwrap().containers[0]
+        sched.spec.template.spec.unwrap().containers[0]
             .image
             .as_deref(),
         Some("example.org/kube-scheduler:v1.20.2-patched")
@@ -348,7 +342,7 @@ async fn control_plane_objects_are_applied_owned_updated_scaled_and_deleted() {
         &kc,
         &[
             "get",
-            "poddisruptionbudgets.v1beta1.policy",
+            "poddisruptionbudgets.v1.policy",
             "-n",
             ns,
             "-o",
@@ -460,7 +454,7 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
         .get("kube-apiserver")
         .await
         .expect("kube-apiserver Deployment");
-    assert_eq!(apiserver.spec.as_ref().unwrap().replicas, Some(1));
+    assert_eq!(apiserver.spec.replicas, Some(1));
     let managers: Vec<String> = apiserver
         .metadata
         .managed_fields
@@ -484,13 +478,13 @@ async fn ringd_hosts_its_successor_on_a_kubernetes_seed_and_removes_it_after_a_m
     // start applies the same objects again: scaled back up, nothing else changed
     ring.stop(0);
     let fenced = deployments.get("kube-apiserver").await.unwrap();
-    assert_eq!(fenced.spec.unwrap().replicas, Some(0), "fenced at shutdown");
+    assert_eq!(fenced.spec.replicas, Some(0), "fenced at shutdown");
     ring.start(0);
     wait_for("kube-apiserver scaled up again", READY, || {
         let d = deployments.clone();
         async move {
             let d = d.get("kube-apiserver").await.ok()?;
-            (d.spec?.replicas == Some(1)).then_some(d.metadata.generation)
+            (d.spec.replicas == Some(1)).then_some(d.metadata.generation)
         }
     })
     .await;

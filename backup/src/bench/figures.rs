@@ -75,7 +75,7 @@ pub(super) async fn fill_to(client: &mut Client, url: &str, mib: u64) -> Result<
 }
 
 /// Figure 2: a restore of a full snapshot plus many delta events, Ring
-/// against `etcdctl snapshot restore` of the same final data.
+/// against `etcdutl snapshot restore` of the same final data.
 pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<()> {
     let dir = opts.dir.join("restore");
     let mut e = start_etcd(&dir.join("etcd"), "bench").await?;
@@ -88,9 +88,9 @@ pub(super) async fn restore(opts: &BenchOptions, r: &mut BenchResult) -> Result<
     r.restore_events = back_up_with_deltas(&e, &dir, opts.events, base_keys, waits).await?;
 
     ring_restores(opts, &bucket, &dir, r).await?;
-    eprintln!("bench backup: etcdctl snapshot restore of the same data ...");
-    r.restore_etcdctl_secs = etcdctl_restores(opts, &mut e, &dir).await?;
-    r.restore_ratio = r.restore_ring_secs / r.restore_etcdctl_secs.max(1e-9);
+    eprintln!("bench backup: etcdutl snapshot restore of the same data ...");
+    r.restore_etcdutl_secs = etcdutl_restores(opts, &mut e, &dir).await?;
+    r.restore_ratio = r.restore_ring_secs / r.restore_etcdutl_secs.max(1e-9);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -192,23 +192,23 @@ async fn ring_restores(
 }
 
 /// The reference: `etcdctl snapshot save` of the same final data, then the
-/// median seconds of `etcdctl snapshot restore` of it (etcd is stopped first).
-async fn etcdctl_restores(opts: &BenchOptions, e: &mut TempEtcd, dir: &Path) -> Result<f64> {
+/// median seconds of `etcdutl snapshot restore` of it (etcd is stopped first).
+async fn etcdutl_restores(opts: &BenchOptions, e: &mut TempEtcd, dir: &Path) -> Result<f64> {
     let snap = dir.join("final.db");
     measure(snapshot_save_cmd(e, &snap)?).await?;
     e.stop().await;
-    etcdctl_restore_secs(&snap, dir, opts.runs).await
+    etcdutl_restore_secs(&snap, dir, opts.runs).await
 }
 
-/// The median seconds of `etcdctl snapshot restore` of `snap` into `dir`.
-pub(super) async fn etcdctl_restore_secs(snap: &Path, dir: &Path, runs: usize) -> Result<f64> {
-    let etcdctl = etcd::find_binary("etcdctl", None)?;
+/// The median seconds of `etcdutl snapshot restore` of `snap` into `dir`
+/// (it checks the snapshot's hash, as a restore by hand would).
+pub(super) async fn etcdutl_restore_secs(snap: &Path, dir: &Path, runs: usize) -> Result<f64> {
+    let etcdutl = etcd::find_binary("etcdutl", None)?;
     let mut times = Vec::new();
     for i in 0..runs.max(1) {
-        let target = dir.join(format!("etcdctl-restored-{i}"));
-        let mut cmd = Command::new(&etcdctl);
-        cmd.env("ETCDCTL_API", "3")
-            .args(["snapshot", "restore"])
+        let target = dir.join(format!("etcdutl-restored-{i}"));
+        let mut cmd = Command::new(&etcdutl);
+        cmd.args(["snapshot", "restore"])
             .arg(snap)
             .arg(format!("--data-dir={}", target.display()));
         times.push(measure(cmd).await?.0);

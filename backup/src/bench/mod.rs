@@ -5,7 +5,7 @@
 //!    snapshot`, a child process: wall time and peak RSS) against `etcdctl
 //!    snapshot save` of the same etcd.
 //! 2. A restore of a full snapshot plus many delta events (`ringctl backup
-//!    restore`, a child) against `etcdctl snapshot restore` of a snapshot that
+//!    restore`, a child) against `etcdutl snapshot restore` of a snapshot that
 //!    holds the same final data; and the events replayed per second.
 //!    (`ringctl bench restore` measures the same at scale, `restore.rs`.)
 //! 3. The backup lag under a steady write load: seconds between a put's
@@ -59,8 +59,8 @@ pub struct BenchResult {
     pub restore_base_keys: u64,
     pub restore_events: u64,
     pub restore_ring_secs: f64,
-    pub restore_etcdctl_secs: f64,
-    /// Ring's time / etcdctl's time.
+    pub restore_etcdutl_secs: f64,
+    /// Ring's time / etcdutl's time.
     pub restore_ratio: f64,
     pub replay_events_per_sec: f64,
     /// The same with the scratch space on tmpfs (`--work-dir /dev/shm/...`).
@@ -122,8 +122,8 @@ full snapshot of a {db:.0} MiB etcd ({keys} keys of 4 KiB) to file://, median of
 
 restore of a full snapshot ({bk} keys) + {ev} delta events:
   Ring (ringctl backup restore, verified)         {rt:>7.2} s   peak RSS {rrr:>6.1} MiB (with its temporary etcd)
-  etcdctl snapshot restore, same final data       {et:>7.2} s
-  ratio (Ring time / etcdctl time)                {rratio:>7.1}x
+  etcdutl snapshot restore, same final data       {et:>7.2} s
+  ratio (Ring time / etcdutl time)                {rratio:>7.1}x
   events replayed per second                      {eps:>7.0}
   Ring with --work-dir on tmpfs                   {tt:>7.2} s   {teps:.0} events/s
 
@@ -143,7 +143,7 @@ backup lag under {rate} puts/s ({puts} puts, deltas every 1 s):
         ev = r.restore_events,
         rt = r.restore_ring_secs,
         rrr = r.restore_ring_rss_mib,
-        et = r.restore_etcdctl_secs,
+        et = r.restore_etcdutl_secs,
         rratio = r.restore_ratio,
         eps = r.replay_events_per_sec,
         tt = r.restore_ring_tmpfs_secs,

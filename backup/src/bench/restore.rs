@@ -1,12 +1,12 @@
 //! `ringctl bench restore`: a restore of a large full snapshot plus many delta
-//! events, against `etcdctl snapshot restore` of the same full snapshot
+//! events, against `etcdutl snapshot restore` of the same full snapshot
 //! measured in the same run.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::figures::{back_up_with_deltas, etcdctl_restore_secs, fill_to};
+use super::figures::{back_up_with_deltas, etcdutl_restore_secs, fill_to};
 use super::median;
 use super::tools::{measure, ring_restore, snapshot_save_cmd, start_etcd};
 use crate::error::io_at;
@@ -41,9 +41,9 @@ pub struct RestoreBenchResult {
     pub ring_events_per_sec: f64,
     /// Of ringctl and the temporary etcd it runs.
     pub ring_rss_mib: f64,
-    /// `etcdctl snapshot restore` of the same full snapshot (no deltas).
-    pub etcdctl_full_secs: f64,
-    /// Ring's time / etcdctl's time.
+    /// `etcdutl snapshot restore` of the same full snapshot (no deltas).
+    pub etcdutl_full_secs: f64,
+    /// Ring's time / etcdutl's time.
     pub ratio: f64,
 }
 
@@ -65,9 +65,9 @@ pub async fn run(opts: &RestoreBenchOptions) -> Result<RestoreBenchResult> {
     r.events = back_up_with_deltas(&e, dir, opts.events, r.full_keys, (wait, wait)).await?;
     e.stop().await;
     ring_figures(opts, &dir.join("bucket"), &mut r).await?;
-    eprintln!("bench restore: etcdctl snapshot restore of the full snapshot ...");
-    r.etcdctl_full_secs = etcdctl_restore_secs(&full, dir, r.runs).await?;
-    r.ratio = r.ring_secs / r.etcdctl_full_secs.max(1e-9);
+    eprintln!("bench restore: etcdutl snapshot restore of the full snapshot ...");
+    r.etcdutl_full_secs = etcdutl_restore_secs(&full, dir, r.runs).await?;
+    r.ratio = r.ring_secs / r.etcdutl_full_secs.max(1e-9);
     Ok(r)
 }
 
@@ -100,8 +100,8 @@ pub fn render(r: &RestoreBenchResult) -> String {
 restore of a full snapshot ({db:.0} MiB, {keys} keys) + {ev} delta events, median of {runs}:
   Ring (ringctl backup restore, verified)       {rt:>7.2} s   goal <= 10 s   peak RSS {rss:.1} MiB (with its temporary etcd)
   of which the replay                           {rp:>7.2} s   {eps:>7.0} events/s   goal >= 20000
-  etcdctl snapshot restore of the full alone    {et:>7.2} s
-  ratio (Ring time / etcdctl time)              {ratio:>7.1}x
+  etcdutl snapshot restore of the full alone    {et:>7.2} s
+  ratio (Ring time / etcdutl time)              {ratio:>7.1}x
 ",
         db = r.db_mib,
         keys = r.full_keys,
@@ -111,7 +111,7 @@ restore of a full snapshot ({db:.0} MiB, {keys} keys) + {ev} delta events, media
         rss = r.ring_rss_mib,
         rp = r.ring_replay_secs,
         eps = r.ring_events_per_sec,
-        et = r.etcdctl_full_secs,
+        et = r.etcdutl_full_secs,
         ratio = r.ratio,
     )
 }

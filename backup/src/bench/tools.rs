@@ -167,8 +167,7 @@ pub(super) async fn wait_durable(
 /// `etcdctl snapshot save` of `e` into `out` (with `e`'s client certificate).
 pub(super) fn snapshot_save_cmd(e: &TempEtcd, out: &Path) -> Result<Command> {
     let mut cmd = Command::new(etcd::find_binary("etcdctl", None)?);
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", e.url))
+    cmd.arg(format!("--endpoints={}", e.url))
         .args(tls_flags(e, ["cacert", "cert", "key"]))
         .args(["snapshot", "save"])
         .arg(out);

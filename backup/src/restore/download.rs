@@ -126,7 +126,7 @@ mod tests {
     /// A full snapshot object whose frames are intact (its SHA-256 matches)
     /// but whose database does not end with etcd's hash of it is refused as
     /// corrupt while it downloads, unless its writer checked that hash:
-    /// `etcdctl snapshot restore` no longer checks it again
+    /// `etcdutl snapshot restore` no longer checks it again
     /// (`--skip-hash-check`), so this is the check.
     #[tokio::test]
     async fn a_full_snapshot_with_a_wrong_etcd_hash_is_corrupt() {

@@ -1,5 +1,5 @@
 //! Restore to a fresh data dir: the newest full snapshot at or before the
-//! target, `etcdctl snapshot restore`, a temporary etcd on loopback that the
+//! target, `etcdutl snapshot restore`, a temporary etcd on loopback that the
 //! deltas are replayed into (one transaction per recorded revision, so the
 //! revisions are etcd's own; etcd does not fsync, the data dir is synced once
 //! at the end), verification, and the data dir moved in place.
@@ -69,7 +69,8 @@ pub struct RestoreOptions {
     /// How the restored member is named (must match how its etcd is started).
     pub member: Member,
     pub etcd: PathBuf,
-    pub etcdctl: PathBuf,
+    /// `etcdutl`, which restores the full snapshot into a data dir.
+    pub etcdutl: PathBuf,
     /// Scratch space [default: `<data_dir>.restore` next to the data dir].
     pub work_dir: Option<PathBuf>,
     /// Also count the objects per resource type and take `HashKV` at the
@@ -339,7 +340,7 @@ async fn download_step(
     }
 }
 
-/// `etcdctl snapshot restore` of the downloaded snapshot into `work/data`.
+/// `etcdutl snapshot restore` of the downloaded snapshot into `work/data`.
 async fn restore_snapshot_step(
     opts: &RestoreOptions,
     work: &Path,
@@ -351,14 +352,14 @@ async fn restore_snapshot_step(
     }
     let t = Instant::now();
     etcd::restore_snapshot(
-        &opts.etcdctl,
+        &opts.etcdutl,
         &work.join("snapshot.db"),
         &data,
         &opts.member,
     )
     .await?;
     progress(&format!(
-        "etcdctl snapshot restore done in {:.1}s",
+        "etcdutl snapshot restore done in {:.1}s",
         t.elapsed().as_secs_f64()
     ));
     Ok(Outcome::SnapshotRestored)

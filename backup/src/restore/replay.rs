@@ -85,10 +85,11 @@ pub(super) async fn replay(
     let data = work.join("data");
     let t = Instant::now();
     let mut logged = log_step(opts, &data, plan, full, &mut ahead, progress, cancel).await?;
-    let snapshot_at = logged.as_ref().and_then(|l| l.last_index);
+    let snapshot_after = logged.as_ref().and_then(|l| l.snapshot_after);
     let log = work.join("etcd.log");
     let mut temp =
-        TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &log, snapshot_at).await?;
+        TempEtcd::start_unsynced(&opts.etcd, &data, &opts.member.name, &log, snapshot_after)
+            .await?;
     // etcd has applied its log once it answers
     let handed = t.elapsed().as_secs_f64();
     if logged.as_ref().is_some_and(|l| !l.requests.is_empty()) {
@@ -127,8 +128,9 @@ pub(super) struct Logged {
     requests: Requests,
     /// The full snapshot's revision (etcd's before it applies the log).
     snapshot_revision: i64,
-    /// The log's last entry, when revisions were appended to it.
-    last_index: Option<u64>,
+    /// Entries past the log's newest raft snapshot, when revisions were
+    /// appended to it.
+    snapshot_after: Option<u64>,
 }
 
 /// Appends the plan's revisions from the snapshot's on to the fresh log of
@@ -185,10 +187,10 @@ async fn log_step(
     };
     let t = Instant::now();
     let requests = wal::requests(&deltas, snapshot_revision, target);
-    let mut last_index = None;
+    let mut snapshot_after = None;
     if !requests.is_empty() {
         let last = wal::append(&tail, &requests)?;
-        last_index = Some(last);
+        snapshot_after = Some(tail.entries_past_snapshot(last));
         progress(&format!(
             "handed {} revisions ({} events) after revision {snapshot_revision} to etcd's log (entries up to {last}): {fetched}, the log written in {:.1}s",
             requests.revisions, requests.events, t.elapsed().as_secs_f64()
@@ -198,7 +200,7 @@ async fn log_step(
         deltas,
         requests,
         snapshot_revision,
-        last_index,
+        snapshot_after,
     }))
 }
 

@@ -25,7 +25,7 @@ pub enum RestoreState {
         excluded: Vec<String>,
         full: FullInfo,
     },
-    /// `etcdctl snapshot restore` made the data dir in the work dir.
+    /// `etcdutl snapshot restore` made the data dir in the work dir.
     SnapshotRestored {
         plan: Plan,
         excluded: Vec<String>,

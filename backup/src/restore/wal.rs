@@ -1,14 +1,24 @@
 //! Handing the revisions of a replay to etcd's own log: the recorded
-//! revisions are appended to the write-ahead log that `etcdctl snapshot
+//! revisions are appended to the write-ahead log that `etcdutl snapshot
 //! restore` made, as committed raft entries (one transaction per revision,
 //! lease grants before the revision that first uses a lease), so that etcd
 //! applies them itself when it starts, in order, without a request per
 //! revision. The revisions are etcd's own as with transactions sent one by
 //! one, and the same verification follows.
 //!
-//! The log format is etcd 3.4's ([`crate::etcd_wal`]). Only the single fresh log a restore
-//! makes is extended (anything else is left to the transactions); the file is
-//! written beside the log and renamed over it, so a crash leaves either log.
+//! etcdutl's log holds its membership entry (index 1, term 1), a state that
+//! commits it and a snapshot record at it; its database's applied index is
+//! 1 and holds the member. etcd starts from that snapshot record (its
+//! membership from the database), reads the entries after it, and applies
+//! those past the database's applied index: the entries appended here, at
+//! indexes 2, 3, ... of term 1, with a state that commits them all. An
+//! entry etcd cannot read fails its start ([`crate::etcd::TempEtcd`] says
+//! why), and nothing is started on such data.
+//!
+//! The log format is in [`crate::etcd_wal`]. Only the single fresh log a
+//! restore makes is extended (anything else is left to the transactions);
+//! the file is written beside the log and renamed over it, so a crash leaves
+//! either log.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,9 +28,7 @@ use prost::Message;
 use super::replay::{lease_ttl, Delta};
 use crate::delta::{EventRecord, RevisionRecord};
 use crate::error::io_at;
-use crate::etcd_wal::{
-    chained, corrupt, files, raft_snapshots, scan, Entry, HardState, ENTRY, STATE,
-};
+use crate::etcd_wal::{chained, corrupt, files, scan, Entry, HardState, ENTRY, STATE};
 use crate::Result;
 
 /// `etcdserverpb.InternalRaftRequest`, with the two requests a replay needs.
@@ -89,10 +97,9 @@ pub(super) struct LogTail {
     /// Its records (a few hundred bytes; the rest is preallocated zeros).
     head: Vec<u8>,
     crc: u32,
-    /// etcd's dir of raft snapshot files (`member/snap`), when the log holds
-    /// every entry from the first (etcdctl's membership entries among them):
-    /// etcd can start from the log alone.
-    from_the_first: Option<PathBuf>,
+    /// The index of the newest raft snapshot the log records (etcd starts
+    /// there and reads the entries after it).
+    snapshot_index: u64,
     last_index: u64,
     state: HardState,
 }
@@ -202,7 +209,7 @@ pub(super) fn requests(deltas: &[Delta], from: i64, target: i64) -> Requests {
             if r.revision < next {
                 continue; // in the snapshot, or an overlapping delta
             }
-            if r.revision != next || r.revision > target || too_large_for_the_log(r) {
+            if r.revision != next || r.revision > target {
                 return requests;
             }
             requests.push(r, &mut granted, &ttls);
@@ -210,17 +217,6 @@ pub(super) fn requests(deltas: &[Delta], from: i64, target: i64) -> Requests {
         }
     }
     requests
-}
-
-/// Whether a revision is too large for one log record (etcd refuses to start
-/// on a record of 10 MiB or more); it and the rest go as transactions.
-fn too_large_for_the_log(r: &RevisionRecord) -> bool {
-    let bytes: usize = r
-        .events
-        .iter()
-        .map(|e| e.key.len() + e.value.len() + 32)
-        .sum();
-    bytes > 8 << 20
 }
 
 /// Reads the fresh log under `data` (`member/wal`): `None` when there is not
@@ -234,34 +230,41 @@ pub(super) fn read_tail(data: &Path) -> Result<Option<LogTail>> {
     }
     let file = files.remove(0);
     let bytes = std::fs::read(&file).map_err(io_at("reading", &file))?;
-    parse(&file, &bytes, &data.join("member").join("snap"))
+    parse(&file, &bytes)
 }
 
-/// The records of one log file, checked (see [`read_tail`]); `snap` is
-/// etcd's dir of raft snapshot files beside it.
-fn parse(file: &Path, bytes: &[u8], snap: &Path) -> Result<Option<LogTail>> {
+/// The records of one log file, checked (see [`read_tail`]).
+fn parse(file: &Path, bytes: &[u8]) -> Result<Option<LogTail>> {
     let s = scan(file, bytes)?;
     let Some(state) = s.state else {
         return Err(corrupt(file, "it holds no raft state"));
     };
     let last_index = s.last_index.unwrap_or(0);
-    if s.requests || state.commit != last_index {
-        return Ok(None); // appended before, or not as etcdctl left it
+    let snapshot_index = s.snapshot_index.unwrap_or(0);
+    if s.requests || state.commit != last_index || snapshot_index > last_index {
+        return Ok(None); // appended before, or not as etcdutl left it
     }
     Ok(Some(LogTail {
         file: file.to_path_buf(),
         head: bytes[..s.end].to_vec(),
         crc: s.crc,
-        from_the_first: (s.first_index == Some(1)).then(|| snap.to_path_buf()),
+        snapshot_index,
         last_index,
         state,
     }))
 }
 
+impl LogTail {
+    /// How many entries a log that ends at `last` holds past its newest raft
+    /// snapshot: those etcd reads again whenever it starts, until it takes a
+    /// snapshot past them.
+    pub(super) fn entries_past_snapshot(&self, last: u64) -> u64 {
+        last.saturating_sub(self.snapshot_index)
+    }
+}
+
 /// Appends `requests` as committed entries after `tail` (a new file renamed
-/// over the log); returns the index of the last one. etcdctl's snapshot
-/// file goes when the log holds every entry from the first (see
-/// [`start_from_the_log`]).
+/// over the log); returns the index of the last one.
 pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
     let mut out = tail.head.clone();
     let (mut crc, mut index) = (tail.crc, tail.last_index);
@@ -286,38 +289,20 @@ pub(super) fn append(tail: &LogTail, requests: &Requests) -> Result<u64> {
     let tmp = tail.file.with_extension("wal.appending");
     std::fs::write(&tmp, &out).map_err(io_at("writing", &tmp))?;
     std::fs::rename(&tmp, &tail.file).map_err(io_at("replacing", &tail.file))?;
-    if let Some(snap) = &tail.from_the_first {
-        start_from_the_log(snap)?;
-    }
     Ok(index)
 }
 
-/// Removes the raft snapshot files in `snap` (`member/snap/*.snap`,
-/// the one `etcdctl snapshot restore` made at the index of its membership
-/// entries, which the log holds too). etcd 3.4 then starts from the log
-/// alone: it adds the member when it applies etcdctl's entry, and skips
-/// rebuilding its key index once more to recover the database "from the
-/// snapshot" (~0.4 s for a 646 MiB database, of ~4 s from start to
-/// serving). The database's applied index stays etcdctl's, so the entries
-/// after it are applied as before. A crash before etcd started changes
-/// nothing: started again, it reads the same log. The temporary etcd that
-/// applies the log takes a raft snapshot at its end
-/// ([`crate::etcd::TempEtcd::start_unsynced`]), so the etcd that serves
-/// the data later knows its membership from the start and elects itself at
-/// once.
-fn start_from_the_log(snap: &Path) -> Result<()> {
-    for path in raft_snapshots(snap)? {
-        std::fs::remove_file(&path).map_err(io_at("removing", &path))?;
-    }
-    Ok(())
-}
+#[cfg(test)]
+#[path = "wal_etcd_tests.rs"]
+mod etcd_tests;
 
 #[cfg(test)]
 mod tests {
     use super::super::replay::DEFAULT_LEASE_TTL;
     use super::*;
 
-    use crate::etcd_wal::tests::{entry, log_from, state};
+    use crate::etcd_wal::tests::{entry, log_from, snapshot, state};
+    use crate::etcd_wal::SNAPSHOT;
 
     fn log_with(records: &[(i64, Vec<u8>)]) -> Vec<u8> {
         log_from(0, records)
@@ -327,19 +312,34 @@ mod tests {
         entry(1, vec![1, 2, 3])
     }
 
+    /// The records of the log `etcdutl snapshot restore` writes: its
+    /// membership entry, the state committing it, a snapshot record at it.
+    fn etcdutl_log() -> Vec<u8> {
+        log_with(&[
+            (ENTRY, conf_entry()),
+            (STATE, state(1)),
+            (SNAPSHOT, snapshot(1)),
+        ])
+    }
+
     #[test]
-    fn a_fresh_log_is_extended_and_reads_back_committed() {
-        let dir = std::env::temp_dir().join(format!("ring-wal-{}", std::process::id()));
-        let (wal, snap) = (dir.join("member/wal"), dir.join("member/snap"));
+    fn a_fresh_log_is_extended_after_its_snapshot_and_reads_back_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, snap) = (
+            dir.path().join("member/wal"),
+            dir.path().join("member/snap"),
+        );
         let file = wal.join("0.wal");
         std::fs::create_dir_all(&wal).unwrap();
         std::fs::create_dir_all(&snap).unwrap();
-        let etcdctl_snapshot = snap.join("0000000000000001-0000000000000001.snap");
-        std::fs::write(&etcdctl_snapshot, b"membership").unwrap();
-        std::fs::write(snap.join("db"), b"the database").unwrap();
-        std::fs::write(&file, log_with(&[(ENTRY, conf_entry()), (STATE, state(1))])).unwrap();
-        let tail = read_tail(&dir).unwrap().expect("fresh");
-        assert_eq!((tail.last_index, tail.state.commit), (1, 1));
+        let etcdutl_snapshot = snap.join("0000000000000001-0000000000000001.snap");
+        std::fs::write(&etcdutl_snapshot, b"membership").unwrap();
+        std::fs::write(&file, etcdutl_log()).unwrap();
+        let tail = read_tail(dir.path()).unwrap().expect("fresh");
+        assert_eq!(
+            (tail.last_index, tail.state.commit, tail.snapshot_index),
+            (1, 1, 1)
+        );
         let mut requests = Requests::default();
         let event = |key: &str, lease| EventRecord {
             delete: false,
@@ -360,13 +360,18 @@ mod tests {
             (1, 2, 2)
         );
         assert_eq!(append(&tail, &requests).unwrap(), 3);
-        // read again: the CRC chain holds, and it is no longer fresh
-        assert!(read_tail(&dir).unwrap().is_none());
-        // etcd starts from the log (which holds the membership entry at
-        // index 1): etcdctl's snapshot file is gone, the database stays
-        assert!(!etcdctl_snapshot.exists());
-        assert!(snap.join("db").exists());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(tail.entries_past_snapshot(3), 2);
+        // read again: the CRC chain holds, the entries follow the snapshot
+        // record and are committed, and the log is no longer fresh
+        let bytes = std::fs::read(&file).unwrap();
+        let s = scan(&file, &bytes).unwrap();
+        assert_eq!(
+            (s.snapshot_index, s.last_index, s.state.map(|st| st.commit)),
+            (Some(1), Some(3), Some(3))
+        );
+        assert!(read_tail(dir.path()).unwrap().is_none());
+        // etcdutl's files beside the log stay as it wrote them
+        assert!(etcdutl_snapshot.exists());
     }
 
     #[test]
@@ -427,21 +432,23 @@ mod tests {
         let state_at = log_with(&[(ENTRY, conf_entry())]).len() - 64;
         let len = u64::from_le_bytes(bytes[state_at..state_at + 8].try_into().unwrap());
         bytes[state_at + 8 + (len & 0xff_ffff_ffff_ffff) as usize - 1] ^= 0xff;
-        let err = parse(file, &bytes, Path::new("/x/snap"))
-            .unwrap_err()
-            .to_string();
+        let err = parse(file, &bytes).unwrap_err().to_string();
         assert!(err.contains("0.wal") && err.contains("CRC"), "{err}");
         // a log whose state lags its entries is left to the transactions
         let lagging = log_with(&[(ENTRY, conf_entry()), (STATE, state(0))]);
-        assert!(parse(file, &lagging, Path::new("/x/snap"))
-            .unwrap()
-            .is_none());
-        // a log that does not hold the first entry keeps the snapshot file
-        let later = log_with(&[(ENTRY, entry(2, vec![])), (STATE, state(2))]);
-        let tail = parse(file, &later, Path::new("/x/snap"))
-            .unwrap()
-            .expect("fresh");
-        assert!(tail.from_the_first.is_none());
+        assert!(parse(file, &lagging).unwrap().is_none());
+        // and so is one whose snapshot is past its entries (entries after
+        // its last would be ones etcd holds already)
+        let past = log_with(&[
+            (ENTRY, conf_entry()),
+            (STATE, state(1)),
+            (SNAPSHOT, snapshot(4)),
+        ]);
+        assert!(parse(file, &past).unwrap().is_none());
+        // a log without a snapshot record: etcd reads it from its start
+        let bare = log_with(&[(ENTRY, conf_entry()), (STATE, state(1))]);
+        let tail = parse(file, &bare).unwrap().expect("fresh");
+        assert_eq!(tail.entries_past_snapshot(3), 3);
     }
 
     fn delta(leases: Vec<(i64, i64)>, records: Vec<RevisionRecord>) -> Delta {
@@ -515,12 +522,13 @@ mod tests {
                 1,
                 vec![],
             ),
-            // a revision too large for one log record ends it
+            // a large revision is one record too (etcd reads a record of
+            // any size that fits in its file)
             (
-                vec![delta(vec![], vec![put(5, 0, 1), put(6, 0, 9 << 20)])],
+                vec![delta(vec![], vec![put(5, 0, 1), put(6, 0, 12 << 20)])],
                 4,
                 9,
-                1,
+                2,
                 vec![],
             ),
         ];

@@ -110,7 +110,7 @@ pub struct RestoreArgs {
     /// Skip missing revisions instead of failing (the result is then not exact).
     #[arg(long)]
     pub allow_gap: bool,
-    /// Directory searched first for etcd and etcdctl.
+    /// Directory searched first for etcd and etcdutl.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
     /// Scratch space for the download and the replay (a rerun with the same

@@ -135,7 +135,7 @@ async fn restore(args: RestoreArgs, format: Format, shutdown: CancellationToken)
         allow_gap: args.allow_gap,
         member,
         etcd: backup::etcd::find_binary("etcd", args.bin_dir.as_deref())?,
-        etcdctl: backup::etcd::find_binary("etcdctl", args.bin_dir.as_deref())?,
+        etcdutl: backup::etcd::find_binary("etcdutl", args.bin_dir.as_deref())?,
         work_dir: args.work_dir.as_deref().map(absolute).transpose()?,
         count_objects: false,
     };

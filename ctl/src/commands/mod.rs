@@ -6,6 +6,7 @@ pub mod bench;
 pub mod certs;
 pub mod controlplane;
 pub mod ring;
+pub mod version;
 
 use std::path::{Path, PathBuf};
 

@@ -110,7 +110,7 @@ async fn restore(
         allow_gap: false,
         member: args.member.clone(),
         etcd: backup::etcd::find_binary("etcd", None)?,
-        etcdctl: backup::etcd::find_binary("etcdctl", None)?,
+        etcdutl: backup::etcd::find_binary("etcdutl", None)?,
         work_dir: Some(args.data_dir.with_file_name("restore-work")),
         count_objects: true,
     };

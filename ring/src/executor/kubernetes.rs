@@ -216,12 +216,19 @@ impl Executor for KubernetesExecutor {
         Ok(self.seed.renew_certificates(shoot).await?)
     }
 
-    async fn ready(&self, shoot: &str) -> bool {
-        let ready = matches!(self.seed.health(shoot).await, Ok(h) if h.ready);
-        if ready {
+    async fn health(&self, shoot: &str) -> seed::Health {
+        let health = self
+            .seed
+            .health(shoot)
+            .await
+            .unwrap_or_else(|e| seed::Health {
+                detail: e.to_string(),
+                ..Default::default()
+            });
+        if health.ready {
             self.replace_backed_off(shoot).await;
         }
-        ready
+        health
     }
 
     async fn remove(&self, shoot: &str) -> Result<(), RingError> {

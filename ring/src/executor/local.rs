@@ -95,8 +95,14 @@ impl Executor for LocalExecutor {
         Ok(self.seed.fence(shoot).await?)
     }
 
-    async fn ready(&self, shoot: &str) -> bool {
-        matches!(self.seed.health(shoot).await, Ok(h) if h.ready)
+    async fn health(&self, shoot: &str) -> seed::Health {
+        self.seed
+            .health(shoot)
+            .await
+            .unwrap_or_else(|e| seed::Health {
+                detail: e.to_string(),
+                ..Default::default()
+            })
     }
 
     async fn remove(&self, shoot: &str) -> Result<(), RingError> {
@@ -216,8 +222,8 @@ impl Mover for LocalExecutor {
 
     async fn restore_handover(&self, shoot: &str, _epoch: u64) -> Result<(), RingError> {
         let spec = self.spec(shoot)?;
-        let etcdctl = self.bins().find("etcdctl")?;
-        handover::restore(&self.layout(shoot), &spec, &etcdctl).await?;
+        let etcdutl = self.bins().find("etcdutl")?;
+        handover::restore(&self.layout(shoot), &spec, &etcdutl).await?;
         Ok(())
     }
 
@@ -228,10 +234,10 @@ impl Mover for LocalExecutor {
         bucket: &RingBucket,
     ) -> Result<backup::restore::RestoreReport, RingError> {
         let bins = self.bins();
-        let (etcd, etcdctl) = (bins.find("etcd")?, bins.find("etcdctl")?);
+        let (etcd, etcdutl) = (bins.find("etcd")?, bins.find("etcdutl")?);
         let cancel = CancellationToken::new();
         let report =
-            restore_from_bucket(bucket, &self.seed, shoot, &etcd, &etcdctl, &cancel).await?;
+            restore_from_bucket(bucket, &self.seed, shoot, &etcd, &etcdutl, &cancel).await?;
         record::write(&record::path(&self.layout(shoot)), op, &report, None)?;
         Ok(report)
     }
@@ -275,7 +281,7 @@ pub async fn restore_from_bucket(
     seed: &LocalSeed,
     shoot: &str,
     etcd: &Path,
-    etcdctl: &Path,
+    etcdutl: &Path,
     cancel: &CancellationToken,
 ) -> Result<backup::restore::RestoreReport, RingError> {
     let layout = seed.layout(shoot);
@@ -292,7 +298,7 @@ pub async fn restore_from_bucket(
         allow_gap: false,
         member: backup::etcd::Member::for_shoot(&spec),
         etcd: etcd.to_path_buf(),
-        etcdctl: etcdctl.to_path_buf(),
+        etcdutl: etcdutl.to_path_buf(),
         work_dir: Some(layout.dir.join("restore-work")),
         count_objects: false,
     };

@@ -77,8 +77,8 @@ pub trait Executor: Send + Sync {
     /// Stops serving `shoot` at once; its data stays.
     async fn fence(&self, shoot: &str) -> Result<(), RingError>;
 
-    /// Whether `shoot`'s control plane answers ready.
-    async fn ready(&self, shoot: &str) -> bool;
+    /// Whether `shoot`'s control plane answers ready, and the versions it runs.
+    async fn health(&self, shoot: &str) -> seed::Health;
 
     /// Deletes everything the seed keeps of `shoot`.
     async fn remove(&self, shoot: &str) -> Result<(), RingError>;

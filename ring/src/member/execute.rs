@@ -171,7 +171,7 @@ impl MemberLoop {
         }
         let (executor, shared) = (self.executor.clone(), self.shared.clone());
         self.spawn_once(format!("health:{shoot}"), async move {
-            let ready = executor.ready(&shoot).await;
+            let health = executor.health(&shoot).await;
             let (peers, quorum) = match (shared.config.protection, executor.standby()) {
                 (crate::config::Protection::Standby, Ok(ops)) => {
                     // an etcd that lost its quorum before it became ready
@@ -189,7 +189,8 @@ impl MemberLoop {
                 _ => (None, None),
             };
             if let Some(h) = lock(&shared.hosted).get_mut(&shoot) {
-                h.ready = ready && h.serving;
+                h.ready = health.ready && h.serving;
+                h.versions = health.versions;
                 h.etcd_peers = peers.filter(|_| h.serving);
                 h.etcd_quorum = quorum.filter(|_| h.serving);
             }

@@ -55,6 +55,7 @@ fn status(hosts: &[(&str, &str)], ready: bool) -> RingStatus {
                 last_backup_age_ms: None,
                 last_backup_revision: None,
                 ready: Some(ready),
+                versions: Default::default(),
                 standby: None,
             })
             .collect(),

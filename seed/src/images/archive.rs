@@ -295,12 +295,21 @@ pub fn platform() -> Platform {
     }
 }
 
+/// The label that names the versions of the programs inside an image.
+pub const VERSIONS_LABEL: &str = "ring.gardener.cloud/versions";
+
+/// `etcd=3.7.3 etcdctl=3.7.3 ...`: program versions as one label value.
+pub fn versions_text(versions: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = versions.iter().map(|(p, v)| format!("{p}={v}")).collect();
+    pairs.join(" ")
+}
+
 impl Documents {
     /// Config, manifest, index (annotated with the full name and the tag) and
     /// docker-save manifest for `spec` with layer `layer`.
     pub fn new(spec: &ImageSpec, layer: Blob) -> Result<Self> {
         let platform = platform();
-        let labels = BTreeMap::from([
+        let mut labels = BTreeMap::from([
             (
                 "org.opencontainers.image.title".to_string(),
                 spec.image.short(),
@@ -310,6 +319,9 @@ impl Documents {
                 spec.image.tag.to_string(),
             ),
         ]);
+        if !spec.versions.is_empty() {
+            labels.insert(VERSIONS_LABEL.to_string(), versions_text(&spec.versions));
+        }
         let config = json(&ImageConfig {
             created: CREATED.into(),
             architecture: platform.architecture.clone(),

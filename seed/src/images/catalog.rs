@@ -94,6 +94,7 @@ pub(super) fn pause(inputs: &ImageInputs) -> Result<ImageSpec> {
         },
     )?;
     spec.insert("/pause", Content::Symlink("usr/local/bin/pause".into()))?;
+    spec.versions.insert("pause".into(), PAUSE.tag.into());
     Ok(spec)
 }
 
@@ -121,14 +122,20 @@ fn compile_pause(gcc: &Path) -> Result<Vec<u8>> {
     std::fs::read(&binary).map_err(SeedError::io(&binary))
 }
 
-/// `ring/etcd`: etcd and etcdctl with their shared libraries.
+/// `ring/etcd`: etcd, etcdctl and etcdutl (a restore init container's
+/// `etcdutl snapshot restore`) with their shared libraries, if any.
 fn etcd(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     let etcd = inputs.search.find("etcd")?;
-    let etcdctl = inputs.search.find("etcdctl")?;
-    check_version(ETCD, &etcd)?;
     let mut spec = ImageSpec::new(ETCD, &["/usr/local/bin/etcd"]);
+    spec.versions
+        .insert("etcd".into(), check_version(ETCD, &etcd)?);
     spec.add_program("/usr/local/bin/etcd", &etcd, ldd)?;
-    spec.add_program("/usr/local/bin/etcdctl", &etcdctl, ldd)?;
+    for tool in ["etcdctl", "etcdutl"] {
+        let path = inputs.search.find(tool)?;
+        spec.versions
+            .insert(tool.into(), asked_version(ETCD, &path, &["version"])?);
+        spec.add_program(&format!("/usr/local/bin/{tool}"), &path, ldd)?;
+    }
     Ok(spec)
 }
 
@@ -171,9 +178,10 @@ impl Agent {
 /// A Kubernetes control-plane image: the one binary at `/usr/local/bin`.
 fn kube(inputs: &ImageInputs, ldd: &Path, image: ImageName) -> Result<ImageSpec> {
     let binary = inputs.search.find(image.name)?;
-    check_version(image, &binary)?;
+    let version = check_version(image, &binary)?;
     let at = format!("/usr/local/bin/{}", image.name);
     let mut spec = ImageSpec::new(image, &[&at]);
+    spec.versions.insert(image.name.into(), version);
     spec.add_program(&at, &binary, ldd)?;
     Ok(spec)
 }
@@ -183,6 +191,8 @@ fn kube(inputs: &ImageInputs, ldd: &Path, image: ImageName) -> Result<ImageSpec>
 fn kube_proxy(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
     let mut spec = kube(inputs, ldd, KUBE_PROXY)?;
     let xtables = inputs.search.find("xtables-nft-multi")?;
+    let iptables = asked_version(KUBE_PROXY, &xtables, &["iptables", "--version"])?;
+    spec.versions.insert("iptables".into(), iptables);
     spec.add_program("/usr/sbin/xtables-nft-multi", &xtables, ldd)?;
     for command in IPTABLES_COMMANDS {
         spec.insert(
@@ -191,6 +201,8 @@ fn kube_proxy(inputs: &ImageInputs, ldd: &Path) -> Result<ImageSpec> {
         )?;
     }
     let conntrack = inputs.search.find("conntrack")?;
+    let version = asked_version(KUBE_PROXY, &conntrack, &["--version"])?;
+    spec.versions.insert("conntrack".into(), version);
     spec.add_program("/usr/sbin/conntrack", &conntrack, ldd)?;
     let extensions = xtables_extensions(&spec)?;
     let dir = extensions.display().to_string();
@@ -259,8 +271,9 @@ pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path, objcopy: &Path) -> Result<
             ),
         });
     }
-    check_version(RINGD, ringd)?;
+    let version = check_version(RINGD, ringd)?;
     let mut spec = ImageSpec::new(RINGD, &["/usr/local/bin/ringd"]);
+    spec.versions.insert("ringd".into(), version);
     let data = host::stripped(RINGD.name, objcopy, ringd)?;
     spec.insert("/usr/local/bin/ringd", Content::Bytes { data, mode: 0o755 })?;
     spec.add_libraries(std::slice::from_ref(ringd), ldd)?;
@@ -268,8 +281,9 @@ pub(super) fn ringd(inputs: &ImageInputs, ldd: &Path, objcopy: &Path) -> Result<
     Ok(spec)
 }
 
-/// Fails unless `binary --version` prints the image's version (the tag, also without its `v`).
-fn check_version(image: ImageName, binary: &Path) -> Result<()> {
+/// The version `binary --version` prints, unless it is not the image's (the
+/// tag, also without its `v`): then why the image cannot be built.
+fn check_version(image: ImageName, binary: &Path) -> Result<String> {
     let ran = host::run_for(
         image.name,
         Command::new(binary).arg("--version"),
@@ -279,7 +293,7 @@ fn check_version(image: ImageName, binary: &Path) -> Result<()> {
     let bare = image.tag.trim_start_matches('v');
     let matches = text.split_whitespace().any(|t| t == image.tag || t == bare);
     if ran.success && matches {
-        return Ok(());
+        return Ok(image.tag.to_string());
     }
     Err(SeedError::ImageBuild {
         image: image.name.into(),
@@ -290,6 +304,29 @@ fn check_version(image: ImageName, binary: &Path) -> Result<()> {
             image.short()
         ),
     })
+}
+
+/// The first version-like word (`v1.8.9`, `3.7.3`) `binary ARGS` prints, for
+/// the record of image `image`.
+fn asked_version(image: ImageName, binary: &Path, args: &[&str]) -> Result<String> {
+    let ran = host::run_for(
+        image.name,
+        Command::new(binary).args(args),
+        Duration::from_secs(60),
+    )?;
+    let text = format!("{}{}", ran.stdout, ran.stderr);
+    match (ran.success, crate::binaries::version_word(&text)) {
+        (true, Some(v)) => Ok(v.to_string()),
+        _ => Err(SeedError::ImageBuild {
+            image: image.name.into(),
+            reason: format!(
+                "`{} {}` printed no version: {:?}",
+                binary.display(),
+                args.join(" "),
+                text.trim()
+            ),
+        }),
+    }
 }
 
 impl ImageSpec {

@@ -110,7 +110,7 @@ fn import_into(
     let socket = run.join("containerd.sock");
     let config = run.join("containerd.toml");
     let text = format!(
-        "version = 2\nroot = \"{}\"\nstate = \"{}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\n[grpc]\n  address = \"{}\"\n\n[ttrpc]\n  address = \"{}.ttrpc\"\n",
+        "version = 4\nroot = \"{}\"\nstate = \"{}\"\nimports = []\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\n[plugins.'io.containerd.server.v1.grpc']\n  address = \"{}\"\n\n[plugins.'io.containerd.server.v1.ttrpc']\n  address = \"{}.ttrpc\"\n",
         root.display(),
         run.join("state").display(),
         socket.display(),
@@ -262,6 +262,7 @@ mod tests {
             digest: digest.into(),
             size: 1,
             rebuilt: false,
+            versions: Default::default(),
         }
     }
 

@@ -33,6 +33,9 @@ pub struct ImageSpec {
     pub env: Vec<String>,
     /// Absolute path in the image → content; parent directories are implied (0755).
     pub files: BTreeMap<String, Content>,
+    /// Program → the version it printed when the image was built (a label
+    /// of the image, and `ringctl images list`'s VERSIONS).
+    pub versions: BTreeMap<String, String>,
 }
 
 impl ImageSpec {
@@ -44,6 +47,7 @@ impl ImageSpec {
             entrypoint: entrypoint.iter().map(|s| s.to_string()).collect(),
             env: vec![PATH_ENV.to_string()],
             files: BTreeMap::new(),
+            versions: BTreeMap::new(),
         };
         let text = |s: &str| Content::Bytes {
             data: s.as_bytes().to_vec(),

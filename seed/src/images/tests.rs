@@ -255,7 +255,7 @@ fn pause_compiles_deterministically_and_runs() {
 fn the_table_names_every_image_once() {
     assert_eq!(
         reference("etcd").as_deref(),
-        Some("docker.io/ring/etcd:v3.4.23")
+        Some("docker.io/ring/etcd:v3.7.3")
     );
     assert_eq!(
         reference("pause").as_deref(),

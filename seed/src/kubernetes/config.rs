@@ -36,7 +36,7 @@ pub struct Images {
 
 impl Default for Images {
     /// The images `ringctl images build` makes from the binaries the local seed
-    /// runs (etcd 3.4.23, Kubernetes v1.20.2), never pulled.
+    /// runs (etcd and Kubernetes as `scripts/setup` builds them), never pulled.
     fn default() -> Self {
         use crate::images::{ETCD, KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER};
         Images {

@@ -195,6 +195,7 @@ impl KubernetesSeed {
         Ok(Some(crate::Health {
             ready: health.ready,
             detail,
+            ..Default::default()
         }))
     }
 

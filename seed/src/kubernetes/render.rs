@@ -3,8 +3,9 @@
 //! Everything lives in the namespace `shoot--<ring>--<shoot>` and, except the
 //! anchor ConfigMap `ring-control-plane` itself, is owned by that anchor, so
 //! deleting the anchor lets the garbage collector remove the control plane.
-//! Only API versions kube-apiserver 1.20 serves are used (v1, apps/v1,
-//! policy/v1beta1).
+//! Only GA API versions are used (v1, apps/v1, policy/v1,
+//! rbac.authorization.k8s.io/v1), served by every seed cluster Ring supports
+//! (`seed::kubernetes::MIN_SEED_VERSION`).
 
 use std::collections::BTreeMap;
 
@@ -277,11 +278,10 @@ impl Renderer<'_> {
         )
     }
 
-    /// etcd's PodDisruptionBudget. policy/v1 is newer than Kubernetes 1.20, so this
-    /// is policy/v1beta1 (also why it is raw JSON, not a k8s-openapi type).
+    /// etcd's PodDisruptionBudget.
     fn etcd_pdb(&self, owner: &Owner) -> Value {
         json!({
-            "apiVersion": "policy/v1beta1",
+            "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
             "metadata": self.meta(ETCD, Some(ETCD), owner),
             // Voluntary disruptions (node drains) may take at most one etcd member at a time.
@@ -490,7 +490,6 @@ impl Renderer<'_> {
             "--advertise-address=$(POD_IP)".to_string(),
             "--bind-address=0.0.0.0".into(),
             "--secure-port=6443".into(),
-            "--insecure-port=0".into(),
             format!("--etcd-servers=https://{ETCD_CLIENT_SERVICE}.{ns}.svc:2379"),
             format!("--etcd-cafile={}", pki("ca.crt")),
             format!("--etcd-certfile={}", pki("etcd-client.crt")),

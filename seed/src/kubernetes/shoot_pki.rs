@@ -196,10 +196,7 @@ impl KubernetesSeed {
         else {
             return Ok(());
         };
-        let annotations = d
-            .spec
-            .and_then(|s| s.template.metadata)
-            .and_then(|m| m.annotations);
+        let annotations = d.spec.template.metadata.and_then(|m| m.annotations);
         if annotations
             .and_then(|a| a.get(render::KUBECONFIG_HASH).cloned())
             .as_deref()

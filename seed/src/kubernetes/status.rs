@@ -110,6 +110,7 @@ impl KubernetesSeed {
                 return Ok(Health {
                     ready: false,
                     detail: format!("{replicas}; /readyz not reachable: {why}"),
+                    ..Default::default()
                 })
             }
         };
@@ -117,6 +118,7 @@ impl KubernetesSeed {
             return Ok(Health {
                 ready: false,
                 detail: format!("{replicas}; Secret {PKI_SECRET} is missing, so there is no admin certificate to ask /readyz with"),
+                ..Default::default()
             });
         };
         // The Service (node port or cluster address) routes to the
@@ -145,6 +147,7 @@ impl KubernetesSeed {
                 detail: format!(
                     "{replicas}; /readyz at {url} not asked: no kube-apiserver container runs"
                 ),
+                ..Default::default()
             });
         }
         // An admin kubeconfig for the reachable address, from the Secret's PKI
@@ -188,13 +191,16 @@ impl KubernetesSeed {
             _ if !health.ready => Health {
                 ready: false,
                 detail: format!("{replicas}; /readyz at {url}: {}", health.detail),
+                ..Default::default()
             },
             Some(stable) => Health {
                 ready: stable.ready,
                 detail: format!("{}; {}", health.detail, stable.detail),
+                versions: health.versions,
             },
             None => health,
-        })
+        }
+        .with_etcd(crate::images::ETCD.tag))
     }
 
     /// Whether a kube-apiserver pod's container runs (its lease guard, and

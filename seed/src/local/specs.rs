@@ -114,11 +114,10 @@ pub(super) fn apiserver_args(
     let ca = pki.ca();
     let (etcd_cli, api) = (pki.leaf(Leaf::EtcdClient), pki.leaf(Leaf::ApiServer));
     let kubelet_cli = pki.leaf(Leaf::KubeletClient);
-    vec![
+    let mut args = vec![
         format!("--advertise-address={advertise}"),
         format!("--bind-address={addr}"),
         format!("--secure-port={port}"),
-        "--insecure-port=0".into(),
         format!("--etcd-servers={etcd_servers}"),
         format!("--etcd-cafile={}", p(ca.cert.clone())),
         format!("--etcd-certfile={}", p(etcd_cli.cert)),
@@ -148,7 +147,14 @@ pub(super) fn apiserver_args(
         "--profiling=false".into(),
         format!("--cert-dir={}", p(layout.run_dir(Component::KubeApiserver))),
         "--v=1".into(),
-    ]
+    ];
+    // kube-apiserver refuses to publish a loopback address as the endpoint
+    // of the `kubernetes` Service; a shoot without nodes advertises its
+    // loopback API address, and nothing in it needs that Service
+    if advertise.is_loopback() {
+        args.push("--endpoint-reconciler-type=none".into());
+    }
+    args
 }
 
 impl LocalSeed {

@@ -76,6 +76,7 @@ mod tests {
             digest: "sha256:0".into(),
             size: 1,
             rebuilt: false,
+            versions: Default::default(),
         };
         let all = || vec![built("pause"), built("etcd"), built("ringd")];
         let names = |v: Vec<BuiltImage>| v.into_iter().map(|i| i.name).collect::<Vec<_>>();

@@ -26,7 +26,7 @@ mod status;
 pub mod teardown;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -38,6 +38,9 @@ pub use status::{NodeStatus, Registration};
 
 use crate::error::{Result, SeedError};
 use crate::process::{supervise, Component, States, SupervisorTuning};
+
+/// The CNI plugins a node's pod network runs (see `render::cni_conflist`).
+const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "portmap", "loopback"];
 
 /// The pause image pods' sandboxes run (imported from the local archives).
 pub const SANDBOX_IMAGE: &str = "docker.io/ring/pause:3.2";
@@ -53,23 +56,32 @@ fn node_err(config: &NodeConfig, reason: impl Into<String>) -> SeedError {
 /// missing one and `scripts/setup`.
 pub fn find_binaries(config: &NodeConfig) -> Result<NodeBinaries> {
     let search = crate::BinarySearch::standard(config.bin_dir.as_deref());
-    let cni_bin_dir = ["/usr/lib/cni", "/opt/cni/bin"]
+    let cni_dirs = [crate::binaries::cache_cni_dir(), "/opt/cni/bin".into()];
+    let cni_bin_dir = cni_dirs
         .iter()
-        .map(PathBuf::from)
-        .find(|d| d.join("bridge").exists() && d.join("host-local").exists())
+        .find(|d| CNI_PLUGINS.iter().all(|p| d.join(p).exists()))
+        .cloned()
         .ok_or_else(|| SeedError::MissingBinary {
-            binary: "the CNI plugins bridge and host-local".into(),
-            searched: "/usr/lib/cni, /opt/cni/bin".into(),
+            binary: format!("the CNI plugins {}", CNI_PLUGINS.join(", ")),
+            searched: cni_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         })?;
-    for shim in ["containerd-shim-runc-v2", "runc"] {
-        search.find(shim)?;
-    }
     Ok(NodeBinaries {
         containerd: search.find("containerd")?,
+        shim: search.find("containerd-shim-runc-v2")?,
         kubelet: search.find("kubelet")?,
         kube_proxy: search.find("kube-proxy")?,
+        runc: search.find("runc")?,
         cni_bin_dir,
     })
+}
+
+/// Whether this machine mounts the unified cgroup v2 hierarchy.
+pub fn cgroup_v2() -> bool {
+    std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
 /// Gives this process a mount namespace of its own in which /var/log/pods is

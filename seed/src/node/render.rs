@@ -17,6 +17,11 @@ pub struct NodeBinaries {
     pub containerd: PathBuf,
     pub kubelet: PathBuf,
     pub kube_proxy: PathBuf,
+    /// containerd's runc shim (named in its config, as runc is).
+    pub shim: PathBuf,
+    /// The OCI runtime containerd's runc shim runs (named in containerd's
+    /// config: whatever `runc` the node's PATH holds is never used).
+    pub runc: PathBuf,
     /// Where the CNI plugins (bridge, host-local, portmap, loopback) are.
     pub cni_bin_dir: PathBuf,
 }
@@ -25,60 +30,68 @@ fn p(path: impl AsRef<Path>) -> String {
     path.as_ref().display().to_string()
 }
 
-/// containerd's config: its own root, state and socket; the CRI plugin with the
-/// local pause image, `restrict_oom_score_adj` (no CAP_SYS_RESOURCE here),
-/// cgroupfs, pods' network namespaces under its state dir, CNI from the node's dir.
+/// containerd's config (version 4, containerd 2.4's own): its own root, state and
+/// socket; the CRI plugin with the local pause image pinned (nothing is ever
+/// pulled), `restrict_oom_score_adj` (no CAP_SYS_RESOURCE here), cgroupfs,
+/// pods' network namespaces under its state dir, CNI from the node's dir.
 pub fn containerd_config(layout: &NodeLayout, bins: &NodeBinaries, sandbox_image: &str) -> String {
-    let cri = r#"plugins."io.containerd.grpc.v1.cri""#;
+    let images = "plugins.'io.containerd.cri.v1.images'";
+    let runtime = "plugins.'io.containerd.cri.v1.runtime'";
     format!(
         r#"# Written by ring-node; changes are overwritten at the next start.
-version = 2
+version = 4
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+imports = []
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
 
-[grpc]
+# the debug and metrics servers stay off (no address)
+[plugins.'io.containerd.server.v1.grpc']
   address = "{socket}"
 
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "{socket}.ttrpc"
 
-[debug]
-  address = ""
+[{images}]
+  snapshotter = "overlayfs"
 
-[metrics]
-  address = ""
+[{images}.pinned_images]
+  sandbox = "{sandbox_image}"
 
-[{cri}]
-  sandbox_image = "{sandbox_image}"
+[{runtime}]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
   enable_selinux = false
   max_container_log_line_size = 16384
 
-[{cri}.containerd]
-  snapshotter = "overlayfs"
+[{runtime}.containerd]
   default_runtime_name = "runc"
 
-[{cri}.containerd.runtimes.runc]
+[{runtime}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
+  runtime_path = "{shim}"
 
-[{cri}.containerd.runtimes.runc.options]
+[{runtime}.containerd.runtimes.runc.options]
   SystemdCgroup = false
+  BinaryName = "{runc}"
 
-[{cri}.cni]
-  bin_dir = "{cni_bin}"
+[{runtime}.cni]
+  bin_dirs = ["{cni_bin}"]
   conf_dir = "{cni_conf}"
   max_conf_num = 1
 
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.internal.v1.opt']
   path = "{root}/opt"
 "#,
         root = p(layout.containerd_root()),
         state = p(layout.containerd_state()),
         socket = p(layout.containerd_socket()),
+        shim = p(&bins.shim),
+        runc = p(&bins.runc),
         cni_bin = p(&bins.cni_bin_dir),
         cni_conf = p(layout.cni_conf()),
     )
@@ -123,6 +136,10 @@ pub fn kubelet_config(config: &NodeConfig, layout: &NodeLayout) -> String {
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": 10248,
         "failSwapOn": false,
+        // these machines have cgroup v1 only, which kubelet refuses by
+        // default (the node's status says so: `NodeStatus::cgroup_v1`)
+        "failCgroupV1": false,
+        "containerRuntimeEndpoint": format!("unix://{}", p(layout.containerd_socket())),
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": config.cgroup_root,
         "cgroupsPerQOS": true,
@@ -218,11 +235,6 @@ pub fn component_specs(
                     "--kubeconfig={}",
                     p(layout.config_file("kubelet.kubeconfig"))
                 ),
-                "--container-runtime=remote".into(),
-                format!(
-                    "--container-runtime-endpoint=unix://{}",
-                    p(layout.containerd_socket())
-                ),
                 format!("--root-dir={}", p(layout.kubelet_root())),
                 format!("--cert-dir={}", p(layout.kubelet_root().join("pki"))),
                 format!("--hostname-override={}", config.name),
@@ -270,7 +282,9 @@ pub(crate) mod tests {
             containerd: "/usr/bin/containerd".into(),
             kubelet: "/cache/kubelet".into(),
             kube_proxy: "/cache/kube-proxy".into(),
-            cni_bin_dir: "/usr/lib/cni".into(),
+            shim: "/cache/containerd-shim-runc-v2".into(),
+            runc: "/cache/runc".into(),
+            cni_bin_dir: "/cache/cni/bin".into(),
         }
     }
 
@@ -282,8 +296,12 @@ pub(crate) mod tests {
             "root = \"/ring/members/m1/node/containerd\"",
             "state = \"/run/ring-node/rnode-0-m1/containerd\"",
             "address = \"/run/ring-node/rnode-0-m1/containerd.sock\"",
-            "sandbox_image = \"docker.io/ring/pause:3.2\"",
+            "version = 4",
+            "sandbox = \"docker.io/ring/pause:3.2\"",
             "restrict_oom_score_adj = true",
+            "BinaryName = \"/cache/runc\"",
+            "runtime_path = \"/cache/containerd-shim-runc-v2\"",
+            "bin_dirs = [\"/cache/cni/bin\"]",
             "netns_mounts_under_state_dir = true",
             "SystemdCgroup = false",
             "conf_dir = \"/ring/members/m1/node/cni/net.d\"",
@@ -297,6 +315,11 @@ pub(crate) mod tests {
         let c = config();
         let k: serde_json::Value = serde_yaml::from_str(&kubelet_config(&c, &c.layout())).unwrap();
         assert_eq!(k["failSwapOn"], false);
+        assert_eq!(k["failCgroupV1"], false);
+        assert_eq!(
+            k["containerRuntimeEndpoint"],
+            "unix:///run/ring-node/rnode-0-m1/containerd.sock"
+        );
         assert_eq!(k["makeIPTablesUtilChains"], false);
         assert_eq!(k["cgroupDriver"], "cgroupfs");
         assert_eq!(k["cgroupRoot"], "/ring-node-rnode-0-m1");
@@ -339,10 +362,10 @@ pub(crate) mod tests {
             .all(|s| s.netns.as_deref() == Some("rnode-0-m1")));
         let kubelet = &specs[1].args;
         assert!(kubelet.contains(&"--hostname-override=m1".to_string()));
-        assert!(kubelet.contains(
-            &"--container-runtime-endpoint=unix:///run/ring-node/rnode-0-m1/containerd.sock"
-                .to_string()
-        ));
+        for s in &specs {
+            let removed = s.args.iter().find(|a| crate::process::is_removed_flag(a));
+            assert_eq!(removed, None, "{:?}", s.component);
+        }
     }
 
     #[test]
@@ -391,7 +414,7 @@ pub(crate) mod tests {
         assert_eq!(
             c.image_references(),
             [
-                "docker.io/ring/etcd:v3.4.23".to_string(),
+                "docker.io/ring/etcd:v3.7.3".to_string(),
                 format!(
                     "docker.io/ring/kube-apiserver:{}",
                     crate::binaries::K8S_VERSION

@@ -35,7 +35,7 @@ pub fn binding() -> ClusterRoleBinding {
             ..ObjectMeta::default()
         },
         role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "ClusterRole".into(),
             name: SELF_NODE_CLIENT.into(),
         },

@@ -21,6 +21,12 @@ pub struct Registration {
     pub registered: bool,
     /// Its Ready condition is True, posted by the kubelet of this run.
     pub ready: bool,
+    /// The kubelet's version, as the Node object reports it (`v1.37.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
+    /// The container runtime's, likewise (`containerd://v2.4.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_runtime_version: Option<String>,
 }
 
 /// The content of a node's `status.json`.
@@ -36,6 +42,10 @@ pub struct NodeStatus {
     pub registration: Registration,
     /// Why the node is not Ready, when it is not (certificate, endpoint, runtime).
     pub problem: Option<String>,
+    /// The machine's cgroup hierarchy (`v1`, `v2`) and, on v1, that kubelet
+    /// runs on it only with `failCgroupV1: false` (Kubernetes deprecated v1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroups: Option<String>,
     pub components: States,
     /// The serial of the kube-proxy certificate kube-proxy and the cluster
     /// DNS use (see `ringctl pki renew`).
@@ -65,6 +75,7 @@ impl Reporter {
             node: config.name.clone(),
             pid: std::process::id(),
             phase: "Starting".into(),
+            cgroups: Some(cgroups_note(super::cgroup_v2())),
             ..Default::default()
         };
         let r = Reporter {
@@ -175,6 +186,14 @@ impl Reporter {
     }
 }
 
+/// What a node's status says of the machine's cgroups.
+pub fn cgroups_note(v2: bool) -> String {
+    match v2 {
+        true => "v2".into(),
+        false => "v1: kubelet runs with failCgroupV1: false (Kubernetes deprecated cgroup v1 and refuses it by default)".into(),
+    }
+}
+
 /// Whether `conditions` say Ready with a heartbeat at or after `since` (unix
 /// seconds). Right after a restart the shoot still holds the Ready condition
 /// the previous kubelet posted (the node controller marks it Unknown only
@@ -186,7 +205,7 @@ pub fn ready_since(conditions: &[NodeCondition], since: i64) -> bool {
             && c.status == "True"
             && c.last_heartbeat_time
                 .as_ref()
-                .is_some_and(|t| t.0.timestamp() >= since)
+                .is_some_and(|t| t.0.as_second() >= since)
     })
 }
 
@@ -242,9 +261,15 @@ async fn ask_registration(
     match api.get_opt(&config.name).await {
         Ok(None) => Ok(Registration::default()),
         Ok(Some(node)) => {
-            let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
-            let ready = ready_since(&conditions, since);
-            Ok(Registration { registered: true, ready })
+            let status = node.status.unwrap_or_default();
+            let ready = ready_since(status.conditions.as_deref().unwrap_or_default(), since);
+            let info = status.node_info;
+            Ok(Registration {
+                registered: true,
+                ready,
+                kubelet_version: info.as_ref().map(|i| i.kubelet_version.clone()),
+                container_runtime_version: info.map(|i| i.container_runtime_version),
+            })
         }
         Err(kube::Error::Api(e)) if e.code == 401 => Err(format!(
             "certificate: the shoot's kube-apiserver refuses the node's certificate {} (401: not issued by the shoot's CA?); rerun `ringctl bootstrap` to issue it again",
@@ -268,7 +293,7 @@ mod tests {
             type_: type_.into(),
             status: status.into(),
             last_heartbeat_time: heartbeat
-                .map(|s| Time(k8s_openapi::chrono::DateTime::from_timestamp(s, 0).unwrap())),
+                .map(|s| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())),
             ..Default::default()
         }
     }

@@ -17,7 +17,7 @@ fn positive(v: &serde_json::Value, field: &str) -> f64 {
 }
 
 #[test]
-fn the_restore_benchmark_measures_ring_against_etcdctl() {
+fn the_restore_benchmark_measures_ring_against_etcdutl() {
     let v = bench_json(&[
         "bench", "restore", "--db-mib", "1", "--events", "300", "--runs", "1", "-o", "json",
     ]);
@@ -31,7 +31,7 @@ fn the_restore_benchmark_measures_ring_against_etcdctl() {
         "ringReplaySecs",
         "ringEventsPerSec",
         "ringRssMib",
-        "etcdctlFullSecs",
+        "etcdutlFullSecs",
         "ratio",
     ] {
         positive(&v, field);
@@ -60,7 +60,7 @@ fn the_backup_benchmark_reaches_its_tls_etcd_with_every_tool() {
         "snapshotRingSecs",
         "snapshotEtcdctlSecs",
         "restoreRingSecs",
-        "restoreEtcdctlSecs",
+        "restoreEtcdutlSecs",
         "replayEventsPerSec",
         "lagP50Secs",
     ] {

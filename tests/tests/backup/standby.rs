@@ -153,6 +153,31 @@ async fn a_promoted_standby_holds_every_write_the_killed_host_acknowledged() {
     })
     .await;
 
+    // both members hash the history alike (HashKV is each member's own)
+    let voted = revision(&mut writer_client).await;
+    let host_hash = writer_client
+        .hash_kv(voted)
+        .await
+        .expect("host HashKV")
+        .hash();
+    let standby_cfg = cfg(url(2));
+    wait_ok("the standby's HashKV is the host's", WAIT, || {
+        let c = standby_cfg.clone();
+        async move {
+            let mut client = backup::etcd::connect(&c).await.map_err(|e| e.to_string())?;
+            let hash = client
+                .hash_kv(voted)
+                .await
+                .map_err(|e| e.to_string())?
+                .hash();
+            match hash == host_hash {
+                true => Ok(()),
+                false => Err(format!("{hash:#x}, the host's {host_hash:#x}")),
+            }
+        }
+    })
+    .await;
+
     // writes, each acknowledged by the host; the host is killed the moment
     // it acknowledged the last one: the standby holds that write in its log
     // but hears that it is committed only with the host's next heartbeat
@@ -190,6 +215,8 @@ async fn a_promoted_standby_holds_every_write_the_killed_host_acknowledged() {
         .map(|m| m.peer_urls().to_vec())
         .collect();
     assert_eq!(peers, vec![vec![url(4)]], "one member, at its new peer URL");
+    let hash = c.hash_kv(voted).await.expect("promoted HashKV").hash();
+    assert_eq!(hash, host_hash, "the promoted member's history at {voted}");
     let got = c
         .get(
             "acked/",

@@ -104,7 +104,11 @@ async fn a_controller_manager_applied_while_its_api_is_held_waits_for_it_without
             let now = pods(&kc, &ns, CM);
             let text = log(&kc, &ns, CM);
             match now.as_slice() {
-                [(name, _, 0)] if text.contains("attempting to acquire leader lease") => {
+                [(name, _, 0)]
+                    if text
+                        .to_lowercase()
+                        .contains("attempting to acquire leader lease") =>
+                {
                     Ok(name.clone())
                 }
                 _ => Err(format!("pods {now:?}; log so far:\n{text}")),
