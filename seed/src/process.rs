@@ -59,10 +59,14 @@ impl Component {
     /// stop nearly always ran into the grace, and while it drains the API is
     /// already closed: a planned migration stood still for it. Killing it
     /// loses no acknowledged write (a write is acknowledged only once etcd
-    /// has committed it).
+    /// has committed it). etcd gets at most [`ETCD_STOP_GRACE`]: a member
+    /// whose peers are gone (a standby stopped to be promoted) keeps serving
+    /// its open streams after SIGTERM until the grace runs out, and a kill
+    /// loses nothing it acknowledged (its log is on disk before it answers).
     pub fn stop_grace(self, grace: Duration) -> Duration {
         match self {
             Component::KubeApiserver => grace.min(API_STOP_GRACE),
+            Component::Etcd => grace.min(ETCD_STOP_GRACE),
             _ => grace,
         }
     }
@@ -229,6 +233,9 @@ impl Backoff {
 /// The longest kube-apiserver may take to exit after SIGTERM, as a process
 /// and as a pod (see [`Component::stop_grace`]).
 pub const API_STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// The longest etcd may take to exit after SIGTERM (see [`Component::stop_grace`]).
+pub const ETCD_STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// Tuning of the component supervisor.
 #[derive(Debug, Clone, Copy)]

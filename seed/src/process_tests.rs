@@ -18,16 +18,16 @@ fn run_bounded_collects_output_larger_than_a_pipe() {
     assert!(e.to_string().contains("stderr: waiting"), "{e}");
 }
 
-/// kube-apiserver's grace is capped (its drain waits for watches);
-/// every other component gets the supervisor's.
+/// kube-apiserver's and etcd's graces are capped (they drain open
+/// streams); every other component gets the supervisor's.
 #[test]
-fn only_kube_apiserver_has_its_stop_grace_capped() {
+fn only_kube_apiserver_and_etcd_have_their_stop_grace_capped() {
     let grace = Duration::from_secs(5);
     for c in Component::ALL {
-        let want = if c == Component::KubeApiserver {
-            API_STOP_GRACE
-        } else {
-            grace
+        let want = match c {
+            Component::KubeApiserver => API_STOP_GRACE,
+            Component::Etcd => ETCD_STOP_GRACE,
+            _ => grace,
         };
         assert_eq!(c.stop_grace(grace), want, "{c:?}");
     }

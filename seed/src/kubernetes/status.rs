@@ -200,7 +200,7 @@ impl KubernetesSeed {
             },
             None => health,
         }
-        .with_etcd(crate::images::ETCD.tag))
+        .with_etcd(crate::images::ETCD.tag.trim_start_matches('v')))
     }
 
     /// Whether a kube-apiserver pod's container runs (its lease guard, and
