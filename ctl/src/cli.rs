@@ -271,9 +271,6 @@ pub(crate) struct StatusView {
     /// Where each control plane runs (pods or processes), for a local ring.
     #[serde(rename = "controlPlanes", skip_serializing_if = "Vec::is_empty")]
     pub(crate) control_planes: Vec<bootstrap::selfhost::Hosting>,
-    /// Each shoot's Kubernetes version (its kube-apiserver's `/version`), for a local ring.
-    #[serde(rename = "shootVersions", skip_serializing_if = "Vec::is_empty")]
-    pub(crate) shoot_versions: Vec<crate::commands::version::ShootVersion>,
 }
 
 #[derive(Subcommand)]

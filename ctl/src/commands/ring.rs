@@ -120,15 +120,10 @@ pub async fn status(args: RingArgs, format: Format) -> anyhow::Result<()> {
     let status = args.status().await?;
     let nodes = args.local_nodes()?;
     let control_planes = args.local_hosting(&status)?;
-    let shoot_versions = match args.local_ring()? {
-        Some((layout, _)) => super::version::shoot_versions(&layout).await,
-        None => Vec::new(),
-    };
     let view = StatusView {
         status,
         nodes,
         control_planes,
-        shoot_versions,
     };
     print(&view, format, || {
         let versions = match view.nodes.is_empty() {
@@ -137,7 +132,6 @@ pub async fn status(args: RingArgs, format: Format) -> anyhow::Result<()> {
         };
         ringd::status::render(&view.status)
             + &bootstrap::selfhost::render_hosting(&view.control_planes)
-            + &super::version::render_shoots(&view.shoot_versions)
             + &bootstrap::nodes::render(&view.nodes)
             + &versions
     })

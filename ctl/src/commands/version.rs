@@ -146,7 +146,7 @@ async fn program(search: &seed::BinarySearch, name: &'static str, args: &[&str])
 }
 
 /// Each shoot's `/version`, asked with the ring dir's kubeconfigs.
-pub async fn shoot_versions(layout: &bootstrap::RingLayout) -> Vec<ShootVersion> {
+async fn shoot_versions(layout: &bootstrap::RingLayout) -> Vec<ShootVersion> {
     let mut shoots: Vec<String> = std::fs::read_dir(layout.dir.join("kubeconfigs"))
         .map(|entries| {
             entries
@@ -213,8 +213,8 @@ fn render(v: &VersionView) -> String {
     out
 }
 
-/// The shoots' Kubernetes versions, as a section of `ringctl status` and `version`.
-pub fn render_shoots(shoots: &[ShootVersion]) -> String {
+/// The shoots' Kubernetes versions, as `ringctl version` shows them.
+fn render_shoots(shoots: &[ShootVersion]) -> String {
     if shoots.is_empty() {
         return String::new();
     }
