@@ -106,6 +106,31 @@ pub fn version_word(text: &str) -> Option<&str> {
     })
 }
 
+/// What `program ARGS` says its version is ([`version_word`] of its stdout
+/// and stderr), within `timeout`; else why it said none.
+pub async fn ask_version(
+    program: &Path,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> std::result::Result<String, String> {
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(out)) => {
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            version_word(&text)
+                .map(String::from)
+                .ok_or_else(|| format!("printed no version: {}", text.trim()))
+        }
+        Ok(Err(e)) => Err(format!("cannot run it: {e}")),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
 /// `$RING_CACHE`, else `~/.cache/ring`: where `scripts/setup` keeps what it builds.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("RING_CACHE").filter(|d| !d.is_empty()) {

@@ -488,18 +488,13 @@ impl Seed for LocalSeed {
 impl LocalSeed {
     /// The version the etcd program this seed runs prints (`3.7.3`).
     async fn etcd_version(&self) -> Option<String> {
-        let program = self.bins.etcd.clone();
+        let program = &self.bins.etcd;
+        let timeout = std::time::Duration::from_secs(5);
         self.etcd_version
             .get_or_init(|| async move {
-                let run = tokio::process::Command::new(&program)
-                    .arg("--version")
-                    .stdin(std::process::Stdio::null())
-                    .kill_on_drop(true)
-                    .output();
-                let out = tokio::time::timeout(std::time::Duration::from_secs(5), run).await;
-                let out = out.ok()?.ok()?;
-                crate::binaries::version_word(&String::from_utf8_lossy(&out.stdout))
-                    .map(String::from)
+                crate::binaries::ask_version(program, &["--version"], timeout)
+                    .await
+                    .ok()
             })
             .await
             .clone()

@@ -3,7 +3,6 @@
 //! local ring, what each shoot's kube-apiserver and each node report.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -116,26 +115,9 @@ async fn program(search: &seed::BinarySearch, name: &'static str, args: &[&str])
             }
         }
     };
-    let ran = tokio::time::timeout(
-        ASK_TIMEOUT,
-        tokio::process::Command::new(&path)
-            .args(args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await;
-    let (version, problem) = match ran {
-        Ok(Ok(out)) => {
-            let text = String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr);
-            match seed::binaries::version_word(&text) {
-                Some(v) => (Some(v.to_string()), None),
-                None => (None, Some(format!("printed no version: {}", text.trim()))),
-            }
-        }
-        Ok(Err(e)) => (None, Some(format!("cannot run it: {e}"))),
-        Err(_) => (None, Some(format!("no answer within {ASK_TIMEOUT:?}"))),
+    let (version, problem) = match seed::binaries::ask_version(&path, args, ASK_TIMEOUT).await {
+        Ok(v) => (Some(v), None),
+        Err(why) => (None, Some(why)),
     };
     Program {
         name,
