@@ -45,21 +45,27 @@ fn default_kind() -> String {
 }
 
 /// Everything the continuous backup of one shoot needs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackupConfig {
+    /// Must be `ring.gardener.cloud/v1alpha1`.
     #[serde(default = "default_api_version")]
     pub api_version: String,
+    /// Must be `Backup`.
     #[serde(default = "default_kind")]
     pub kind: String,
     /// The shoot whose etcd is backed up; its objects live under `<bucket>/<shoot>/`.
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit.
     pub shoot: String,
     /// How to reach the shoot's etcd.
     pub etcd: EtcdConfig,
     /// Where the objects go.
     pub bucket: BucketConfig,
+    /// When deltas and full snapshots are made.
     #[serde(default)]
     pub schedule: Schedule,
+    /// zstd compression of every object.
     #[serde(default)]
     pub compression: Compression,
     /// Encryption at rest (AES-256-GCM); none when absent.
@@ -68,23 +74,29 @@ pub struct BackupConfig {
     /// Garbage collection after every full snapshot; none when absent.
     #[serde(default)]
     pub retention: Option<Retention>,
+    /// Where pending deltas wait while the bucket is unreachable.
     #[serde(default)]
     pub spool: SpoolConfig,
 }
 
 /// How to reach etcd.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EtcdConfig {
     /// Client URLs (`https://host:port` or `http://host:port`).
+    /// At least one, each `https://host:port` or `http://host:port`; TLS files need an
+    /// `https://` one.
     pub endpoints: Vec<String>,
     /// The CA that signed etcd's serving certificate (https endpoints).
+    /// Must be an existing file.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
     /// Client certificate (etcd with `--client-cert-auth`).
+    /// Must be an existing file; goes with `keyFile`.
     #[serde(default)]
     pub cert_file: Option<PathBuf>,
     /// Client key.
+    /// Must be an existing file; goes with `certFile`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
     /// The name to expect in etcd's certificate [default: the endpoint's host].
@@ -93,13 +105,15 @@ pub struct EtcdConfig {
 }
 
 /// The bucket: a URL and options for S3-compatible servers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BucketConfig {
     /// `file:///dir`, `s3://bucket[/prefix]`, `gs://bucket[/prefix]`,
     /// `az://container[/prefix]` or `memory://` (tests).
+    /// Schemes: file (absolute path), s3, s3a, gs, az, abfs (naming a bucket) and memory.
     pub url: String,
     /// S3 endpoint (any S3-compatible server) [default: `AWS_ENDPOINT_URL` or AWS].
+    /// Must start with `http://` or `https://`; only for s3:// buckets.
     #[serde(default)]
     pub endpoint: Option<String>,
     /// S3 region [default: `AWS_REGION` or us-east-1].
@@ -111,21 +125,26 @@ pub struct BucketConfig {
     /// Further `object_store` options by their names (e.g. `aws_access_key_id`,
     /// `google_service_account`, `azure_storage_account_name`); they override
     /// the environment.
+    /// Only for s3://, gs:// and az:// buckets.
     #[serde(default)]
     pub options: std::collections::BTreeMap<String, String>,
 }
 
 /// When deltas and full snapshots are made.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Schedule {
     /// Pending events are sealed into a delta this often.
+    /// Must be at least 10.
     pub delta_period_ms: u64,
     /// ... or as soon as they reach this many bytes.
+    /// Must be positive.
     pub delta_max_bytes: u64,
     /// A new full snapshot this often.
+    /// Must be positive.
     pub full_interval_secs: u64,
     /// ... or after this many bytes of deltas since the last one.
+    /// Must be positive.
     pub full_after_delta_bytes: u64,
     /// ... or after this many revisions since the last one (0: no limit). A
     /// restore replays deltas one revision at a time, so this bounds its time.
@@ -134,6 +153,7 @@ pub struct Schedule {
     /// snapshots always record it). It costs one scan of etcd's database.
     pub hash_kv_interval_secs: u64,
     /// The longest wait between retries of a failed upload or connection.
+    /// Must be positive.
     pub max_backoff_ms: u64,
 }
 
@@ -152,10 +172,11 @@ impl Default for Schedule {
 }
 
 /// zstd compression of every object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Compression {
     /// zstd level 1..=19; 0 stores the data uncompressed.
+    /// Must be from 0 to 19.
     pub level: i32,
 }
 
@@ -166,10 +187,11 @@ impl Default for Compression {
 }
 
 /// Where the AES-256 key comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EncryptionConfig {
     /// A file holding the key: 32 raw bytes, 64 hex digits or base64.
+    /// Exactly one of `keyFile` and `keyEnv`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
     /// An environment variable holding the key (hex or base64).
@@ -182,7 +204,7 @@ pub struct EncryptionConfig {
 
 /// Which full snapshots garbage collection keeps. Deltas are kept while a full
 /// snapshot they build on is kept.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", tag = "policy", deny_unknown_fields)]
 pub enum Retention {
     /// The newest `count` full snapshots.
@@ -194,7 +216,7 @@ pub enum Retention {
 }
 
 /// Pending deltas while the bucket is unreachable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SpoolConfig {
     /// Where pending deltas beyond `memoryBytes` are written [default: a folder
@@ -204,6 +226,7 @@ pub struct SpoolConfig {
     pub memory_bytes: u64,
     /// Pending bytes in all; beyond that, Ring stops reading etcd's watch (etcd
     /// keeps the events) until uploads succeed again.
+    /// Must be positive and at least `memoryBytes`.
     pub max_bytes: u64,
 }
 

@@ -187,10 +187,10 @@ impl Member {
 /// `etcdutl snapshot restore` of `snapshot` into the fresh `data_dir`, a
 /// one-member cluster of `member`.
 ///
-/// etcdutl does not hash the snapshot again (`--skip-hash-check`, ~2 s for
-/// 600 MiB on a machine without SHA instructions): the caller has checked
-/// it, its object's SHA-256 and etcd's own hash at its end, while it
-/// downloaded it (`restore::download::download_full`).
+/// etcdutl does not hash the snapshot again (`--skip-hash-check`: seconds
+/// for a large snapshot on a machine without SHA instructions): the caller
+/// has checked it, its object's SHA-256 and etcd's own hash at its end,
+/// while it downloaded it (`restore::download::download_full`).
 ///
 /// The revision is not bumped (`--bump-revision`, `--mark-compacted`): the
 /// deltas replayed next must get their recorded revisions, which the replay

@@ -145,9 +145,9 @@ impl TempEtcd {
         if let Some(count) = snapshot_after.and_then(snapshot_count) {
             extra.push(format!("--snapshot-count={count}"));
         }
-        // Go's collector runs a quarter as often: applying a log of 100,000
-        // revisions took ~1.3 s less (8.3 s to 6.9 s from start to serving,
-        // peak RSS 1.1 to 1.6 GiB with a 646 MiB database); a short log, as a
+        // Go's collector runs a quarter as often: applying a long log of
+        // revisions spends much less time collecting, for a larger peak heap
+        // (`ringctl bench restore` shows both); a short log, as a
         // failover's, keeps a small heap either way
         let env = [("GOGC", "400")];
         Self::start_with(etcd, data_dir, name, log, &extra, &env).await

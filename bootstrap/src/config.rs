@@ -22,7 +22,7 @@ use ringd::config::{Timing, API_VERSION};
 use crate::BootstrapError;
 
 /// How a member hosts control planes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, tag = "kind")]
 pub enum SeedSpec {
     /// Local processes on this machine (the default).
@@ -74,14 +74,18 @@ impl SeedSpec {
 }
 
 /// One member of the ring.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemberSpec {
     /// The member's name, also the name of its shoot.
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit. With nodes, its last node's name (`<name>-N`) must be one
+    /// too.
     pub name: String,
     #[serde(default)]
     pub seed: SeedSpec,
     /// The IP this member's ringd listens on and is reached at [default: `ports.address`].
+    /// Must be an IP address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     /// A network namespace (`ip netns`, under /run/netns) this member's ringd and
@@ -89,6 +93,7 @@ pub struct MemberSpec {
     /// hosts on a network (used by the partition drill). The namespace must exist;
     /// for a Kubernetes seed it must reach the seed cluster's API and the
     /// addresses its Services are reached at (the drills give it a link of its own).
+    /// Letters, digits, '-', '_' and '.', at most 64, not `.` or `..`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
 }
@@ -106,12 +111,14 @@ impl MemberSpec {
 }
 
 /// Where the members' ringd listen.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Ports {
     /// The IP every ringd listens on.
+    /// Must be an IP address.
     pub address: String,
     /// Member i (0-based) listens on base + 1 + i; its metrics on base + 101 + i.
+    /// Must be 1024 or more, with base + 101 + the number of members at most 65535.
     pub base: u16,
 }
 
@@ -125,12 +132,13 @@ impl Default for Ports {
 }
 
 /// The Kubernetes nodes of a local ring's shoots.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Nodes {
     /// Nodes per member's shoot (0: shoots without nodes, control planes only;
     /// N: shoot `m` gets nodes `m`, `m-2` .. `m-N`, each in its own network
     /// namespace; at most 15 nodes per ring).
+    /// Members × perMember must be at most 15.
     pub per_member: u8,
 }
 
@@ -141,18 +149,27 @@ impl Default for Nodes {
 }
 
 /// The whole ring.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RingConfig {
+    /// Must be `ring.gardener.cloud/v1alpha1`.
     pub api_version: String,
+    /// Must be `Ring`.
     pub kind: String,
+    /// The ring's name: a DNS label: 1 to 40 lowercase letters, digits and '-', starting
+    /// and ending with a letter or digit.
     pub name: String,
+    /// The members in ring order; at least 3 (a quorum must survive the loss of one), names
+    /// unique.
     pub members: Vec<MemberSpec>,
     /// Backup bucket URL (file://, s3://, gs://, az://).
+    /// Must be `file:///absolute/path`, `s3://bucket`, `gs://bucket` or `az://container`; a
+    /// self-hosted ring's pods must reach it (no endpoint on this machine's loopback).
     #[serde(default)]
     pub bucket: Option<String>,
     /// The AES-256 key every member seals the bucket's contents with (snapshots,
     /// deltas, each shoot's spec and PKI): `keyFile` (absolute path) or `keyEnv`.
+    /// Exactly one of `keyFile` (an absolute path) and `keyEnv`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_encryption: Option<backup::config::EncryptionConfig>,
     #[serde(default)]
@@ -160,6 +177,7 @@ pub struct RingConfig {
     /// Detection and leases [default: [`Timing::default`], or
     /// [`Timing::standby`] with `protection: standby`]; see
     /// [`RingConfig::timing`].
+    /// Must pass the `Timing` rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
     /// Kubernetes nodes for the shoots [default: one per member].
@@ -171,14 +189,18 @@ pub struct RingConfig {
     /// Seconds between a host's looks at the certificates of the control
     /// planes it serves; those with less than 30 days left are renewed
     /// online (default 3600).
+    /// Must be from 1 to 86400.
     #[serde(default = "ringd::config::default_certificate_check_secs")]
     pub certificate_check_seconds: u64,
     /// Members that host their successor's control plane as pods on their own
     /// shoot's node instead of as processes (bootstrap moves it there).
+    /// Each must be a member on a local seed, listed once; needs `nodes.perMember` of 1 or
+    /// more.
     #[serde(default, skip_serializing_if = "SelfHosting::is_empty")]
     pub self_hosting: SelfHosting,
     /// How each shoot's etcd is protected: `backup` (default) or `standby`
     /// (a hot standby on the seed that would take it over; local seeds).
+    /// `standby` needs every member on a local seed and no `selfHosting`.
     #[serde(default)]
     pub protection: ringd::config::Protection,
     /// Whether the shoots' kube-apiservers serve the beta API versions
@@ -192,7 +214,7 @@ pub struct RingConfig {
 }
 
 /// Which members host as pods on their own shoot's node (`selfHosting`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SelfHosting {
     /// Member names; each hosts its successor as pods on its shoot's first node.

@@ -22,7 +22,7 @@ pub enum BootstrapError {
     #[error(transparent)]
     Ring(#[from] RingError),
     /// The state dir already holds another ring.
-    #[error("{dir} already holds ring {existing:?} with a different config; run without --config to resume it, or pick another --state-dir")]
+    #[error("{dir} already holds ring {existing:?} with a different config; run without --config to resume it, or pick another --ring-dir")]
     Conflict { dir: PathBuf, existing: String },
     /// A step did not finish in time.
     #[error("{step} did not finish within {waited_secs}s: {detail}")]

@@ -143,7 +143,7 @@ pub async fn bootstrap(
                 detail: stuck_detail(&layout, &config, &step),
             });
         }
-        changed |= !matches!(step, Step::Done);
+        changed |= step.acts();
         execute(&layout, &config, &opts.ringd, &step).await?;
     }
     let status = settled_status(&layout, &config).await?;

@@ -354,24 +354,32 @@ async fn clean_leftovers(layout: &RingLayout, member: &str) {
 }
 
 /// One node as `ringctl status` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeReport {
+    /// The node's name (its Node object in its shoot).
     pub node: String,
     /// The shoot it is registered to.
     pub shoot: String,
+    /// The network namespace its kubelet, containerd and pods run in.
     pub netns: String,
+    /// Its IP address on the node network.
     pub address: String,
     /// Whether its supervisor runs, and its own phase.
     pub phase: String,
+    /// Its Node object exists in its shoot.
     pub registered: bool,
+    /// Its Node object's Ready condition is true.
     pub ready: bool,
     /// Why it is not Ready (certificate, endpoint, runtime), when it is not.
     pub problem: Option<String>,
+    /// The kubelet's resident memory, MiB.
     pub kubelet_rss_mib: f64,
+    /// containerd's resident memory, MiB.
     pub containerd_rss_mib: f64,
     /// Every containerd shim of the node (one per pod), summed.
     pub shims_rss_mib: f64,
+    /// How many containerd shims run (one per pod).
     pub shims: usize,
     /// The kubelet's version, as the shoot's Node object reports it.
     pub kubelet_version: Option<String>,

@@ -63,6 +63,21 @@ pub enum Step {
 }
 
 impl Step {
+    /// Whether this step changes the ring (writes, starts or moves
+    /// something); waiting for what is already under way does not, so a
+    /// rerun that only waits for a node to turn Ready found the ring up.
+    pub fn acts(&self) -> bool {
+        match self {
+            Step::AwaitQuorum
+            | Step::AwaitControlPlanes(_)
+            | Step::AwaitNodes(_)
+            | Step::AwaitMoves(_)
+            | Step::Done => false,
+            Step::Moves(moves) => moves.iter().any(Step::acts),
+            _ => true,
+        }
+    }
+
     /// A short label for progress output and timings.
     pub fn label(&self) -> String {
         match self {
@@ -164,8 +179,8 @@ pub fn next_step(config: &RingConfig, o: &Observed) -> Step {
         return Step::AwaitQuorum;
     }
     // a node needs its shoot's CA, not its API: the nodes start while the
-    // control planes come up (a kubelet takes about 9 s before it registers,
-    // 5 of them cAdvisor looking for a Docker daemon)
+    // control planes come up (a kubelet takes seconds before it registers,
+    // most of them cAdvisor looking for a Docker daemon)
     if let Some(step) = node_setup_step(config, o) {
         return step;
     }

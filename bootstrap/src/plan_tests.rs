@@ -83,7 +83,15 @@ fn rerun_on_a_complete_ring_is_done_and_a_stopped_member_is_restarted() {
         ..Default::default()
     };
     assert_eq!(next_step(&c, &o), Step::Done);
+    // a node that turns Ready again (its shoot's API was away) is waited
+    // for: the rerun still found the ring up
+    o.nodes_ready.remove("m3");
+    let wait = next_step(&c, &o);
+    assert_eq!(wait, Step::AwaitNodes(vec!["m3".into()]));
+    assert!(!wait.acts(), "waiting changes nothing");
+    o.nodes_ready.insert("m3".into());
     o.nodes_running.remove("m3");
+    assert!(next_step(&c, &o).acts());
     assert_eq!(next_step(&c, &o), Step::StartNode("m3".into()));
     o.node_network = false;
     assert_eq!(

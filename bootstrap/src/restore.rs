@@ -239,22 +239,56 @@ async fn restore_shoot(
 }
 
 /// `config` sealing its bucket with the key file `key` (the user's copy),
-/// installed in the state dir; refused when the config names another key.
+/// installed in the state dir. The lost ring's config names the key file in
+/// the lost state dir, which is gone or holds the same key: the copy takes
+/// its place. Refused when the config names a key from the environment or a
+/// file holding another key, since one of the two cannot read the bucket.
 fn with_given_key(
     mut config: RingConfig,
     layout: &RingLayout,
     key: &Path,
 ) -> Result<RingConfig, BootstrapError> {
-    if config.bucket_encryption.is_some() && !crate::bucket_key::uses_generated_key(&config, layout)
-    {
-        return Err(BootstrapError::Config {
-            field: "--bucket-key".into(),
-            reason: "the config names its own bucketEncryption key: give one or the other".into(),
-        });
+    let conflict = |reason: String| BootstrapError::Config {
+        field: "--bucket-key".into(),
+        reason,
+    };
+    let named = config.bucket_encryption.take().unwrap_or_default();
+    if let Some(var) = &named.key_env {
+        return Err(conflict(format!(
+            "the config reads its bucketEncryption key from ${var}: give that or --bucket-key, not both"
+        )));
+    }
+    if let Some(file) = named.key_file.as_deref() {
+        if file != layout.bucket_key() && differs(file, key) {
+            return Err(conflict(format!(
+                "the config's bucketEncryption keyFile {} holds another key than {}: drop bucketEncryption from the config or --bucket-key",
+                file.display(),
+                key.display()
+            )));
+        }
     }
     crate::bucket_key::install(layout, key)?;
-    config.bucket_encryption = Some(crate::bucket_key::generated_key(layout));
+    config.bucket_encryption = Some(backup::config::EncryptionConfig {
+        key_id: named.key_id,
+        ..crate::bucket_key::generated_key(layout)
+    });
     Ok(config)
+}
+
+/// Whether the key file `file` exists and holds another key than `given`
+/// (an unreadable `given` is reported when it is installed).
+fn differs(file: &Path, given: &Path) -> bool {
+    let parse = |p: &Path| {
+        let text = std::fs::read(p).ok()?;
+        backup::codec::EncryptionKey::parse(&text, "", None)
+            .ok()
+            .map(|k| k.to_hex())
+    };
+    match (parse(file), parse(given)) {
+        (Some(a), Some(b)) => a != b,
+        (None, _) => file.exists(),
+        (Some(_), None) => false,
+    }
 }
 
 /// Rebuilds the ring described by the options from its bucket, or resumes an
@@ -412,6 +446,72 @@ pub fn render(r: &RestoreReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key_file(dir: &Path, name: &str, byte: u8) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{}\n", hex_of(byte))).unwrap();
+        path
+    }
+
+    fn hex_of(byte: u8) -> String {
+        format!("{byte:02x}").repeat(32)
+    }
+
+    fn keyed(file: &Path) -> RingConfig {
+        RingConfig {
+            bucket_encryption: Some(backup::config::EncryptionConfig {
+                key_file: Some(file.to_path_buf()),
+                ..Default::default()
+            }),
+            ..RingConfig::default()
+        }
+    }
+
+    /// The DR runbook: the lost ring's stored ring.yaml names the generated
+    /// key inside the lost state dir; the user's copy replaces it.
+    #[test]
+    fn the_key_copy_replaces_the_lost_rings_key_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layout = RingLayout {
+            dir: tmp.path().join("new"),
+        };
+        let copy = key_file(tmp.path(), "copy.key", 7);
+        let lost = tmp.path().join("lost/bucket.key");
+        let config = with_given_key(keyed(&lost), &layout, &copy).unwrap();
+        assert!(crate::bucket_key::uses_generated_key(&config, &layout));
+        let installed = std::fs::read_to_string(layout.bucket_key()).unwrap();
+        assert_eq!(installed.trim(), hex_of(7));
+        // the lost file still there with the same key: the same
+        let same = key_file(tmp.path(), "same.key", 7);
+        assert!(with_given_key(keyed(&same), &layout, &copy).is_ok());
+    }
+
+    #[test]
+    fn a_config_naming_another_key_or_an_env_key_is_refused_with_both_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layout = RingLayout {
+            dir: tmp.path().join("new"),
+        };
+        let copy = key_file(tmp.path(), "copy.key", 7);
+        let other = key_file(tmp.path(), "other.key", 9);
+        let err = with_given_key(keyed(&other), &layout, &copy)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("other.key") && err.contains("copy.key"),
+            "{err}"
+        );
+        let env = RingConfig {
+            bucket_encryption: Some(backup::config::EncryptionConfig {
+                key_env: Some("RING_KEY".into()),
+                ..Default::default()
+            }),
+            ..RingConfig::default()
+        };
+        let err = with_given_key(env, &layout, &copy).unwrap_err().to_string();
+        assert!(err.contains("$RING_KEY"), "{err}");
+        assert!(!layout.bucket_key().exists(), "nothing installed");
+    }
 
     /// A fresh ring places each shoot where its data was restored: on its
     /// predecessor, or (a self-hosted ring) on its first host. Restored onto

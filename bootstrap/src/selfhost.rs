@@ -166,9 +166,10 @@ pub(crate) fn retire_seed(
 }
 
 /// Where a shoot's control plane runs (`ringctl status`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hosting {
+    /// The shoot whose control plane this is.
     pub shoot: String,
     /// The member whose ringd hosts it.
     pub host: String,

@@ -39,6 +39,9 @@ pub(crate) enum Command {
     Down(DownArgs),
     /// The ring's members, leader, placements, leases and operations, as one ringd sees them.
     Status(RingArgs),
+    /// One thing of the ring in full, where `ringctl status` shows a line of it.
+    #[command(subcommand)]
+    Describe(DescribeCommand),
     /// Create the ring's CA and certificates (members and the ringctl administrator).
     #[command(subcommand)]
     Pki(PkiCommand),
@@ -66,6 +69,26 @@ pub(crate) enum Command {
     /// Versions: ringctl's, the pinned Kubernetes, etcd and containerd, what the programs on
     /// this machine say, and each shoot's and node's of the local ring in --ring-dir.
     Version(RingDirArgs),
+    /// The reference pages generated from the code (CLI, config kinds, metrics,
+    /// status JSON), and the check CI runs on the book's pages and links.
+    #[command(subcommand)]
+    Docs(crate::docs::DocsCommand),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum DescribeCommand {
+    /// A failover or migration: what it moves, its whole detail, the time it
+    /// spent in each step and what its target measured (restore, verification,
+    /// what clients may have lost).
+    Operation(DescribeOperationArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct DescribeOperationArgs {
+    /// The operation's number: the OP column of `ringctl status`.
+    pub(crate) id: u64,
+    #[command(flatten)]
+    pub(crate) ring: RingArgs,
 }
 
 #[derive(Subcommand)]
@@ -261,15 +284,21 @@ impl RingArgs {
     }
 }
 
-/// `ringctl status`: the ring as its leader sees it, and the local ring's nodes.
-#[derive(serde::Serialize)]
+/// `ringctl status`: the ring as one ringd (the leader, when it answers)
+/// sees it, and the local ring's nodes and control planes.
+#[derive(serde::Serialize, schemars::JsonSchema)]
 pub(crate) struct StatusView {
     #[serde(flatten)]
     pub(crate) status: ringd::status::RingStatus,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// The local ring's nodes (a ring in --ring-dir with nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) nodes: Vec<bootstrap::nodes::NodeReport>,
     /// Where each control plane runs (pods or processes), for a local ring.
-    #[serde(rename = "controlPlanes", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        rename = "controlPlanes",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub(crate) control_planes: Vec<bootstrap::selfhost::Hosting>,
 }
 

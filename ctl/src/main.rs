@@ -6,13 +6,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, DrillCommand, PkiCommand};
+use crate::cli::{Cli, Command, DescribeCommand, DrillCommand, PkiCommand};
 
 mod backup;
 mod bench;
 mod cli;
 mod commands;
 mod controlplane;
+mod docs;
 mod images;
 mod manifests;
 mod output;
@@ -34,6 +35,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bootstrap(args) => ring::bootstrap(args, format).await,
         Command::Down(args) => ring::down(args, format).await,
         Command::Status(args) => ring::status(args, format).await,
+        Command::Describe(DescribeCommand::Operation(args)) => {
+            ring::describe_operation(args, format).await
+        }
         Command::Pki(PkiCommand::Init(args)) => ring::pki_init(args).await,
         Command::Pki(PkiCommand::Check(args)) => commands::certs::pki_check(args, format).await,
         Command::Pki(PkiCommand::Renew(args)) => commands::certs::pki_renew(args, format).await,
@@ -45,6 +49,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate(args) => ring::migrate(args, format).await,
         Command::Restore(args) => ring::restore(args, format).await,
         Command::Version(args) => commands::version::version(args, format).await,
+        Command::Docs(cmd) => docs::run(cmd),
     }
 }
 

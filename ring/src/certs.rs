@@ -18,7 +18,7 @@ pub fn now_unix() -> i64 {
 }
 
 /// One certificate's end of validity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CertificateStatus {
     /// Whose it is: `ring` (the ring CA), `member m1`, `shoot s2`.

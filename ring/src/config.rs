@@ -30,18 +30,22 @@ use crate::RingError;
 pub const API_VERSION: &str = "ring.gardener.cloud/v1alpha1";
 
 /// One member of the initial ring.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemberConfig {
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit.
     pub name: String,
     /// Raft id: non-zero, unique, never reused.
+    /// Must be positive.
     pub id: u64,
     /// `host:port` of the member's ringd.
+    /// Must be an IP address and port.
     pub address: String,
 }
 
 /// Certificate files (PEM) of the member, issued by the ring's CA.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsFiles {
     pub ca: PathBuf,
@@ -50,20 +54,25 @@ pub struct TlsFiles {
 }
 
 /// Timing (milliseconds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Timing {
     /// Raft's logical clock.
     pub tick_ms: u64,
     /// Followers start an election after this much silence from the leader (randomized up to 2x).
+    /// Must be at least 5 × `tickMs` (`tickMs` > 0).
     pub election_timeout_ms: u64,
     /// How often members report health to the leader.
     pub heartbeat_ms: u64,
     /// Silence after which the leader declares a member down.
+    /// Must be at least 2 × `heartbeatMs` (`heartbeatMs` > 0).
     pub failure_window_ms: u64,
     /// How long a lease on a shoot's control plane lasts; renewed every third of it.
+    /// Must be at least 3 × `heartbeatMs`, 3 × `tickMs` and 4 × `electionTimeoutMs` + 1000:
+    /// a holder must outlive an election after its leader dies.
     pub lease_ms: u64,
     /// Safety margin for clock skew around lease ends.
+    /// Must be less than a third of `leaseMs`.
     pub lease_margin_ms: u64,
     /// How long a member back from the dead must be up (its node too, on a
     /// self-hosted ring) before the ring moves the shoot a failover took from
@@ -72,6 +81,7 @@ pub struct Timing {
     /// An operation that takes no step for this long ends as failed, with
     /// the reason (a target that hangs or keeps crashing mid-step); the
     /// leader then chooses again. Nothing waits for ever.
+    /// Must be at least 10 × (`leaseMs` + `failureWindowMs`).
     pub operation_deadline_ms: u64,
 }
 
@@ -152,7 +162,9 @@ impl Timing {
 }
 
 /// How the ring protects each shoot's etcd against the loss of its host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum Protection {
     /// Continuous backups to the bucket; a failover restores from them
@@ -166,7 +178,7 @@ pub enum Protection {
 }
 
 /// Hosting control planes on this machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SeedConfig {
     /// Where hosted control planes keep their data.
@@ -185,6 +197,7 @@ pub struct SeedConfig {
     /// How often this member looks at the certificates of the control
     /// planes it serves and renews, online, those with less than 30 days
     /// left.
+    /// Must be from 1 to 86400.
     #[serde(default = "default_certificate_check_secs")]
     pub certificate_check_secs: u64,
     /// Shoot → the address its kube-apiserver advertises when this member hosts
@@ -213,32 +226,43 @@ pub fn default_certificate_check_secs() -> u64 {
 pub const MAX_CERTIFICATE_CHECK_SECS: u64 = 86_400;
 
 /// Configuration of one ringd.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RingdConfig {
+    /// Must be `ring.gardener.cloud/v1alpha1`.
     pub api_version: String,
+    /// Must be `RingMember`.
     pub kind: String,
     /// This member's name (its certificate's common name).
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit.
     pub name: String,
     /// This member's Raft id.
+    /// Must be positive and match this member's entry in `members`.
     pub id: u64,
     /// `host:port` to serve gRPC on.
+    /// Must be an IP address and port.
     pub listen: String,
     /// `host:port` to serve Prometheus metrics on (`/metrics`).
+    /// Must be an IP address and port.
     #[serde(default)]
     pub metrics_listen: Option<String>,
     /// Raft log and state.
     pub data_dir: PathBuf,
+    /// The member's certificate and key, and the ring CA.
     pub tls: TlsFiles,
     /// The initial ring in ring order (each hosts its successor's control plane).
     /// With `join`, the members of the existing ring (who may talk to this one).
+    /// Must not be empty and must list this member (unless `join`); names and ids unique.
     #[serde(default)]
     pub members: Vec<MemberConfig>,
     /// Start as a new member that an existing ring adds (`ringctl join`).
     #[serde(default)]
     pub join: bool,
+    /// Must pass the `Timing` rules.
     #[serde(default)]
     pub timing: Timing,
+    /// Hosting control planes on this member; none: it hosts none.
     #[serde(default)]
     pub seed: Option<SeedConfig>,
     /// Continuous backups of the control planes this member serves, and the
@@ -247,20 +271,23 @@ pub struct RingdConfig {
     pub backup: Option<BackupSection>,
     /// How shoots are protected (`backup`, the default, or `standby`). The
     /// leader decides by its own: every member of a ring gets the same.
+    /// `standby` needs a `backup` section and a local seed.
     #[serde(default)]
     pub protection: Protection,
     /// Where shoots start when this member creates the ring (shoot ->
     /// member), for those not started on their predecessor. `ringctl
     /// bootstrap` of a self-hosted ring starts the successors of the members
     /// that switch to pods elsewhere, so each moves once instead of twice.
+    /// Every shoot and host named must be in `members`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub initial_hosts: BTreeMap<String, String>,
 }
 
 /// Where a member backs up the control planes it serves.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackupSection {
+    /// Must pass the `BucketConfig` rules.
     pub bucket: backup::BucketConfig,
     /// The AES-256 key that seals everything this member stores in the bucket
     /// (snapshots, deltas, the shoot's spec and PKI) and opens what it restores.

@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod decide;
+pub mod describe;
 pub mod executor;
 pub mod identity;
 pub mod localring;

@@ -357,10 +357,9 @@ mod tests {
     }
 
     /// The followed leader's silence counts only when an election explains it
-    /// and it began after this member's own last stall (this used to be a
-    /// flag cleared only at this member's next election, so a stall long
-    /// before, while following, still discarded the followed leader's
-    /// silence at that election).
+    /// and it began after this member's own last stall: a stall long before,
+    /// while following, must not discard the followed leader's silence at
+    /// the next election.
     #[test]
     fn the_followed_leader_s_silence_counts_only_after_this_member_s_last_stall() {
         let t0 = Instant::now();

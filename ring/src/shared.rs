@@ -140,6 +140,15 @@ impl Shared {
         h.detail = detail;
     }
 
+    /// Records that this member serves `shoot` under `epoch`, taken over by
+    /// a move (a failover or migration) rather than started by its duties.
+    pub fn serve_moved(&self, shoot: &str, epoch: u64, detail: String) {
+        self.set_hosted(shoot, true, detail);
+        if let Some(h) = lock(&self.hosted).get_mut(shoot) {
+            h.epoch = epoch;
+        }
+    }
+
     /// Records why `shoot` is in its state.
     pub fn set_hosted_detail(&self, shoot: &str, detail: String) {
         lock(&self.hosted)

@@ -5,34 +5,97 @@ use serde::{Deserialize, Serialize};
 use crate::config::Protection;
 use crate::state::{MemberState, Operation, Standby};
 
-/// A borderless table with `header` (what `render` prints).
-fn table(header: &[&str]) -> comfy_table::Table {
+/// The terminal width `ringctl status` fits: tables wrap long cells and
+/// text wraps at words, so no line is cut off or runs over in a terminal of
+/// this width; `-o json` carries every text whole.
+pub const WIDTH: usize = 120;
+
+/// A borderless table with `header` (what `render` prints), at most
+/// [`WIDTH`] columns wide.
+pub fn table(header: &[&str]) -> comfy_table::Table {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+        .set_width(WIDTH as u16)
         .set_header(header.iter().copied());
     t
 }
 
+/// `text` broken at spaces into lines of at most [`WIDTH`] characters, the
+/// ones after the first indented by `indent` spaces; each line ends with a
+/// newline. A word longer than a line stays whole on its own line.
+pub fn wrap(text: &str, indent: usize) -> String {
+    wrap_after("", text, indent)
+}
+
+/// [`wrap`] with the first line starting with `start` as it is (a label).
+pub fn wrap_after(start: &str, text: &str, indent: usize) -> String {
+    let mut out = String::new();
+    let mut line = start.to_string();
+    let mut words = 0;
+    for word in text.split_whitespace() {
+        let len = line.chars().count();
+        if words > 0 && len + 1 + word.chars().count() > WIDTH {
+            out.push_str(&line);
+            out.push('\n');
+            line = " ".repeat(indent);
+            words = 0;
+        }
+        if words > 0 {
+            line.push(' ');
+        }
+        line.push_str(word);
+        words += 1;
+    }
+    if words > 0 {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The start of an operation's detail that fits its column: up to the
+/// first "; " and at most `max` characters; `ringctl describe operation`
+/// shows the whole.
+fn summary(detail: &str, max: usize) -> String {
+    let head = detail.split("; ").next().unwrap_or(detail);
+    if head.chars().count() <= max && head.len() == detail.len() {
+        return head.to_string();
+    }
+    let cut: String = head.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", cut.trim_end())
+}
+
 /// A member as seen by the answering ringd.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberStatus {
+    /// The member's name (its shoot's name).
     pub name: String,
+    /// Its Raft id.
     pub id: u64,
+    /// The host:port its ringd serves gRPC on.
     pub address: String,
+    /// Up, or Down once the leader has not heard from it for the failure window.
     pub state: MemberState,
+    /// It votes in Raft (a learner does not yet).
     pub voter: bool,
+    /// It is the Raft leader.
     pub leader: bool,
     /// Milliseconds since the leader last heard from it (leader's view only).
     pub last_report_ms_ago: Option<u64>,
 }
 
 /// A shoot's control plane placement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementStatus {
+    /// The shoot whose control plane is placed.
     pub shoot: String,
+    /// The member that hosts it.
     pub host: String,
+    /// The placement's epoch: each move to another host raises it, and only
+    /// the host of the current epoch may serve or back up.
     pub epoch: u64,
     /// Milliseconds until the lease ends (negative: ended), if any lease was granted.
     pub lease_expires_in_ms: Option<i64>,
@@ -51,10 +114,12 @@ pub struct PlacementStatus {
 }
 
 /// A control plane the answering member hosts (or fenced).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostedStatus {
+    /// The shoot whose control plane this is.
     pub shoot: String,
+    /// The epoch it runs (or last ran) under here.
     pub epoch: u64,
     /// Its processes run on this member.
     pub serving: bool,
@@ -70,21 +135,32 @@ pub struct HostedStatus {
 }
 
 /// The answering member's view.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RingStatus {
+    /// The member whose ringd answered.
     pub member: String,
+    /// Its Raft id.
     pub id: u64,
+    /// Its Raft role: Leader, Follower, Candidate or PreCandidate.
     pub role: String,
+    /// The leader it knows, if any.
     pub leader: Option<String>,
+    /// Its Raft term.
     pub term: u64,
+    /// The newest Raft log index it knows committed.
     pub commit_index: u64,
+    /// The newest Raft log index it applied to its ring state.
     pub applied_index: u64,
     /// Whether this member heard from a leader within the election timeout.
     pub quorum_contact: bool,
+    /// Every member of the ring.
     pub members: Vec<MemberStatus>,
+    /// Where each shoot's control plane is placed.
     pub placements: Vec<PlacementStatus>,
+    /// The control planes the answering member hosts (or fenced).
     pub hosted: Vec<HostedStatus>,
+    /// Failovers and migrations: every open one and the newest finished ones.
     pub operations: Vec<Operation>,
     /// How the ring protects each shoot's etcd (the answering member's config).
     #[serde(default)]
@@ -130,6 +206,9 @@ fn standby_cell(protection: Protection, standby: Option<&Standby>) -> String {
         (Protection::Standby, None) => "none: backup only".into(),
     }
 }
+
+/// Characters of an operation's detail in the status table.
+const OP_DETAIL: usize = 44;
 
 fn ms(v: Option<i64>) -> String {
     v.map_or("-".into(), |ms| format!("{:.1}s", ms as f64 / 1000.0))
@@ -199,11 +278,15 @@ pub fn render(s: &RingStatus) -> String {
     out.push_str(&format!("{t}\n"));
     let degraded = s.degraded();
     if !degraded.is_empty() {
-        out.push_str(&format!(
-            "\ndegraded to backup (protection standby, but no voting standby yet): {}; \
-             a failover of these restores from the bucket and may lose what was \
-             acknowledged after its newest delta\n",
-            degraded.join(", ")
+        out.push('\n');
+        out.push_str(&wrap(
+            &format!(
+                "degraded to backup (protection standby, but no voting standby yet): {}; \
+                 a failover of these restores from the bucket and may lose what was \
+                 acknowledged after its newest delta",
+                degraded.join(", ")
+            ),
+            2,
         ));
     }
     if !s.hosted.is_empty() {
@@ -256,10 +339,18 @@ pub fn render(s: &RingStatus) -> String {
                 o.target().to_string(),
                 format!("{:?}", o.step),
                 may_lose(o),
-                o.detail.clone(),
+                summary(&o.detail, OP_DETAIL),
             ]);
         }
         out.push_str(&format!("\n{t}\n"));
+        if s.operations
+            .iter()
+            .any(|o| summary(&o.detail, OP_DETAIL) != o.detail)
+        {
+            out.push_str(
+                "the whole detail, step times and figures: ringctl describe operation OP\n",
+            );
+        }
     }
     out
 }
@@ -269,16 +360,20 @@ pub fn render(s: &RingStatus) -> String {
 fn certificates_summary(certs: &[crate::certs::CertificateStatus], now_unix: i64) -> String {
     let mut out = String::new();
     if let Some(c) = crate::certs::soonest(certs) {
-        out.push_str(&format!(
-            "\ncertificates ({} checked here): the first to expire is {} {} in {} days\n",
-            certs.len(),
-            c.owner,
-            c.name,
-            c.days_left(now_unix).unwrap_or_default()
+        out.push('\n');
+        out.push_str(&wrap(
+            &format!(
+                "certificates ({} checked here): the first to expire is {} {} in {} days",
+                certs.len(),
+                c.owner,
+                c.name,
+                c.days_left(now_unix).unwrap_or_default()
+            ),
+            2,
         ));
     }
     for w in crate::certs::warnings(certs, now_unix) {
-        out.push_str(&format!("WARNING: {w}\n"));
+        out.push_str(&wrap(&format!("WARNING: {w}"), 2));
     }
     out
 }
@@ -396,5 +491,82 @@ mod tests {
         let out = render(&s);
         assert!(!out.contains("degraded"), "{out}");
         assert!(!out.contains("none: backup only"), "{out}");
+    }
+
+    /// Every line of a busy ring's status fits a 120-column terminal: long
+    /// details are cut in the operations table (whole in `ringctl describe
+    /// operation`) and wrapped elsewhere.
+    #[test]
+    fn a_busy_status_fits_120_columns_and_points_to_describe() {
+        let long = "serving on m3 at epoch 3; revision 316, HashKV and 274 objects in 23 resource types verified; restored from the full snapshot and 2 deltas after the old host's lease ended";
+        let mut s = status(
+            Protection::Standby,
+            vec![
+                placement("shoot-with-a-long-name", Some(("member-three", false))),
+                placement("b", None),
+            ],
+        );
+        s.members = vec![MemberStatus {
+            name: "member-three".into(),
+            id: 3,
+            address: "[fd00:1234:5678::3]:29886".into(),
+            state: MemberState::Up,
+            voter: true,
+            leader: true,
+            last_report_ms_ago: Some(100),
+        }];
+        s.hosted = vec![HostedStatus {
+            shoot: "b".into(),
+            epoch: 2,
+            serving: false,
+            ready: false,
+            lease_valid_for_ms: Some(-19_700),
+            detail: long.into(),
+            versions: seed::Versions::default(),
+        }];
+        s.operations = vec![Operation::new(
+            7,
+            crate::state::OperationKind::Migration {
+                shoot: "shoot-with-a-long-name".into(),
+                from: "member-one".into(),
+                to: "member-three".into(),
+                epoch: 3,
+                revision: None,
+            },
+            crate::state::OperationStep::Done,
+            long.into(),
+            0,
+        )];
+        let out = render(&s);
+        for line in out.lines() {
+            assert!(
+                line.chars().count() <= WIDTH,
+                "{} columns: {line}",
+                line.chars().count()
+            );
+        }
+        assert!(out.contains("serving on m3 at epoch 3…"), "{out}");
+        assert!(out.contains("ringctl describe operation OP"), "{out}");
+        assert!(out.contains("degraded to backup"), "{out}");
+        // short details stay whole and need no pointer
+        s.operations[0].detail = "serving on m3 at epoch 3".into();
+        s.hosted.clear();
+        let out = render(&s);
+        assert!(!out.contains("describe operation"), "{out}");
+    }
+
+    #[test]
+    fn wrap_breaks_at_words_and_indents_what_follows() {
+        let text = ["word"; 40].join(" ");
+        let out = wrap(&text, 2);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].len() <= WIDTH && lines[0].len() > WIDTH - 5);
+        assert!(lines[1].starts_with("  word"));
+        assert_eq!(out.split_whitespace().count(), 40);
+        assert_eq!(wrap("", 2), "");
+        assert_eq!(summary("a; b", 44), "a…");
+        assert_eq!(summary("short", 44), "short");
+        assert_eq!(summary(&"x".repeat(50), 10).chars().count(), 10);
     }
 }

@@ -27,37 +27,52 @@ use crate::ScenarioError;
 pub const API_VERSION: &str = "ring.gardener.cloud/v1alpha1";
 
 /// One drill.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Drill {
+    /// Must be `ring.gardener.cloud/v1alpha1`.
     pub api_version: String,
+    /// Must be `Drill`.
     pub kind: String,
     /// The drill's name (a DNS label); reports are named after it.
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit. A self-hosted or Kubernetes-seeded drill's name is also its
+    /// ring's, which must leave room in 63-character namespaces.
     pub name: String,
+    /// Free text for reports.
     #[serde(default)]
     pub description: String,
     /// Seed of the drill's random choices (object kinds, `random` targets, jitter).
     pub seed: u64,
+    /// The ring the drill runs on.
     pub ring: RingSpec,
+    /// What writes to every shoot during the drill.
     pub workload: Workload,
     /// Executed in order; each waits for the previous one.
+    /// At least one. `at` and `when` exclude each other; `at` times must not decrease and
+    /// must be before `expect.deadlineSecs`, as must `after`. Ring positions must be
+    /// 1..`ring.members`.
     pub faults: Vec<Fault>,
+    /// What must hold for the drill to pass.
     pub expect: Expectations,
 }
 
 /// The ring the drill runs on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RingSpec {
     /// Members (3..=7); each hosts its successor's control plane.
+    /// Must be from 3 to 7.
     pub members: usize,
     /// Where the control planes run [default: self, the self-hosted ring].
     #[serde(default)]
     pub hosting: Hosting,
     /// Members are named `<prefix>1..<prefix>n`. Shoot endpoints follow from the
     /// names, so drills that may run side by side use different prefixes.
+    /// `<prefix><members>` must be a valid member name (a DNS label).
     pub member_prefix: String,
     /// Where the backups go.
+    /// `s3` does not work with `network: namespaces`.
     #[serde(default)]
     pub bucket: BucketKind,
     /// How members are separated on this machine.
@@ -70,22 +85,27 @@ pub struct RingSpec {
     /// starts the node again. With `network: namespaces` the member's
     /// namespace reaches its seed cluster by a link of its own (partitions
     /// cut the member off from the ring, not from its cluster).
+    /// Positions 1..`members`, each once; only with `hosting: processes`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kubernetes_members: Vec<usize>,
     /// How shoots' etcd is protected [default: backup]; `standby` gives each
     /// a hot standby on the member that would take it over (process-hosted
     /// rings of local seeds).
+    /// `standby` only with `hosting: processes` and no `kubernetesMembers`.
     #[serde(default)]
     pub protection: ringd::config::Protection,
     /// The ring's timing (failure window, lease, ...) [default: the ring's
     /// default]; e.g. a longer lease keeps a cut-off host serving, and
     /// backing up, for longer.
+    /// Must pass the `Timing` rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<ringd::config::Timing>,
 }
 
 /// Where a drill ring's control planes run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum Hosting {
     /// The self-hosted ring: every member's shoot has a real node, and each
     /// member hosts its successor's control plane as pods on that node
@@ -100,7 +120,9 @@ pub enum Hosting {
 }
 
 /// How the drill's members are separated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum NetworkKind {
     /// All members share the host's network namespace (loopback); links cannot be cut.
@@ -112,7 +134,9 @@ pub enum NetworkKind {
 }
 
 /// The kind of backup bucket the runner provides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum BucketKind {
     /// A folder next to the ring (`file://`), outside the ring's state dir.
@@ -123,28 +147,36 @@ pub enum BucketKind {
 }
 
 /// Kubernetes objects the writers create.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ObjectKind {
     ConfigMap,
     Secret,
 }
 
 /// Writers creating and updating objects through every shoot's kube-apiserver.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
     /// Writers per shoot (1..=8).
+    /// Must be from 1 to 8.
     pub writers_per_shoot: u32,
     /// Writes per second of each writer (0.1..=100).
+    /// Must be from 0.1 to 100.
     pub rate_per_second: f64,
     /// What the writers create [default: ConfigMap and Secret].
+    /// At least one.
     #[serde(default = "default_kinds")]
     pub kinds: Vec<ObjectKind>,
     /// Every n-th write updates the writer's counter object instead of creating one.
+    /// Must be at least 2.
     #[serde(default = "default_update_every")]
     pub update_every: u32,
     /// Writing after the last fault once the ring converged, before the check.
+    /// A duration.
     #[serde(default = "default_cooldown", with = "dur")]
+    #[schemars(with = "String")]
     pub cooldown: Duration,
 }
 
@@ -159,11 +191,13 @@ fn default_cooldown() -> Duration {
 }
 
 /// When a fault fires and what it does.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Fault {
     /// Time since the workload started.
+    /// A duration.
     #[serde(default, with = "opt_dur", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     pub at: Option<Duration>,
     /// A condition on the ring, polled after the previous fault.
     #[serde(
@@ -171,16 +205,21 @@ pub struct Fault {
         skip_serializing_if = "Option::is_none",
         with = "serde_yaml::with::singleton_map"
     )]
+    #[schemars(with = "Option<When>")]
     pub when: Option<When>,
     /// A delay after `at` / `when` (or after the previous fault when neither is given).
+    /// A duration.
     #[serde(default, with = "opt_dur", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     pub after: Option<Duration>,
+    /// What the fault does (one key).
     #[serde(with = "serde_yaml::with::singleton_map_recursive")]
+    #[schemars(with = "Action")]
     pub action: Action,
 }
 
 /// A condition a fault waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum When {
     /// A failover started after the newest kill (killSeed, killMachine, loseRing) reached this
@@ -195,7 +234,9 @@ pub enum When {
 }
 
 /// Steps of a failover, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum Step {
     WaitingForLeaseExpiry,
     Pending,
@@ -204,7 +245,7 @@ pub enum Step {
 }
 
 /// Which member a fault hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Target {
     /// The current Raft leader.
@@ -222,7 +263,7 @@ pub enum Target {
 }
 
 /// What a fault does.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Action {
     /// kill -9 of a seed: its ringd and the process group of every process it
@@ -246,6 +287,7 @@ pub enum Action {
     StallRingd {
         target: Target,
         #[serde(with = "dur")]
+        #[schemars(with = "String")]
         r#for: Duration,
     },
     /// Runs a member's ringd (and all it starts) with its wall clock off by
@@ -266,6 +308,7 @@ pub enum Action {
     /// Stops the S3 server for a while (the ring keeps running).
     StopBucket {
         #[serde(with = "dur")]
+        #[schemars(with = "String")]
         r#for: Duration,
     },
     /// Loses the whole ring: every member killed, every member dir deleted; the
@@ -310,7 +353,7 @@ pub fn clock_offset_secs(offset: &str) -> Option<f64> {
 }
 
 /// How many acknowledged writes may be lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum LostWrites {
     /// None at all.
@@ -321,11 +364,13 @@ pub enum LostWrites {
 }
 
 /// What must hold for the drill to pass.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Expectations {
     /// The longest time any shoot's API may be unavailable.
+    /// Must be positive.
     pub max_rto_secs: f64,
+    /// How many acknowledged writes may be lost.
     pub lost_writes: LostWrites,
     /// No shoot ever has control-plane processes on two seeds at once.
     #[serde(default = "yes")]
@@ -334,10 +379,12 @@ pub struct Expectations {
     #[serde(default = "yes")]
     pub converge: bool,
     /// Bound on the whole drill after the workload started.
+    /// Must be at least 30.
     #[serde(default = "default_deadline")]
     pub deadline_secs: u64,
     /// Texts some member's ringd must have logged during the drill (evidence,
     /// e.g. that a corrupt snapshot was detected).
+    /// Each must not be empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logged: Vec<String>,
 }

@@ -25,7 +25,9 @@ pub const DEPRECATED_BETA_VERSIONS: [&str; 6] = [
 ];
 
 /// Whether the beta versions ([`DEPRECATED_BETA_VERSIONS`]) are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum DeprecatedApis {
     /// Not served (the default, as kube-apiserver's own): it starts faster

@@ -131,7 +131,7 @@ impl Health {
 }
 
 /// The versions a control plane runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Versions {
     /// kube-apiserver's `/version` (`v1.37.2`), asked once it is ready.

@@ -73,10 +73,10 @@ impl Component {
 
     /// How much nicer than its supervisor the component runs. A control plane and a node's
     /// containerd (its pods inherit it) yield the CPU to ringd, the kubelet
-    /// and the relays on a saturated machine: on 2 cores, three control
-    /// planes starting together kept ringd off the CPU for up to a second
-    /// (an election timeout), the ring committed no lease renewal for 4 s
-    /// and every control plane fenced itself. Only matters under contention.
+    /// and the relays on a saturated machine: three control planes starting
+    /// together on a small machine can keep ringd off the CPU for an election
+    /// timeout, the ring then commits no lease renewal and every control
+    /// plane fences itself. Only matters under contention.
     pub fn nice(self) -> i32 {
         match self {
             Component::Etcd

@@ -282,6 +282,22 @@ async fn planned_migration_under_writes_loses_no_acknowledged_write() {
         (Some("m3"), Some(2)),
         "{p}"
     );
+    // the new host serves it under the placement's epoch, as its status says
+    let m3 = b.ring.member_address(2);
+    let at_m3 = ringctl_in(&dir, &["status", "-o", "json", "--address", &m3]);
+    let at_m3: serde_json::Value = serde_json::from_str(&at_m3).unwrap();
+    let hosted = at_m3["hosted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["shoot"] == "m2")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (hosted["serving"].as_bool(), hosted["epoch"].as_u64()),
+        (Some(true), Some(2)),
+        "{hosted}"
+    );
     let old_dir = dir.join("members/m1/seed/shoots/m2");
     let old = processes_mentioning(&old_dir);
     assert!(

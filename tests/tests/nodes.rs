@@ -212,7 +212,7 @@ async fn nodes_register_run_pods_from_every_image_adopt_pods_and_leave_nothing()
         );
     }
     // a node reaches no cloud metadata service: a connection fails at once
-    // (it went out through the host and hung: kubelet waited ~6 s at start)
+    // (through the host it would hang, and kubelet would wait at every start)
     let ring = layout.read_config().unwrap().unwrap();
     let network = bootstrap::nodes::network(&layout, &ring).unwrap().unwrap();
     for host in &network.hosts {

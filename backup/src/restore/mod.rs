@@ -194,7 +194,8 @@ async fn run(
     let state_file = work.join("state.json");
     // with the damage found in full snapshots so far, for the report (and
     // the error if none is usable)
-    let (mut state, mut damaged) = load_state(&state_file, &fingerprint);
+    let (state, mut damaged) = load_state(&state_file, &fingerprint);
+    let mut state = plan::still_in_bucket(opts, state, progress).await?;
     if opts.data_dir.exists()
         && !is_empty_dir(&opts.data_dir)
         && !matches!(state, RestoreState::Done { .. })

@@ -1,9 +1,44 @@
 //! Choosing what to restore: the newest usable full snapshot at or before
 //! the target and the deltas after it (a time target becomes a revision first).
 
-use super::{fetch_delta, RestoreOptions, RestoreTarget};
+use super::{fetch_delta, RestoreOptions, RestoreState, RestoreTarget};
 use crate::catalog::{Catalog, Plan, Target};
 use crate::{BackupError, Result};
+
+/// `state` as loaded to resume a restore, or a fresh start when an object
+/// its plan names has left the bucket since (an operator moved a damaged
+/// delta aside, or garbage collection ran): planning again from what the
+/// bucket holds now beats failing on the missing object at every rerun.
+pub(super) async fn still_in_bucket(
+    opts: &RestoreOptions,
+    state: RestoreState,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<RestoreState> {
+    let Some(plan) = state.plan() else {
+        return Ok(state);
+    };
+    let listed: std::collections::BTreeSet<String> = opts
+        .bucket
+        .list()
+        .await?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let Some(gone) = std::iter::once(&plan.full)
+        .chain(&plan.deltas)
+        .find(|e| !listed.contains(&e.name))
+    else {
+        return Ok(state);
+    };
+    progress(&format!(
+        "{} left the bucket since this restore was planned: planning again",
+        gone.name
+    ));
+    tracing::warn!(object = %gone.name, "a planned object left the bucket; planning the restore again");
+    Ok(RestoreState::Start {
+        excluded: state.excluded().to_vec(),
+    })
+}
 
 /// Chooses the objects (resolving a time target to a revision first).
 pub(super) async fn plan(opts: &RestoreOptions, excluded: &[String]) -> Result<Plan> {

@@ -1,6 +1,6 @@
 //! The plan's deltas fetched and decoded while the full snapshot downloads,
 //! so the replay finds them in memory: fetching and decoding them one after
-//! the other took ~0.8 s of a 100,000-event restore's critical path.
+//! the other would put every round trip on a large restore's critical path.
 //!
 //! Bounded: only the first deltas up to [`PREFETCH_BYTES`] of stored objects
 //! are taken ahead; the replay fetches the rest as before.

@@ -38,6 +38,18 @@ pub enum RestoreState {
 }
 
 impl RestoreState {
+    /// The full snapshots found too new or damaged so far (none once the
+    /// replay ended: nothing is planned again then).
+    pub fn excluded(&self) -> &[String] {
+        match self {
+            RestoreState::Start { excluded }
+            | RestoreState::Planned { excluded, .. }
+            | RestoreState::Downloaded { excluded, .. }
+            | RestoreState::SnapshotRestored { excluded, .. } => excluded,
+            RestoreState::Replayed { .. } | RestoreState::Done { .. } => &[],
+        }
+    }
+
     /// The objects chosen, once they are and until the replay ends.
     pub fn plan(&self) -> Option<&Plan> {
         match self {

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::cli::{
-    BootstrapArgs, DownArgs, JoinArgs, LeaveArgs, MigrateArgs, PkiInitArgs, RestoreArgs, RingArgs,
-    StatusView,
+    BootstrapArgs, DescribeOperationArgs, DownArgs, JoinArgs, LeaveArgs, MigrateArgs, PkiInitArgs,
+    RestoreArgs, RingArgs, StatusView,
 };
 use crate::output::Format;
 use crate::progress::TerminalProgress;
@@ -46,9 +46,13 @@ fn render_bootstrap(report: &bootstrap::BootstrapReport) -> String {
         ));
     }
     if let Some(key) = &report.bucket_key {
-        out.push_str(&format!(
-            "\nbucket key: {} seals every backup; keep a copy off this machine: restoring the ring from its bucket needs it (ringctl restore --from-bucket URL --bucket-key COPY)\n",
-            key.display()
+        out.push('\n');
+        out.push_str(&ringd::status::wrap(
+            &format!(
+                "bucket key: {} seals every backup; keep a copy off this machine: restoring the ring from its bucket needs it (ringctl restore --from-bucket URL --bucket-key COPY)",
+                key.display()
+            ),
+            2,
         ));
     }
     out.push_str(&format!(
@@ -135,6 +139,29 @@ pub async fn status(args: RingArgs, format: Format) -> anyhow::Result<()> {
             + &bootstrap::nodes::render(&view.nodes)
             + &versions
     })
+}
+
+/// `ringctl describe operation N`: the operation as the ring's leader (or
+/// the first member that answers) records it.
+pub async fn describe_operation(args: DescribeOperationArgs, format: Format) -> anyhow::Result<()> {
+    init_tracing("warn");
+    let status = args.ring.status().await?;
+    let Some(op) = status.operations.iter().find(|o| o.id == args.id) else {
+        let known: Vec<String> = status.operations.iter().map(|o| o.id.to_string()).collect();
+        anyhow::bail!(
+            "the ring has no operation {}; it knows {} (the OP column of `ringctl status`)",
+            args.id,
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    print(op, format, || ringd::describe::render_operation(op, now_ms))
 }
 
 pub async fn pki_init(args: PkiInitArgs) -> anyhow::Result<()> {

@@ -285,9 +285,9 @@ async fn begin_restore(
         .await?;
     if ready {
         // promoted, or restored, while the old lease ran out: take the new
-        // epoch's lease in the same step, a round earlier (0.9 s in a kept
-        // drill log, observing the seed included); if this fails, the lease
-        // step takes it
+        // epoch's lease in the same step, a round (observing the seed
+        // included) sooner than the lease step would; if this fails, the
+        // lease step takes it
         if let Err(e) = shared.renew_lease(op.shoot(), op.epoch()).await {
             tracing::warn!(error = %e, "cannot take the new epoch's lease yet");
         }
@@ -445,7 +445,7 @@ async fn target_step(
             }
             let from = if from_bucket { " from the bucket" } else { "" };
             let detail = format!("restored{from}; verifying (epoch {epoch})");
-            shared.set_hosted(shoot, true, detail);
+            shared.serve_moved(shoot, epoch, detail);
             Ok(())
         }
         TargetAction::Verify => {

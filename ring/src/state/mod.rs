@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Whether a member is believed alive by the quorum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "PascalCase")]
 pub enum MemberState {
     Up,
@@ -63,7 +63,7 @@ pub struct Placement {
 }
 
 /// A hot standby of a shoot's etcd on another member's seed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Standby {
     /// The member whose seed runs it.
@@ -78,7 +78,7 @@ pub struct Standby {
 }
 
 /// Progress of a long-running operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "PascalCase")]
 pub enum OperationStep {
     /// The old host's lease has not expired yet; nothing may start.
@@ -101,7 +101,7 @@ impl OperationStep {
 }
 
 /// What an operation does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", tag = "kind")]
 pub enum OperationKind {
     /// Planned move of a shoot's control plane from `from` to `to`: the source
@@ -144,7 +144,9 @@ fn is_false(v: &bool) -> bool {
 
 /// The revision a host reported its etcd at, and when it was heard
 /// (ms since the Unix epoch, the leader's clock). Ordered by revision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct SeenRevision {
     pub revision: u64,
@@ -152,7 +154,7 @@ pub struct SeenRevision {
 }
 
 /// A long-running operation recorded step by step, so a new leader resumes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
     pub id: u64,
@@ -171,7 +173,7 @@ pub struct Operation {
 }
 
 /// When an operation entered a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StepTime {
     pub step: OperationStep,
@@ -179,7 +181,7 @@ pub struct StepTime {
 }
 
 /// The figures of a finished move, as the target measured them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Outcome {
     /// etcd revision the target serves from.

@@ -264,8 +264,8 @@ impl Run<'_> {
         // clients on its side of the cut (the runner's relays reach every
         // namespace) keep writing to it until its guards fence it at the
         // lease's end: a second loss point once it stopped serving, as after
-        // a stall (it failed a drill: a write acknowledged 3 s after the cut
-        // by the cut member, never backed up, counted as one that had to survive)
+        // a stall: a write the cut member acknowledges after the cut and
+        // never backs up must not count as one that had to survive
         let fenced = match self
             .wait_until_not_serving(&m, &hosted, FENCE_BOUND, obs)
             .await

@@ -2,9 +2,9 @@
 //! unpacked (a "preload", as minikube ships one per Kubernetes version):
 //! built once next to the image archives by `ringctl images build`, and
 //! hard-linked into a new node's empty containerd root before its containerd
-//! starts. Importing the archives on every node hashed and unpacked about
-//! 350 MB per node: 15-20 s of a 3-node bootstrap on 2 cores, the nodes
-//! importing at the same time.
+//! starts. Importing the archives on every node would hash and unpack
+//! every image once per node, all nodes at the same time, on the path of
+//! every bootstrap.
 //!
 //! Content blobs and unpacked snapshots never change once written, so nodes
 //! share them through hard links; containerd's databases (`*.db`) are copied,

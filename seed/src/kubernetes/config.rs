@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, SeedError};
 
 /// How the kube-apiserver's Service is exposed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ServiceType {
     /// An external load balancer (the default; ringd outside the cluster reaches `/readyz` through it).
     #[default]
@@ -22,7 +24,7 @@ pub enum ServiceType {
 }
 
 /// Container images of the control plane components.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Images {
     pub etcd: String,
@@ -50,7 +52,9 @@ impl Default for Images {
 }
 
 /// A container's `imagePullPolicy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum PullPolicy {
     /// Pull at every container start.
     Always,
@@ -73,26 +77,32 @@ impl PullPolicy {
 }
 
 /// A member's Kubernetes seed (the `seed.kubernetes` section of a ringd config).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubernetesSeedConfig {
     /// The ring's name; shoots live in namespaces `shoot--<ring>--<shoot>`.
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit. At most 24 characters.
     pub ring: String,
     /// Kubeconfig of the seed cluster; without it, ringd uses its in-cluster service account.
+    /// Must not be empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context (default: its current context).
+    /// Must not be empty; needs `kubeconfig`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
     /// Type of the kube-apiserver Service.
     #[serde(default)]
     pub service_type: ServiceType,
     /// Size of etcd's volume (a Kubernetes quantity such as `1Gi`).
+    /// Digits with an optional K, M, G, T, Ki, Mi, Gi or Ti.
     #[serde(default = "default_etcd_storage")]
     pub etcd_storage: String,
     /// StorageClass of etcd's volume (default: the cluster's default class).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class: Option<String>,
+    /// Each must be an image reference without whitespace.
     #[serde(default)]
     pub images: Images,
     /// An address of a seed cluster node this ringd reaches, for a `NodePort`
@@ -112,6 +122,8 @@ pub struct KubernetesSeedConfig {
     /// takes them without the seed cluster's scheduler). With
     /// `leaseFromNode`, the node on this machine whose disk holds etcd's data
     /// and the lease file.
+    /// Lowercase letters, digits, '-' and '.', at most 253 characters, starting and ending
+    /// with a letter or digit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     /// The cgroup root of that node's pods when the node runs on this

@@ -262,8 +262,8 @@ mod tests {
 
     /// A deleted pod whose kubelet reports every container terminated has no
     /// process left, though its object can stay for tens of seconds while the
-    /// kubelet reclaims the rest (seen: 30 s of a handover's downtime waiting
-    /// for a kube-scheduler pod stopped at once). Anything that may still run,
+    /// kubelet reclaims the rest, and waiting for the object would add that
+    /// to a handover's downtime. Anything that may still run,
     /// or was not asked to stop, counts as running.
     #[test]
     fn a_deleted_pod_with_every_container_terminated_has_stopped() {

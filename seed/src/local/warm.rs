@@ -1,6 +1,6 @@
 //! A kube-apiserver kept warm next to a hot standby, so that a promotion
-//! does not wait for kube-apiserver's cold start (3-9 s on this machine, most
-//! of a standby failover's outage).
+//! does not wait for kube-apiserver's cold start, which would be most of a
+//! standby failover's outage.
 //!
 //! While the host serves, the warm kube-apiserver runs on the standby's seed
 //! on a port of its own ([`crate::ShootEndpoint::standby_api_port`]),

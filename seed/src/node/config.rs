@@ -24,29 +24,41 @@ pub const MAX_STATE_DIR_LEN: usize = MAX_SOCKET_PATH - KUBELET_LONGEST_SOCKET.le
 
 /// How one node runs: which shoot it joins, where it lives on the network, and
 /// where its state is. Written by `ringctl bootstrap`, read by `ring-node`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeConfig {
+    /// Must be `ring.gardener.cloud/v1alpha1`.
     pub api_version: String,
+    /// Must be `RingNode`.
     pub kind: String,
     /// The node's name as registered (`system:node:<name>`).
+    /// Must be a DNS label: 1 to 40 lowercase letters, digits and '-', starting and ending
+    /// with a letter or digit.
     pub name: String,
     /// Certificates, containerd's images and snapshots, kubelet's pods, logs.
+    /// Must be absolute and at most 74 bytes: kubelet's sockets under it must fit a unix
+    /// socket path.
     pub state_dir: PathBuf,
     /// Sockets and runtime state (short paths: a unix socket path has at most 107 bytes).
+    /// Must be absolute and at most 60 bytes (containerd's sockets).
     pub run_dir: PathBuf,
     /// The `ip netns` namespace the node's processes and pods live in (must exist).
+    /// Must not be empty nor contain '/'.
     pub netns: String,
     /// The node's address in its namespace (its InternalIP).
     pub address: Ipv4Addr,
     /// The range pod IPs of this node come from, e.g. `198.19.1.0/24`.
+    /// Must be `A.B.C.D/N` (N from 0 to 32).
     pub pod_cidr: String,
     /// Every pod range of the node network (kube-proxy's cluster CIDR).
+    /// Must be `A.B.C.D/N` (N from 0 to 32).
     pub cluster_cidr: String,
     /// The shoot's kube-apiserver, on the host's loopback: the node reaches it
     /// at the same address inside its namespace, through a forwarder.
+    /// Must be a loopback address.
     pub api_server: SocketAddr,
     /// The cgroup (in every v1 hierarchy) all of the node's pods live under.
+    /// Must be an absolute cgroup path like `/ring-node-m1`.
     pub cgroup_root: String,
     /// Image archives imported into containerd at start [default: the setup cache's `images`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,6 +68,7 @@ pub struct NodeConfig {
     /// `imagesDir`. A node that hosts control planes as pods needs
     /// [`crate::images::CONTROL_PLANE`]; each image more costs seconds of
     /// import at every start.
+    /// Each must be an image Ring builds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<String>,
     /// Where kubelet and kube-proxy are looked for first [default: setup's cache, then PATH].

@@ -375,8 +375,8 @@ pub(crate) mod tests {
             (|c| c.kind = "Node".into(), "kind"),
             (|c| c.name = "M_1".into(), "name"),
             (|c| c.state_dir = "rel".into(), "stateDir"),
-            // kubelet's pod-resources socket under it would not fit in 107 bytes
-            // (a drill's node dir once was 84 bytes: kubelet exited 255 in a loop)
+            // kubelet's pod-resources socket under it would not fit in a unix
+            // socket path's 107 bytes: kubelet would exit 255 in a loop
             (
                 |c| c.state_dir = format!("/tmp/{}/seed-lk1/node", "d".repeat(62)).into(),
                 "stateDir",

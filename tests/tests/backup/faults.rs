@@ -294,6 +294,20 @@ async fn damaged_missing_and_unreachable_backups_are_reported_precisely() {
         matches!(err, BackupError::Corrupt { .. }) && err.to_string().contains(victim.as_str()),
         "{err}"
     );
+    // the operator moves it and every later delta aside: the same restore
+    // run again plans from what the bucket holds now, rather than resuming a
+    // plan that names objects no longer there, and reaches the last revision
+    // before the damage
+    for d in &catalog.deltas[1..] {
+        let aside = work.path().join(format!("aside-{}", d.name));
+        std::fs::rename(shoot_dir("flipped").join(&d.name), aside).unwrap();
+    }
+    let report = restore(&opts).await.unwrap();
+    assert_eq!(
+        report.reached_revision, catalog.deltas[0].last,
+        "{report:?}"
+    );
+    assert!(report.verified, "{report:?}");
 
     // a truncated full snapshot
     let (_, url) = variant("truncated");

@@ -138,7 +138,7 @@ pub(super) async fn complete(
         let span = outcome.may_lose_ms.map(|ms| ms as f64 / 1000.0);
         shared.metrics().may_lose(shoot, n, span);
     }
-    shared.set_hosted(shoot, true, "serving".into());
+    shared.serve_moved(shoot, op.epoch(), "serving".into());
     mover.finish_move(shoot, op.id);
     Ok(())
 }
