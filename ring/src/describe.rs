@@ -107,15 +107,23 @@ pub fn render_operation(op: &Operation, now_ms: u64) -> String {
     out
 }
 
-/// What clients lost at least, in words (see `Outcome::may_lose_revisions`).
+/// What clients may have lost, in words (see `Outcome::may_lose_revisions`
+/// and `Outcome::unheard_ms`).
 fn may_lose(o: &crate::state::Outcome) -> String {
-    match (o.may_lose_revisions, o.may_lose_ms) {
+    let counted = match (o.may_lose_revisions, o.may_lose_ms) {
         (Some(n), Some(ms)) => format!(
             "at least {n} revisions, from the {:.1}s between the newest durable backup and the old host's last report",
             ms as f64 / 1000.0
         ),
         (Some(n), None) => format!("at least {n} revisions"),
         (None, _) => "unknown: no report of the old host's etcd reached the ring".into(),
+    };
+    match o.unheard_ms {
+        Some(ms) => format!(
+            "{counted}; and any write it acknowledged in the {:.1}s it may have served unheard, until its lease was surely over",
+            ms as f64 / 1000.0
+        ),
+        None => counted,
     }
 }
 
@@ -163,6 +171,7 @@ mod tests {
             start_ms: 3_400,
             may_lose_revisions: Some(4),
             may_lose_ms: Some(900),
+            unheard_ms: Some(5_200),
             objects: [("configmaps".to_string(), 20), ("secrets".to_string(), 3)].into(),
             ..Default::default()
         });
@@ -182,6 +191,10 @@ mod tests {
         );
         assert!(out.contains("revision 316 in 2.1s"), "{out}");
         assert!(out.contains("at least 4 revisions"), "{out}");
+        assert!(
+            joined.contains("any write it acknowledged in the 5.2s it may have served unheard"),
+            "{out}"
+        );
         assert!(
             out.contains("23 objects in 2 resource types: configmaps 20, secrets 3"),
             "{out}"

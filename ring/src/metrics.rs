@@ -36,6 +36,7 @@ pub struct Metrics {
     rpo_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
     may_lose_revisions: Family<[(&'static str, String); 1], Gauge>,
     may_lose_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+    unheard_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
     cert_expiry: Family<[(&'static str, String); 2], Gauge>,
 }
 
@@ -74,6 +75,7 @@ impl Metrics {
             rpo_seconds: Family::default(),
             may_lose_revisions: Family::default(),
             may_lose_seconds: Family::default(),
+            unheard_seconds: Family::default(),
             cert_expiry: Family::default(),
         };
         root.register("is_leader", "1 on the Raft leader", m.is_leader.clone());
@@ -156,6 +158,11 @@ impl Metrics {
             m.may_lose_seconds.clone(),
         );
         root.register(
+            "failover_unheard_seconds",
+            "How long the old host of the last failover of a shoot this member restored from the bucket may have served unheard, from its last report until its lease was surely over: writes it acknowledged then may be lost too",
+            m.unheard_seconds.clone(),
+        );
+        root.register(
             "certificate_expiration_timestamp_seconds",
             "When a certificate this member uses (ring CA, member) or keeps for a control plane it hosts (shoot PKI) stops being valid, unix seconds",
             m.cert_expiry.clone(),
@@ -196,12 +203,25 @@ impl Metrics {
         self.rpo_seconds.get_or_create(&label).set(seconds);
     }
 
-    /// Records what clients may have lost in a failover of `shoot`.
-    pub fn may_lose(&self, shoot: &str, revisions: i64, seconds: Option<f64>) {
+    /// Records what clients may have lost in a failover of `shoot`: the
+    /// revisions counted, their span, and how long the old host may have
+    /// served unheard.
+    pub fn may_lose(
+        &self,
+        shoot: &str,
+        revisions: Option<i64>,
+        seconds: Option<f64>,
+        unheard_seconds: Option<f64>,
+    ) {
         let label = [("shoot", shoot.to_string())];
-        self.may_lose_revisions.get_or_create(&label).set(revisions);
+        if let Some(n) = revisions {
+            self.may_lose_revisions.get_or_create(&label).set(n);
+        }
         if let Some(s) = seconds {
             self.may_lose_seconds.get_or_create(&label).set(s);
+        }
+        if let Some(s) = unheard_seconds {
+            self.unheard_seconds.get_or_create(&label).set(s);
         }
     }
 

@@ -318,13 +318,7 @@ pub fn render(s: &RingStatus) -> String {
         out.push_str("\nno operations\n");
     } else {
         let mut t = table(&[
-            "OP",
-            "KIND",
-            "SHOOT",
-            "TARGET",
-            "STEP",
-            "LOST (HEARD)",
-            "DETAIL",
+            "OP", "KIND", "SHOOT", "TARGET", "STEP", "MAY LOSE", "DETAIL",
         ]);
         for o in &s.operations {
             t.add_row(vec![
@@ -378,16 +372,20 @@ fn certificates_summary(certs: &[crate::certs::CertificateStatus], now_unix: i64
     out
 }
 
-/// What a finished failover says clients lost at least ("-" otherwise): the
-/// revisions past the restore the old host was heard at, and their span.
+/// What a finished failover says clients may have lost ("-" otherwise): at
+/// least the revisions past the restore the old host was heard at (`≥N
+/// rev`), and any write it acknowledged in the time it served unheard
+/// (`+Xs`); `?` where the ring cannot tell. Migrations lose nothing.
 fn may_lose(o: &Operation) -> String {
-    let Some(out) = o.outcome.as_ref() else {
+    let Some(out) = o.outcome.as_ref().filter(|_| !o.is_migration()) else {
         return "-".into();
     };
-    match (out.may_lose_revisions, out.may_lose_ms) {
-        (Some(n), Some(ms)) => format!("≥{n} rev/{:.1}s", ms as f64 / 1000.0),
-        (Some(n), None) => format!("≥{n} rev"),
-        _ => "-".into(),
+    let revisions = out
+        .may_lose_revisions
+        .map_or("?".to_string(), |n| format!("≥{n} rev"));
+    match out.unheard_ms {
+        Some(ms) => format!("{revisions} +{:.1}s", ms as f64 / 1000.0),
+        None => revisions,
     }
 }
 
@@ -553,6 +551,51 @@ mod tests {
         s.hosted.clear();
         let out = render(&s);
         assert!(!out.contains("describe operation"), "{out}");
+    }
+
+    /// The column says what was counted and how long the old host served
+    /// unheard; `?` where the ring never heard how far it got.
+    #[test]
+    fn the_may_lose_column_shows_counted_revisions_and_the_unheard_time() {
+        use crate::state::{OperationKind, OperationStep, Outcome};
+        let mut op = Operation::new(
+            1,
+            OperationKind::Failover {
+                shoot: "m2".into(),
+                from: "m1".into(),
+                to: "m3".into(),
+                epoch: 2,
+                not_before_ms: 0,
+                seen: None,
+                promote: false,
+            },
+            OperationStep::Done,
+            String::new(),
+            0,
+        );
+        assert_eq!(may_lose(&op), "-");
+        let cases = [
+            ((Some(3), Some(5_150)), "≥3 rev +5.2s"),
+            ((None, Some(6_000)), "? +6.0s"),
+            ((Some(0), None), "≥0 rev"),
+        ];
+        for ((revisions, unheard), want) in cases {
+            op.outcome = Some(Outcome {
+                may_lose_revisions: revisions,
+                unheard_ms: unheard,
+                ..Default::default()
+            });
+            assert_eq!(may_lose(&op), want);
+        }
+        // a planned migration loses nothing: no figure to show
+        op.kind = OperationKind::Migration {
+            shoot: "m2".into(),
+            from: "m1".into(),
+            to: "m3".into(),
+            epoch: 2,
+            revision: Some(10),
+        };
+        assert_eq!(may_lose(&op), "-");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 
 pub mod drill;
 pub mod kube_seeds;
+pub mod lost;
 pub mod netns;
 pub mod procs;
 pub mod report;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::drill::{Expectations, LostWrites, ObjectKind};
+use crate::drill::{Expectations, LostWrites};
 
 /// The result of one run of a drill (written as JSON next to the HTML report).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +75,9 @@ pub enum EventKind {
         /// What a finished failover said clients may have lost (revisions).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         may_lose_revisions: Option<i64>,
+        /// The rest of what a finished failover reported of its loss.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reported: Option<crate::lost::Reported>,
     },
     /// The members with control-plane processes of a shoot changed.
     Serving { shoot: String, members: Vec<String> },
@@ -115,6 +118,11 @@ pub struct ShootFigures {
     pub lost_writes: u64,
     /// Acknowledged writes missing at the end that were newer than the last durable delta.
     pub lost_beyond_durable: u64,
+    /// Of those, the ones the ring's finished failovers did not report as
+    /// possibly lost (neither counted nor acknowledged while the old host
+    /// may have served unheard).
+    #[serde(default)]
+    pub lost_unreported: u64,
     /// Examples of lost writes (name@resourceVersion).
     pub lost_examples: Vec<String>,
     /// Revisions between the durable revision and the newest acknowledged write at the loss.
@@ -127,58 +135,7 @@ pub struct ShootFigures {
     pub ring_may_lose_revisions: Option<i64>,
 }
 
-/// One acknowledged write.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Ack {
-    pub kind: ObjectKind,
-    pub name: String,
-    /// For updates of the writer's counter object: the value written.
-    pub generation: Option<u64>,
-    pub resource_version: i64,
-    /// Milliseconds after the workload started.
-    pub at_ms: u64,
-}
-
-/// What a shoot holds at the end: object → its counter value (0 for plain objects).
-pub type Present = BTreeMap<(ObjectKind, String), u64>;
-
-/// A loss of a shoot's control plane: when, and up to which revision the bucket had it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LossPoint {
-    pub at_ms: u64,
-    pub durable_revision: i64,
-}
-
-/// Acknowledged writes missing at the end: (lost though they had to survive,
-/// lost but newer than a durable revision at a loss, examples).
-pub fn account(acks: &[Ack], present: &Present, losses: &[LossPoint]) -> (u64, u64, Vec<String>) {
-    let (mut lost, mut excused) = (0, 0);
-    let mut examples = Vec::new();
-    for a in acks {
-        let there = match (present.get(&(a.kind, a.name.clone())), a.generation) {
-            (None, _) => false,
-            (Some(g), Some(want)) => *g >= want,
-            (Some(_), None) => true,
-        };
-        if there {
-            continue;
-        }
-        // acknowledged before a loss, but newer than what the bucket held then
-        if losses
-            .iter()
-            .any(|l| a.at_ms <= l.at_ms && a.resource_version > l.durable_revision)
-        {
-            excused += 1;
-        } else {
-            lost += 1;
-            if examples.len() < 5 {
-                examples.push(format!("{}@{}", a.name, a.resource_version));
-            }
-        }
-    }
-    (lost, excused, examples)
-}
+pub use crate::lost::{Ack, FailoverReport, LossPoint, Present};
 
 /// A time interval in seconds since the workload started.
 pub type Interval = (f64, f64);
@@ -250,6 +207,14 @@ pub fn verdict(expect: &Expectations, r: &RunResult) -> Vec<String> {
                 "shoot {}: {} acknowledged writes lost that had to survive (e.g. {})",
                 s.shoot,
                 s.lost_writes,
+                s.lost_examples.join(", ")
+            ));
+        }
+        if s.lost_unreported > 0 {
+            failures.push(format!(
+                "shoot {}: {} acknowledged writes lost beyond what the ring reported as possibly lost (e.g. {})",
+                s.shoot,
+                s.lost_unreported,
                 s.lost_examples.join(", ")
             ));
         }
@@ -358,19 +323,30 @@ pub fn ring_may_lose(events: &[Event], shoot: &str) -> Option<i64> {
         .fold(None, |sum, n| Some(sum.unwrap_or(0) + n))
 }
 
+/// The reports of the ring's finished failovers of `shoot`.
+pub fn failover_reports(events: &[Event], shoot: &str) -> Vec<FailoverReport> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Operation {
+                kind,
+                shoot: s,
+                step,
+                may_lose_revisions,
+                reported: Some(reported),
+                ..
+            } if kind == "failover" && s == shoot && step == "Done" => Some(FailoverReport {
+                may_lose_revisions: *may_lose_revisions,
+                reported: *reported,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ack(name: &str, rv: i64, at_ms: u64, generation: Option<u64>) -> Ack {
-        Ack {
-            kind: ObjectKind::ConfigMap,
-            name: name.into(),
-            generation,
-            resource_version: rv,
-            at_ms,
-        }
-    }
 
     #[test]
     fn outages_run_from_the_last_good_answer_to_the_next() {
@@ -392,30 +368,6 @@ mod tests {
         let never_back = [(0.0, true), (1.0, false)];
         assert_eq!(rto(&never_back, 0.5), None);
         assert_eq!(intervals(&never_back).1, [(0.0, 1.0)]);
-    }
-
-    #[test]
-    fn lost_writes_are_excused_only_beyond_the_durable_revision_at_a_loss() {
-        let acks = [
-            ack("a", 10, 100, None),    // durable, present
-            ack("b", 20, 200, None),    // durable, missing -> lost
-            ack("c", 31, 300, None),    // newer than durable at the loss -> excused
-            ack("d", 32, 900, None),    // after the loss (restored revisions reused) -> lost
-            ack("n", 33, 950, Some(7)), // counter at 7, shoot has 5 -> lost
-            ack("n", 25, 250, Some(3)), // counter 3 <= 5 -> fine
-        ];
-        let mut present = Present::new();
-        present.insert((ObjectKind::ConfigMap, "a".into()), 0);
-        present.insert((ObjectKind::ConfigMap, "n".into()), 5);
-        let losses = [LossPoint {
-            at_ms: 500,
-            durable_revision: 30,
-        }];
-        let (lost, excused, ex) = account(&acks, &present, &losses);
-        assert_eq!((lost, excused), (3, 1));
-        assert_eq!(ex, ["b@20", "d@32", "n@33"]);
-        // with no loss, nothing is excused
-        assert_eq!(account(&acks, &present, &[]).1, 0);
     }
 
     fn result() -> RunResult {
@@ -441,6 +393,7 @@ mod tests {
                 failed_writes: 0,
                 lost_writes: 0,
                 lost_beyond_durable: 2,
+                lost_unreported: 0,
                 lost_examples: vec![],
                 rpo_revisions: None,
                 rpo_secs: None,
@@ -487,6 +440,7 @@ mod tests {
                 step: "Pending".into(),
                 detail: String::new(),
                 may_lose_revisions: None,
+                reported: None,
             },
         };
         let mut returned = r.clone();
@@ -520,6 +474,7 @@ mod tests {
                 step: step.into(),
                 detail: String::new(),
                 may_lose_revisions: n,
+                reported: None,
             },
         };
         let events = [
@@ -558,6 +513,12 @@ mod tests {
         expect.lost_writes = LostWrites::None;
         assert!(verdict(&expect, &r)[0].contains("2 acknowledged writes lost"));
         expect.lost_writes = LostWrites::BeyondDurable;
+        // beyond the durable, but not what the ring reported: never allowed
+        r.shoots[0].lost_unreported = 1;
+        assert_eq!(verdict(&expect, &r).len(), 1);
+        assert!(verdict(&expect, &r)[0]
+            .contains("1 acknowledged writes lost beyond what the ring reported as possibly lost"));
+        r.shoots[0].lost_unreported = 0;
         r.shoots[0].rto_secs = Some(31.0);
         r.converged_secs = None;
         r.double_serving.push(DoubleServing {

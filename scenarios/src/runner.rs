@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::drill::{Action, BucketKind, Drill, Hosting, NetworkKind, Step, Target, When};
 use crate::kube_seeds::KubeSeeds;
+use crate::lost::{account, Lost};
 use crate::netns::Network;
 use crate::procs;
 use crate::result::{
-    account, intervals, rto, verdict, DoubleServing, Event, EventKind, LossPoint, RunResult,
-    ShootFigures,
+    intervals, rto, verdict, DoubleServing, Event, EventKind, LossPoint, RunResult, ShootFigures,
 };
 use crate::rng::Rng;
 use crate::s3::S3Server;
@@ -344,6 +344,7 @@ pub async fn run(
             losses: r.losses.get(shoot).cloned().unwrap_or_default(),
             samples: samples.get(shoot).cloned().unwrap_or_default(),
             first_fault: faults.first_t.unwrap_or(0.0),
+            started_at_ms,
         };
         figures.push(read.figures(&observed.events, &mut failures).await);
     }

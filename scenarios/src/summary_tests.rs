@@ -11,6 +11,7 @@ fn shoot(name: &str, outages: &[(f64, f64)], acked: u64, lost: u64, beyond: u64)
         failed_writes: 0,
         lost_writes: lost,
         lost_beyond_durable: beyond,
+        lost_unreported: 0,
         lost_examples: vec![],
         rpo_revisions: None,
         rpo_secs: None,

@@ -11,12 +11,15 @@
 //! `kill-seed-standby` (a hot standby promoted: no acknowledged write lost),
 //! `stall-ringd-standby` (the hot standby's host frozen: fenced by its
 //! guards, the standby promoted before the stalled ringd resumes),
+//! `stall-ringd-processes` (a local seed's host frozen, its backup with it:
+//! every write lost is one the failover reported as possibly lost),
 //! `double-failover` (one shoot fails over twice, the second time onto the
 //! member holding its stale data), `verify-partition` (the failover
 //! target cut off mid-restore; ignored by default, slow) and `clock-skew`
 //! (the hosting ringd's clock 5 s ahead, then frozen; ignored, slow).
 //! Each run's JSON result is checked: passed, RTO measured, never two control
-//! planes of one shoot, no acknowledged write lost beyond the durable delta.
+//! planes of one shoot, no acknowledged write lost beyond the durable delta
+//! or beyond what a finished failover reported as possibly lost.
 
 // Each test runs on its own runtime; `ring_slot` only serialises whole tests.
 #![allow(clippy::await_holding_lock)]
@@ -239,6 +242,37 @@ fn stall_ringd_standby_drill_promotes_while_the_stalled_host_is_frozen() {
     assert!(
         took < 15.0,
         "ss2 served again {took:.1} s after the stall, not before the stalled ringd resumed (15 s)"
+    );
+}
+
+/// Control planes as processes, backup protection: sp1's ringd, hosting
+/// sp2, frozen for 20 s. sp2's etcd and kube-apiserver acknowledge writes
+/// until their guards fence them, while sp2's backup (inside the frozen
+/// ringd) uploads nothing: those writes are lost in the failover, and the
+/// drill fails unless the failover reported each of them as possibly lost
+/// (counted past the restore, or acknowledged within the time it says the
+/// old host may have served unheard). About a minute.
+#[test]
+fn stall_ringd_processes_drill_reports_every_write_the_frozen_host_acknowledged() {
+    let _slot = ring_slot();
+    let sandbox = Sandbox::new();
+    let (r, html) = run_drill("stall-ringd-processes", sandbox.path());
+    check_common(&r, &html);
+    let sp2 = shoot(&r, "sp2");
+    assert_eq!(sp2["lostUnreported"], 0, "{sp2}");
+    let ops = events(&r, "operation");
+    let done = ops
+        .iter()
+        .find(|o| o["kind"] == "failover" && o["shoot"] == "sp2" && o["step"] == "Done")
+        .unwrap_or_else(|| panic!("sp2 never failed over: {ops:?}"));
+    let detail = done["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("until its lease was surely over, may be lost too"),
+        "{detail}"
+    );
+    assert!(
+        done["reported"]["unheardUntilMs"].is_u64(),
+        "the failover reports the old host's unheard time: {done}"
     );
 }
 

@@ -27,7 +27,7 @@ pub(super) fn ringd_exposition() -> String {
     m.step("failover", "target", "Restoring", 1.0);
     m.finished("failover", "done");
     m.rpo("s1", 0, 1.0);
-    m.may_lose("s1", 0, Some(1.0));
+    m.may_lose("s1", Some(0), Some(1.0), Some(5.0));
     m.certificates(&[ringd::certs::CertificateStatus {
         owner: "ring".into(),
         name: "ca".into(),

@@ -207,6 +207,14 @@ pub struct Outcome {
     /// backup the ring knew to when the old host was last heard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub may_lose_ms: Option<u64>,
+    /// How long the old host may have served unheard (failovers from the
+    /// bucket): from its last report (or the newest durable backup, if it
+    /// was never heard) to when its lease was surely over. Writes it
+    /// acknowledged then are not counted in `may_lose_revisions` and may be
+    /// lost too; none after it. `None` for a promoted standby (it voted on
+    /// every write) or when the ring knew neither point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unheard_ms: Option<u64>,
     /// Objects per resource type that were verified after the move.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub objects: std::collections::BTreeMap<String, u64>,
@@ -261,6 +269,15 @@ impl Operation {
     pub fn target(&self) -> &str {
         match &self.kind {
             OperationKind::Failover { to, .. } | OperationKind::Migration { to, .. } => to,
+        }
+    }
+
+    /// When a failover's proposing leader expected the old host's lease to
+    /// be over, plus margin (its clock); `None` for a migration.
+    pub fn old_lease_over_ms(&self) -> Option<u64> {
+        match self.kind {
+            OperationKind::Failover { not_before_ms, .. } => Some(not_before_ms),
+            OperationKind::Migration { .. } => None,
         }
     }
 

@@ -141,6 +141,7 @@ impl Observer {
                                                 .outcome
                                                 .as_ref()
                                                 .and_then(|x| x.may_lose_revisions),
+                                            reported: reported(o),
                                         },
                                     });
                                 }
@@ -217,4 +218,14 @@ pub(super) fn hosted_by(obs: &Observer, member: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// What a finished operation reported of its loss beyond the count: the
+/// old host's unheard time ends where the ring judged its lease over.
+fn reported(o: &ringd::state::Operation) -> Option<crate::lost::Reported> {
+    let out = o.outcome.as_ref()?;
+    Some(crate::lost::Reported {
+        restored_revision: out.restored_revision,
+        unheard_until_ms: out.unheard_ms.and(o.old_lease_over_ms()),
+    })
 }

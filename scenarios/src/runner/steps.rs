@@ -294,6 +294,8 @@ pub(super) struct ShootRun<'a> {
     pub(super) losses: Vec<LossPoint>,
     pub(super) samples: Vec<(f64, bool)>,
     pub(super) first_fault: f64,
+    /// The workload's start (ms since the Unix epoch): ack times count from it.
+    pub(super) started_at_ms: u64,
 }
 
 impl ShootRun<'_> {
@@ -317,9 +319,16 @@ impl ShootRun<'_> {
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
         };
-        let (lost, excused, examples) = match &present {
-            Some(p) => account(&self.log.acks, p, &self.losses),
-            None => (0, 0, vec![]),
+        let reports = crate::result::failover_reports(events, shoot);
+        let lost = match &present {
+            Some(p) => account(
+                &self.log.acks,
+                p,
+                &self.losses,
+                &reports,
+                self.started_at_ms,
+            ),
+            None => Lost::default(),
         };
         let (available, outages) = intervals(&self.samples);
         let rpo_secs = events
@@ -340,9 +349,10 @@ impl ShootRun<'_> {
             rto_secs: rto(&self.samples, self.first_fault),
             acked_writes: self.log.acks.len() as u64,
             failed_writes: self.log.failures,
-            lost_writes: lost,
-            lost_beyond_durable: excused,
-            lost_examples: examples,
+            lost_writes: lost.lost,
+            lost_beyond_durable: lost.excused,
+            lost_unreported: lost.unreported,
+            lost_examples: lost.examples,
             rpo_revisions: self.rpo_revisions(),
             rpo_secs,
             ring_may_lose_revisions: crate::result::ring_may_lose(events, shoot),

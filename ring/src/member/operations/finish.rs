@@ -134,9 +134,14 @@ pub(super) async fn complete(
     {
         shared.metrics().rpo(shoot, lost, age as f64 / 1000.0);
     }
-    if let Some(n) = outcome.may_lose_revisions {
-        let span = outcome.may_lose_ms.map(|ms| ms as f64 / 1000.0);
-        shared.metrics().may_lose(shoot, n, span);
+    if !op.is_migration() {
+        let secs = |ms: Option<u64>| ms.map(|ms| ms as f64 / 1000.0);
+        shared.metrics().may_lose(
+            shoot,
+            outcome.may_lose_revisions,
+            secs(outcome.may_lose_ms),
+            secs(outcome.unheard_ms),
+        );
     }
     shared.serve_moved(shoot, op.epoch(), "serving".into());
     mover.finish_move(shoot, op.id);
@@ -206,6 +211,7 @@ fn failover_outcome(
     );
     figures.may_lose_revisions = loss.may_lose_revisions;
     figures.may_lose_ms = loss.may_lose_ms;
+    figures.unheard_ms = loss.unheard_ms;
     (detail, figures)
 }
 
@@ -239,7 +245,8 @@ fn served_by(state: &crate::state::RingState, op: &Operation) -> String {
 /// durable that the restore did not reach (`lost`), and what clients lost
 /// beyond that: every revision past the restore up to the newest one the old
 /// host's etcd was heard at (they existed there and are gone), plus any write
-/// it acknowledged after that report (which the ring cannot count).
+/// it acknowledged after that report until its lease was surely over (which
+/// the ring cannot count, only bound in time: `unheard_ms`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FailoverLoss {
     durable: Option<BackupPointer>,
@@ -248,6 +255,7 @@ pub(crate) struct FailoverLoss {
     pub durable_age_ms: Option<u64>,
     pub may_lose_revisions: Option<i64>,
     pub may_lose_ms: Option<u64>,
+    pub unheard_ms: Option<u64>,
 }
 
 impl FailoverLoss {
@@ -272,6 +280,7 @@ impl FailoverLoss {
                 (Some(s), Some(b)) => Some(s.at_ms.saturating_sub(b.at_ms)),
                 _ => None,
             },
+            unheard_ms: unheard_ms(op, seen, durable),
         }
     }
 
@@ -285,22 +294,53 @@ impl FailoverLoss {
             ),
             _ => "no backup progress had been reported".into(),
         };
+        let unheard = |after: &str| {
+            self.unheard_ms.map_or(String::new(), |ms| {
+                format!(
+                    "; writes it acknowledged in the {:.1} s after {after}, until its lease was surely over, may be lost too",
+                    ms as f64 / 1000.0
+                )
+            })
+        };
         let clients = match (self.seen, self.may_lose_revisions) {
             (Some(s), Some(n)) => {
                 let span = self.may_lose_ms.map_or(String::new(), |ms| {
                     format!(", {:.1} s after the newest durable backup", ms as f64 / 1000.0)
                 });
                 format!(
-                    "{n} revisions past the restore are lost ({served} was at revision {} when last heard{span}); writes it acknowledged after that report may be lost too",
-                    s.revision
+                    "{n} revisions past the restore are lost ({served} was at revision {} when last heard{span}){}",
+                    s.revision,
+                    unheard("that report")
                 )
             }
             _ => format!(
-                "how far {served} got beyond the bucket is unknown (no report of its revision reached the ring): any write acknowledged after the newest durable backup may be lost"
+                "how far {served} got beyond the bucket is unknown (no report of its revision reached the ring){}",
+                match self.unheard_ms {
+                    Some(_) => unheard("the newest durable backup"),
+                    None => ": any write acknowledged after the newest durable backup may be lost".into(),
+                }
             ),
         };
         format!("{known}; {clients}")
     }
+}
+
+/// How long the old host of failover `op` may have acknowledged writes the
+/// ring never heard of: from its last report (or, never heard, the newest
+/// durable backup) until its lease was surely over. A stalled or cut-off host
+/// serves until its guards fence it, and what it backs up meanwhile may not
+/// reach the bucket (a local seed's backup runs in the stalled ringd).
+/// Nothing for a promoted standby: it voted on every write.
+fn unheard_ms(
+    op: &Operation,
+    seen: Option<SeenRevision>,
+    durable: Option<&BackupPointer>,
+) -> Option<u64> {
+    if op.promotes() {
+        return None;
+    }
+    let heard_at = seen.map(|s| s.at_ms).or(durable.map(|b| b.at_ms))?;
+    Some(op.old_lease_over_ms()?.saturating_sub(heard_at))
 }
 
 /// The outcome figures a finished move reports.
@@ -326,7 +366,8 @@ mod tests {
     use super::*;
     use crate::state::{OperationKind, OperationStep};
 
-    fn failover(created_at_ms: u64) -> Operation {
+    /// A failover begun at `created_at_ms`, the old lease over 4.5 s later.
+    fn failover(created_at_ms: u64, promote: bool) -> Operation {
         Operation::new(
             7,
             OperationKind::Failover {
@@ -334,9 +375,9 @@ mod tests {
                 from: "m1".into(),
                 to: "m3".into(),
                 epoch: 2,
-                not_before_ms: 0,
+                not_before_ms: created_at_ms + 4_500,
                 seen: None,
-                promote: false,
+                promote,
             },
             OperationStep::Pending,
             String::new(),
@@ -346,62 +387,78 @@ mod tests {
 
     #[test]
     fn a_failover_reports_what_clients_may_have_lost_beyond_the_bucket() {
-        let op = failover(10_000);
+        let op = failover(10_000, false);
         let durable = BackupPointer {
             revision: 100,
             at_ms: 8_000,
             seen: None,
         };
         let seen = |revision, at_ms| Some(SeenRevision { revision, at_ms });
-        // (durable, seen, reached) -> (lost, may lose revisions, may lose ms)
+        // (durable, seen, reached) -> (lost, may lose revisions, may lose ms,
+        // unheard ms: until the old lease was over at 14.5 s)
         let cases = [
             (
                 "heard beyond the bucket",
                 Some(&durable),
                 seen(112, 9_400),
                 100,
-                (Some(0), Some(12), Some(1_400)),
+                (Some(0), Some(12), Some(1_400), Some(5_100)),
             ),
             (
                 "restore short of the durable",
                 Some(&durable),
                 seen(112, 9_400),
                 95,
-                (Some(5), Some(17), Some(1_400)),
+                (Some(5), Some(17), Some(1_400), Some(5_100)),
             ),
             (
                 "heard before the newest backup",
                 Some(&durable),
                 seen(90, 7_000),
                 100,
-                (Some(0), Some(0), Some(0)),
+                (Some(0), Some(0), Some(0), Some(7_500)),
             ),
             (
                 "never heard",
                 Some(&durable),
                 None,
                 100,
-                (Some(0), None, None),
+                (Some(0), None, None, Some(6_500)),
             ),
-            ("nothing known", None, None, 100, (None, None, None)),
+            ("nothing known", None, None, 100, (None, None, None, None)),
         ];
         for (name, durable, seen, reached, want) in cases {
             let l = FailoverLoss::new(&op, durable, seen, reached);
             assert_eq!(
-                (l.lost, l.may_lose_revisions, l.may_lose_ms),
+                (l.lost, l.may_lose_revisions, l.may_lose_ms, l.unheard_ms),
                 want,
                 "{name}"
             );
         }
+        // a promoted standby voted on every write the old host acknowledged
+        let promoted = FailoverLoss::new(
+            &failover(10_000, true),
+            Some(&durable),
+            seen(112, 9_400),
+            112,
+        );
+        assert_eq!(
+            (promoted.may_lose_revisions, promoted.unheard_ms),
+            (Some(0), None)
+        );
+        assert!(!promoted.describe("m1's etcd").contains("may be lost too"));
         let l = FailoverLoss::new(&op, Some(&durable), seen(112, 9_400), 100);
         let words = l.describe("m1's etcd");
         assert!(words.contains("0 revisions lost"), "{words}");
         assert!(
-            words.contains("12 revisions past the restore are lost (m1's etcd was at revision 112 when last heard, 1.4 s after the newest durable backup); writes it acknowledged after that report may be lost too"),
+            words.contains("12 revisions past the restore are lost (m1's etcd was at revision 112 when last heard, 1.4 s after the newest durable backup); writes it acknowledged in the 5.1 s after that report, until its lease was surely over, may be lost too"),
             "{words}"
         );
         let unknown = FailoverLoss::new(&op, Some(&durable), None, 100).describe("m1's etcd");
-        assert!(unknown.contains("is unknown"), "{unknown}");
+        assert!(
+            unknown.contains("is unknown (no report of its revision reached the ring); writes it acknowledged in the 6.5 s after the newest durable backup, until its lease was surely over, may be lost too"),
+            "{unknown}"
+        );
     }
 
     /// A failover after one that failed names both etcds its loss is
