@@ -308,40 +308,42 @@ pub fn zombies(r: &RunResult) -> Vec<String> {
 /// What the ring's finished failovers of `shoot` said clients may have lost,
 /// added up (`None`: none said).
 pub fn ring_may_lose(events: &[Event], shoot: &str) -> Option<i64> {
-    events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::Operation {
-                kind,
-                shoot: s,
-                step,
-                may_lose_revisions,
-                ..
-            } if kind == "failover" && s == shoot && step == "Done" => *may_lose_revisions,
-            _ => None,
-        })
+    finished_failovers(events, shoot)
+        .filter_map(|(n, _)| n)
         .fold(None, |sum, n| Some(sum.unwrap_or(0) + n))
 }
 
 /// The reports of the ring's finished failovers of `shoot`.
 pub fn failover_reports(events: &[Event], shoot: &str) -> Vec<FailoverReport> {
-    events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::Operation {
-                kind,
-                shoot: s,
-                step,
+    finished_failovers(events, shoot)
+        .filter_map(|(may_lose_revisions, reported)| {
+            Some(FailoverReport {
                 may_lose_revisions,
-                reported: Some(reported),
-                ..
-            } if kind == "failover" && s == shoot && step == "Done" => Some(FailoverReport {
-                may_lose_revisions: *may_lose_revisions,
-                reported: *reported,
-            }),
-            _ => None,
+                reported: reported?,
+            })
         })
         .collect()
+}
+
+/// What each finished failover of `shoot` said: revisions counted past the
+/// restore, and the rest of its report.
+fn finished_failovers<'a>(
+    events: &'a [Event],
+    shoot: &'a str,
+) -> impl Iterator<Item = (Option<i64>, Option<crate::lost::Reported>)> + 'a {
+    events.iter().filter_map(move |e| match &e.kind {
+        EventKind::Operation {
+            kind,
+            shoot: s,
+            step,
+            may_lose_revisions,
+            reported,
+            ..
+        } if kind == "failover" && s == shoot && step == "Done" => {
+            Some((*may_lose_revisions, *reported))
+        }
+        _ => None,
+    })
 }
 
 #[cfg(test)]

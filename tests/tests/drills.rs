@@ -134,6 +134,15 @@ fn shoot<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no shoot {name} in {r}"))
 }
 
+/// The event of `shoot`'s failover reaching `Done`.
+fn failover_done<'a>(r: &'a serde_json::Value, shoot: &str) -> &'a serde_json::Value {
+    let ops = events(r, "operation");
+    ops.iter()
+        .find(|o| o["kind"] == "failover" && o["shoot"] == shoot && o["step"] == "Done")
+        .copied()
+        .unwrap_or_else(|| panic!("{shoot} never failed over: {ops:?}"))
+}
+
 fn events<'a>(r: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
     r["events"]
         .as_array()
@@ -226,11 +235,7 @@ fn stall_ringd_standby_drill_promotes_while_the_stalled_host_is_frozen() {
         .unwrap_or_else(|| panic!("the stalled host never stopped serving: {detail}"));
     assert!(fenced_after < 4.0, "fenced within the 4 s lease: {detail}");
     let stalled_at = stall["t"].as_f64().unwrap();
-    let ops = events(&r, "operation");
-    let done = ops
-        .iter()
-        .find(|o| o["kind"] == "failover" && o["shoot"] == "ss2" && o["step"] == "Done")
-        .unwrap_or_else(|| panic!("ss2 never failed over: {ops:?}"));
+    let done = failover_done(&r, "ss2");
     assert!(
         done["detail"]
             .as_str()
@@ -260,11 +265,7 @@ fn stall_ringd_processes_drill_reports_every_write_the_frozen_host_acknowledged(
     check_common(&r, &html);
     let sp2 = shoot(&r, "sp2");
     assert_eq!(sp2["lostUnreported"], 0, "{sp2}");
-    let ops = events(&r, "operation");
-    let done = ops
-        .iter()
-        .find(|o| o["kind"] == "failover" && o["shoot"] == "sp2" && o["step"] == "Done")
-        .unwrap_or_else(|| panic!("sp2 never failed over: {ops:?}"));
+    let done = failover_done(&r, "sp2");
     let detail = done["detail"].as_str().unwrap();
     assert!(
         detail.contains("until its lease was surely over, may be lost too"),
