@@ -156,17 +156,7 @@ fn run_ok(what: &str, block: &str, vars: &Vars) -> String {
 }
 
 fn status(dir: &Path) -> RingStatus {
-    let out = ringctl_cmd(
-        [
-            "status".as_ref(),
-            "-o".as_ref(),
-            "json".as_ref(),
-            "--ring-dir".as_ref(),
-            dir.as_os_str(),
-        ],
-        &[],
-    );
-    serde_json::from_str(&expect_success(&out)).expect("status json")
+    try_status(dir).unwrap_or_else(|e| panic!("ringctl status: {e}"))
 }
 
 /// The status, or why not (a member between lives does not answer).

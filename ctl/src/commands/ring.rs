@@ -158,10 +158,9 @@ pub async fn describe_operation(args: DescribeOperationArgs, format: Format) -> 
             }
         );
     };
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    print(op, format, || ringd::describe::render_operation(op, now_ms))
+    print(op, format, || {
+        ringd::describe::render_operation(op, ringd::now_ms())
+    })
 }
 
 pub async fn pki_init(args: PkiInitArgs) -> anyhow::Result<()> {
