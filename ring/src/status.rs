@@ -320,7 +320,10 @@ pub fn render(s: &RingStatus) -> String {
         let mut t = table(&[
             "OP", "KIND", "SHOOT", "TARGET", "STEP", "MAY LOSE", "DETAIL",
         ]);
+        let mut cut = false;
         for o in &s.operations {
+            let detail = summary(&o.detail, OP_DETAIL);
+            cut |= detail != o.detail;
             t.add_row(vec![
                 o.id.to_string(),
                 if o.is_migration() {
@@ -333,14 +336,11 @@ pub fn render(s: &RingStatus) -> String {
                 o.target().to_string(),
                 format!("{:?}", o.step),
                 may_lose(o),
-                summary(&o.detail, OP_DETAIL),
+                detail,
             ]);
         }
         out.push_str(&format!("\n{t}\n"));
-        if s.operations
-            .iter()
-            .any(|o| summary(&o.detail, OP_DETAIL) != o.detail)
-        {
+        if cut {
             out.push_str(
                 "the whole detail, step times and figures: ringctl describe operation OP\n",
             );
