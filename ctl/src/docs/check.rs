@@ -191,25 +191,9 @@ fn broken(
 
 /// `%20` and friends decoded (links to files with spaces).
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// `a/b/../c` as `a/c`, without asking the file system.
@@ -265,4 +249,15 @@ pub(crate) fn summary(src: &Path) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(problems)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A link to a file with a space in its name resolves; a `%` that
+    /// starts no escape stays as written.
+    #[test]
+    fn escapes_in_a_link_are_decoded_and_others_kept() {
+        assert_eq!(super::percent_decode("my%20page.md"), "my page.md");
+        assert_eq!(super::percent_decode("100%zz%2"), "100%zz%2");
+    }
 }
